@@ -1,0 +1,103 @@
+"""Split one parsed batch into unique / duplicates / expired / rejected (SPEC R3, R4, R5, R6).
+
+In-batch (R3): records sharing a key are ordered by (order_by asc nulls last, expiry value,
+`_source_file`, position in the file); the first is the candidate for unique.
+Cross-batch (R4): the live index (entries of earlier committed loads with v >= X_H) is probed with
+the reversed semi-join: ``index LEFT SEMI JOIN broadcast(batch digests)`` streams the index once and
+never shuffles it, leaving only the entries the batch can hit; the batch is then joined with those
+few candidates on the full digest. A hit makes every batch record of that key a duplicate of the
+earlier load, whose hour becomes `_first_load_hour`.
+Fingerprint (R5): a duplicate is 'natural' when its fingerprint equals the kept record's, else
+'conflict'.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine.digest import FP, H1
+from dedup_pipeline.engine.expiry import Number, expiry_point_literal, is_expired
+from dedup_pipeline.engine.index import LOAD_HOUR, match_columns
+from dedup_pipeline.engine.parse import REASON, V
+
+OUT = "_out"
+UNIQUE, DUPLICATES, EXPIRED, REJECTED = "unique", "duplicates", "expired", "rejected"
+OUTPUTS = (UNIQUE, DUPLICATES, EXPIRED, REJECTED)
+KIND = "_duplicate_kind"
+FIRST = "_first_load_hour"
+EXPIRY_POINT = "_expiry_point"
+NATURAL, CONFLICT = "natural", "conflict"
+LOAD_HOUR_ALIAS = "_idx_load_hour"
+
+
+def batch_order(ds: DatasetConfig) -> list[Column]:
+    """The R3 order: order_by (earliest first, nulls last), expiry value, file, position."""
+    order: list[Column] = []
+    if ds.order_by:
+        order.append(F.col(ds.order_by).asc_nulls_last())
+    if ds.expiry is not None:
+        order.append(F.col(V).asc())
+    order += [F.col("_source_file").asc(), F.col("_blk").asc(), F.col("_rid").asc()]
+    return order
+
+
+def _candidates(live: DataFrame, index: DataFrame, ds: DatasetConfig) -> DataFrame:
+    """Index entries whose key occurs in the batch: one per key, the earliest load's."""
+    keys = match_columns(ds)
+    probe = F.broadcast(live.select(H1).distinct())
+    hits = index.join(probe, on=H1, how="left_semi")
+    fp = F.col(FP) if ds.fingerprint else F.lit(None).cast("long")
+    earliest = F.min(F.struct(F.col(LOAD_HOUR), fp.alias("fp")))
+    return hits.groupBy(*keys).agg(earliest.alias("_hit")).select(
+        *keys,
+        F.col(f"_hit.{LOAD_HOUR}").alias(LOAD_HOUR_ALIAS),
+        F.col("_hit.fp").alias("_idx_fp"),
+    )
+
+
+def classify(
+    batch: DataFrame, index: DataFrame | None, ds: DatasetConfig, tag: str, x: Number | None
+) -> DataFrame:
+    """Every batch row with `_out` set, plus `_duplicate_kind`, `_first_load_hour`, `_expiry_point`."""
+    rejected = batch.filter(F.col(REASON).isNotNull()).withColumn(OUT, F.lit(REJECTED))
+    valid = batch.filter(F.col(REASON).isNull())
+    parts = [rejected]
+    if ds.expiry is not None and x is not None:
+        expired_flag = is_expired(F.col(V), x)
+        parts.append(valid.filter(expired_flag).withColumn(OUT, F.lit(EXPIRED))
+                     .withColumn(EXPIRY_POINT, expiry_point_literal(ds, x)))
+        live = valid.filter(~expired_flag)
+    else:
+        live = valid
+
+    w = Window.partitionBy(*match_columns(ds)).orderBy(*batch_order(ds))
+    live = live.withColumn("_rn", F.row_number().over(w))
+    if ds.fingerprint:
+        live = live.withColumn("_first_fp", F.first(F.col(FP)).over(w))
+    if index is not None:
+        live = live.join(_candidates(live, index, ds), on=match_columns(ds), how="left")
+        hit = F.col(LOAD_HOUR_ALIAS).isNotNull()
+    else:
+        live = live.withColumn(LOAD_HOUR_ALIAS, F.lit(None).cast("string"))
+        live = live.withColumn("_idx_fp", F.lit(None).cast("long"))
+        hit = F.lit(False)
+    is_unique = ~hit & (F.col("_rn") == 1)
+    if ds.fingerprint:
+        kept_fp = F.when(hit, F.col("_idx_fp")).otherwise(F.col("_first_fp"))
+        kind = F.when(F.col(FP) == kept_fp, F.lit(NATURAL)).otherwise(F.lit(CONFLICT))
+    else:
+        kind = F.lit(NATURAL)
+    live = live.select(
+        *[c for c in live.columns if c not in ("_rn", "_first_fp", "_idx_fp", LOAD_HOUR_ALIAS)],
+        F.when(is_unique, F.lit(UNIQUE)).otherwise(F.lit(DUPLICATES)).alias(OUT),
+        F.when(is_unique, F.lit(None)).otherwise(kind).alias(KIND),
+        F.when(is_unique, F.lit(None))
+        .otherwise(F.coalesce(F.col(LOAD_HOUR_ALIAS), F.lit(tag))).alias(FIRST),
+    )
+    parts.append(live)
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p, allowMissingColumns=True)
+    return out

@@ -1,0 +1,170 @@
+"""The persisted key index, the "HashSet index" (SPEC R2, R4, R6, R7, N1).
+
+One entry per unique row: the 128-bit digest (`_h1`, `_h2`), the load that wrote it
+(`_load_hour`), and when configured the expiry value `_v`, the fingerprint hash `_fp` and the key
+values themselves (`index.store_keys`).
+
+Layout: ``{output}/index/slice=<n>/load_hour=<H>/part-*.parquet``
+- with expiry, slice n holds the entries with floor(v / slice_span) = n (Apex's time buckets), so a
+  load reads only slices at or after its expiry point X_H;
+- without expiry, slice n is the hash bucket pmod(_h1, buckets).
+Every directory is tagged with the load that wrote it; a load reads only directories of loads that
+are committed and earlier than itself, so a rerun of H never sees its own or later entries.
+A load writes its entries into ``index/_staging/load_hour=H`` and moves them in place before its
+commit record; a retry first deletes whatever that load left (R10).
+
+Retention (R7): slices wholly below X_{H - retention_lag} are deleted after load H. Reads filter on
+v >= X_H anyway, so results never depend on it; the lag keeps reruns of recent hours possible.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine.digest import FP, H1, H2
+from dedup_pipeline.engine.parse import SPARK_TYPES, V
+from dedup_pipeline.engine.storage import Storage
+
+INDEX = "index"
+STAGING = "_staging"
+SLICE = "slice"
+LOAD_HOUR = "_load_hour"
+RETENTION_STATE = "_retention.json"
+
+
+class IndexRetentionError(RuntimeError):
+    """A rerun needs index entries that retention already deleted; rebuild the index first."""
+
+
+def entry_schema(ds: DatasetConfig) -> T.StructType:
+    fields = [T.StructField(H1, T.LongType()), T.StructField(H2, T.LongType()),
+              T.StructField(LOAD_HOUR, T.StringType())]
+    if ds.expiry is not None:
+        vtype = T.DoubleType() if ds.expiry_type == "double" else T.LongType()
+        fields.append(T.StructField(V, vtype))
+    if ds.fingerprint:
+        fields.append(T.StructField(FP, T.LongType()))
+    if ds.index.store_keys:
+        fields += [T.StructField(k, SPARK_TYPES[ds.source.schema[k]]) for k in ds.key]
+    return T.StructType(fields)
+
+
+def match_columns(ds: DatasetConfig) -> list[str]:
+    """Columns that identify a key: the digest, plus the key values with store_keys."""
+    return [H1, H2, *(ds.key if ds.index.store_keys else ())]
+
+
+def slice_of(ds: DatasetConfig) -> F.Column:
+    if ds.expiry is None:
+        return F.pmod(F.col(H1), F.lit(ds.index.buckets))
+    return F.floor(F.col(V) / F.lit(ds.slice_span)).cast("long")
+
+
+def min_slice(ds: DatasetConfig, x: float | None) -> int | None:
+    """The lowest slice that can hold entries with v >= X_H."""
+    if ds.expiry is None or x is None:
+        return None
+    return math.floor(x / ds.slice_span)
+
+
+@dataclass(frozen=True)
+class LiveIndex:
+    paths: list[str]
+    slices: int
+
+
+def live_index_dirs(st: Storage, ds: DatasetConfig, readable: set[str], x: float | None) -> LiveIndex:
+    """Directories of the entries a load may match: committed earlier loads, slices >= slice(X)."""
+    lo = min_slice(ds, x)
+    paths: list[str] = []
+    slices = 0
+    for sdir in st.list_dirs(st.path(INDEX)):
+        if not sdir.startswith(f"{SLICE}="):
+            continue
+        n = int(sdir.split("=", 1)[1])
+        if lo is not None and n < lo:
+            continue
+        slices += 1
+        for ldir in st.list_dirs(st.path(INDEX, sdir)):
+            if ldir.startswith("load_hour=") and ldir.split("=", 1)[1] in readable:
+                paths.append(st.spark_path(INDEX, sdir, ldir))
+    return LiveIndex(paths, slices)
+
+
+def read_live(spark: SparkSession, ds: DatasetConfig, live: LiveIndex,
+              x: float | None) -> DataFrame | None:
+    if not live.paths:
+        return None
+    df = spark.read.schema(entry_schema(ds)).parquet(*live.paths)
+    if ds.expiry is not None and x is not None:
+        df = df.filter(F.col(V) >= F.lit(x))
+    return df
+
+
+def check_retention(st: Storage, ds: DatasetConfig, x: float | None) -> None:
+    """Fail clearly if entries this load needs (v >= X_H) were already deleted by retention."""
+    try:
+        state = st.read_json(st.path(INDEX, RETENTION_STATE))
+    except FileNotFoundError:
+        return
+    kept_from = state.get("kept_from")
+    if kept_from is not None and (x is None or x < kept_from):
+        raise IndexRetentionError(
+            f"dataset {ds.name!r}: this load needs index entries with expiry value >= {x}, but "
+            f"retention deleted everything below {kept_from}. Rebuild the index from unique "
+            "(dedup-pipeline rebuild-index) or raise index.retention_lag_hours."
+        )
+
+
+def clear_load(st: Storage, tag: str) -> None:
+    """Remove every index file of load `tag` (staged or in place): the start of a (re)load."""
+    st.remove(st.path(INDEX, STAGING, f"load_hour={tag}"))
+    for sdir in st.list_dirs(st.path(INDEX)):
+        if sdir.startswith(f"{SLICE}="):
+            st.remove(st.path(INDEX, sdir, f"load_hour={tag}"))
+
+
+def stage_entries(ds: DatasetConfig, st: Storage, unique_rows: DataFrame, tag: str) -> str:
+    """Write the load's entries, one file per slice, sorted by digest; returns the staging dir."""
+    cols = [F.col(f.name) for f in entry_schema(ds).fields if f.name != LOAD_HOUR]
+    entries = unique_rows.select(*cols, F.lit(tag).alias(LOAD_HOUR), slice_of(ds).alias(SLICE))
+    entries = entries.select(*[f.name for f in entry_schema(ds).fields], SLICE)
+    staging = st.spark_path(INDEX, STAGING, f"load_hour={tag}")
+    (entries.repartition(F.col(SLICE)).sortWithinPartitions(H1)
+     .write.mode("overwrite").partitionBy(SLICE).parquet(staging))
+    return st.path(INDEX, STAGING, f"load_hour={tag}")
+
+
+def publish_entries(st: Storage, staged: str, tag: str) -> list[int]:
+    """Move staged slices into ``index/slice=n/load_hour=tag``; returns the slices written."""
+    written = []
+    for sdir in st.list_dirs(staged):
+        if not sdir.startswith(f"{SLICE}="):
+            continue
+        st.move(f"{staged}/{sdir}", st.path(INDEX, sdir, f"load_hour={tag}"))
+        written.append(int(sdir.split("=", 1)[1]))
+    st.remove(staged)
+    return sorted(written)
+
+
+def apply_retention(st: Storage, ds: DatasetConfig, floor_x: float | None) -> int:
+    """Delete slices entirely below `floor_x` (= X of the hour retention_lag before); count them."""
+    if ds.expiry is None or floor_x is None:
+        return 0
+    lo = min_slice(ds, floor_x)
+    assert lo is not None
+    deleted = 0
+    for sdir in st.list_dirs(st.path(INDEX)):
+        if sdir.startswith(f"{SLICE}=") and int(sdir.split("=", 1)[1]) < lo:
+            st.remove(st.path(INDEX, sdir))
+            deleted += 1
+    if deleted:
+        kept_from = lo * ds.slice_span
+        st.write_json_atomic(st.path(INDEX, RETENTION_STATE), {"kept_from": kept_from})
+    return deleted

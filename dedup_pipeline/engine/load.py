@@ -1,0 +1,327 @@
+"""One hourly load, end to end and crash-safe (SPEC L1-L3, R8-R11).
+
+Sequence for load H (the caller holds the dataset lock):
+ 1. order check: every hour since `start` before H has a commit record (R11);
+ 2. forget H: delete its commit record, its staged and published index files, its temp outputs;
+ 3. parse the batch once (cached), take rows in and the batch's max expiry value in one pass;
+ 4. L_H, X_H; read only the live index slices of committed loads before H; classify (cached);
+    all counts in one pass;
+ 5. each output partition is written to a temp dir and swapped in atomically;
+ 6. index entries are staged, then moved in place;
+ 7. the commit record is written (atomic rename) - only now is H loaded;
+ 8. retention deletes index slices below X_{H - lag}.
+A crash anywhere before 7 leaves H "not loaded"; a rerun redoes 2-7 and, being deterministic and
+reading only entries of loads before H, produces the same rows and the same index (R10).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow.parquet as pq
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine import commits, index
+from dedup_pipeline.engine.classify import (
+    CONFLICT,
+    DUPLICATES,
+    EXPIRED,
+    EXPIRY_POINT,
+    FIRST,
+    KIND,
+    OUT,
+    OUTPUTS,
+    REJECTED,
+    UNIQUE,
+    classify,
+)
+from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
+from dedup_pipeline.engine.expiry import Number, expiry_point, latest_point
+from dedup_pipeline.engine.parse import (
+    REASON,
+    SPARK_TYPES,
+    V,
+    list_input_files,
+    read_text_batch,
+    type_and_reject,
+)
+from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
+
+ROWS_PER_FILE = 1_000_000
+TMP = "_tmp"
+FAULT_ENV = "DEDUP_FAULT"  # fault injection for the crash tests: kill the process at a named point
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class LoadResult:
+    """What one load did; every figure is also in the commit record."""
+
+    dataset: str
+    partition_key: str
+    load_hour: str
+    rows_in: int
+    unique: int
+    duplicates: int
+    expired: int
+    rejected: int
+    conflicts: int
+    latest_point: Number | None
+    expiry_point: Number | None
+    files_in: int
+    index_rows_written: int
+    index_rows_read: int
+    index_bytes_read: int
+    index_files_read: int
+    index_slices_written: list[int]
+    index_slices_deleted: int
+    files_written: int
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def duplicate_rate(self) -> float:
+        valid = self.unique + self.duplicates
+        return self.duplicates / valid if valid else 0.0
+
+    def as_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> LoadResult:
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in rec.items() if k in names})
+
+
+def _fault(point: str) -> None:
+    if os.environ.get(FAULT_ENV) == point:
+        os._exit(137)
+
+
+def _source_columns(ds: DatasetConfig) -> list[str]:
+    return list(ds.source.schema)
+
+
+def output_columns(ds: DatasetConfig, name: str) -> list[str]:
+    src = _source_columns(ds)
+    return {
+        UNIQUE: [*src, "_source_file"],
+        DUPLICATES: [*src, "_source_file", KIND, FIRST],
+        EXPIRED: [*src, "_source_file", EXPIRY_POINT],
+        REJECTED: ["_source_file", REASON, "_raw"],
+    }[name]
+
+
+def _expiry_point_type(ds: DatasetConfig) -> T.DataType:
+    kind = ds.expiry_type
+    if kind is None or kind == "category":
+        return T.StringType()
+    return SPARK_TYPES[kind]
+
+
+def _select_output(df: DataFrame, ds: DatasetConfig, name: str) -> DataFrame:
+    cols = []
+    for c in output_columns(ds, name):
+        if c in df.columns:
+            col = F.col(c)
+            if c == EXPIRY_POINT:
+                col = col.cast(_expiry_point_type(ds))
+            cols.append(col.alias(c))
+        else:  # e.g. `_expiry_point` before anything could expire
+            cols.append(F.lit(None).cast(_expiry_point_type(ds)).alias(c))
+    return df.filter(F.col(OUT) == name).select(*cols)
+
+
+def prepare_batch(spark: SparkSession, ds: DatasetConfig, paths: list[str]) -> DataFrame:
+    """Parse, type, reject, digest: everything a load needs from the landing files."""
+    df = type_and_reject(read_text_batch(spark, ds, paths), ds)
+    h1, h2 = digest_columns(ds.key, ds.source.schema)
+    ok = F.col(REASON).isNull()
+    df = df.withColumn(H1, F.when(ok, h1)).withColumn(H2, F.when(ok, h2))
+    if ds.fingerprint:
+        df = df.withColumn(FP, F.when(ok, fingerprint_column(ds.fingerprint, ds.source.schema)))
+    return df
+
+
+def _count_files(st: Storage, path: str) -> int:
+    return len(st.list_files(path, ".parquet"))
+
+
+def _index_footprint(st: Storage, dirs: list[str]) -> tuple[list[str], int, int]:
+    """Files, rows and bytes of the index directories a load reads (from Parquet footers)."""
+    files: list[str] = []
+    rows = size = 0
+    for d in dirs:
+        local = d if st.local else st.fs._strip_protocol(d)
+        for f in st.list_files(local, ".parquet"):
+            with st.fs.open(f, "rb") as fh:
+                rows += pq.ParquetFile(fh).metadata.num_rows
+            size += int(st.fs.info(f).get("size") or 0)
+            files.append(f if st.local else st.fs.unstrip_protocol(f))
+    return files, rows, size
+
+
+def run_load(
+    spark: SparkSession,
+    ds: DatasetConfig,
+    partition_key: str,
+    progress: Progress | None = None,
+) -> LoadResult:
+    """Load one hour. The caller holds the dataset lock (see `load_hours`)."""
+    say = progress or (lambda _msg: None)
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def lap(stage: str, since: float) -> float:
+        now = time.perf_counter()
+        timings[stage] = round(now - since, 3)
+        return now
+
+    hour = parse_key(partition_key)
+    tag = to_tag(hour)
+    st = Storage(ds.output)
+    committed = commits.committed_tags(st)
+    commits.check_order(ds, hour, committed)
+
+    # 2. forget any earlier attempt of this hour
+    commits.invalidate(st, tag)
+    committed.discard(tag)
+    index.clear_load(st, tag)
+    for leftover in st.list_dirs(st.path(TMP)):
+        if leftover.startswith(tag):
+            st.remove(st.path(TMP, leftover))
+
+    prev = commits.read_commit(st, to_tag(hour - HOUR)) if hour > parse_key(ds.start) else None
+    prev_latest = prev.get("latest_point") if prev else None
+
+    # 3. parse once
+    inputs = list_input_files(ds, hour)
+    batch = prepare_batch(spark, ds, [f.path for f in inputs]).persist(StorageLevel.MEMORY_AND_DISK)
+    vmax = F.max(F.when(F.col(REASON).isNull(), F.col(V))) if ds.expiry else F.lit(None)
+    first = batch.agg(F.count(F.lit(1)).alias("n"), vmax.alias("vmax")).collect()[0]
+    rows_in = int(first["n"])
+    t = lap("parse", t0)
+
+    # 4. expiry points, live index, classification
+    latest = latest_point(ds, hour, prev_latest, first["vmax"])
+    x = expiry_point(ds, latest)
+    index.check_retention(st, ds, x)
+    readable = {c for c in committed if c < tag}
+    live = index.live_index_dirs(st, ds, readable, x)
+    idx_files, idx_rows, idx_bytes = _index_footprint(st, live.paths)
+    idx_df = index.read_live(spark, ds, index.LiveIndex(idx_files, live.slices), x)
+    classified = classify(batch, idx_df, ds, tag, x).persist(StorageLevel.MEMORY_AND_DISK)
+    unique_flag = F.col(OUT) == UNIQUE
+    agg = classified.agg(
+        *[F.count_if(F.col(OUT) == o).alias(o) for o in OUTPUTS],
+        F.count_if(F.col(KIND) == CONFLICT).alias("conflicts"),
+        F.bit_xor(F.when(unique_flag, F.col(H1))).alias("xor_h1"),
+        F.bit_xor(F.when(unique_flag, F.col(H2))).alias("xor_h2"),
+    ).collect()[0]
+    counts = {o: int(agg[o]) for o in OUTPUTS}
+    t = lap("classify", t)
+    say(f"{ds.name} {partition_key}: {rows_in} rows in, classified; writing outputs")
+
+    # 5. outputs, each partition swapped in atomically
+    run_tmp = st.path(TMP, f"{tag}-{uuid.uuid4().hex[:12]}")
+    files_written = 0
+    for name in OUTPUTS:
+        tmp = f"{run_tmp}/{name}"
+        n_files = max(1, math.ceil(counts[name] / ROWS_PER_FILE))
+        (_select_output(classified, ds, name).coalesce(n_files).write.mode("overwrite")
+         .parquet(tmp if st.local else st.fs.unstrip_protocol(tmp)))
+        target = st.path(name, f"load_hour={tag}")
+        st.replace_dir(tmp, target)
+        files_written += _count_files(st, target)
+        _fault(f"after_output:{name}")
+    st.remove(run_tmp)
+    _fault("after_outputs")
+    t = lap("write_outputs", t)
+
+    # 6. index entries: staged, then moved in place
+    staged = index.stage_entries(ds, st, classified.filter(unique_flag), tag)
+    _fault("after_index_staged")
+    slices = index.publish_entries(st, staged, tag)
+    files_written += len(slices)
+    _fault("before_commit")
+    t = lap("write_index", t)
+
+    result = LoadResult(
+        dataset=ds.name,
+        partition_key=to_key(hour),
+        load_hour=tag,
+        rows_in=rows_in,
+        unique=counts[UNIQUE],
+        duplicates=counts[DUPLICATES],
+        expired=counts[EXPIRED],
+        rejected=counts[REJECTED],
+        conflicts=int(agg["conflicts"]),
+        latest_point=latest,
+        expiry_point=x,
+        files_in=len(inputs),
+        index_rows_written=counts[UNIQUE],
+        index_rows_read=idx_rows,
+        index_bytes_read=idx_bytes,
+        index_files_read=len(idx_files),
+        index_slices_written=slices,
+        index_slices_deleted=0,
+        files_written=files_written,
+    )
+    # 7. commit
+    result.seconds = {**timings, "total": round(time.perf_counter() - t0, 3)}
+    record = result.as_record()
+    record.update(
+        committed_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        index_checksum={"xor_h1": agg["xor_h1"], "xor_h2": agg["xor_h2"]},
+        inputs=[{"path": f.path, "size": f.size, "mtime": f.mtime} for f in inputs],
+    )
+    batch.unpersist()
+    classified.unpersist()
+    commits.write_commit(st, tag, record)
+    t = lap("commit", t)
+
+    # 8. retention (never changes results: reads filter on v >= X_H anyway)
+    if ds.expiry is not None:
+        floor_rec = commits.read_commit(st, to_tag(hour - ds.index.retention_lag_hours * HOUR))
+        if floor_rec is not None:
+            result.index_slices_deleted = index.apply_retention(
+                st, ds, floor_rec.get("expiry_point"))
+    lap("retention", t)
+    timings["total"] = round(time.perf_counter() - t0, 3)
+    result.seconds = timings
+    say(
+        f"{ds.name} {partition_key}: in={rows_in} unique={result.unique} "
+        f"duplicates={result.duplicates} expired={result.expired} rejected={result.rejected} "
+        f"({timings['total']:.1f}s)"
+    )
+    return result
+
+
+def load_hours(
+    spark: SparkSession,
+    ds: DatasetConfig,
+    partition_keys: list[str],
+    progress: Progress | None = None,
+    owner: str = "dedup_pipeline",
+) -> list[LoadResult]:
+    """Load hours in ascending order under the dataset lock, in this one Spark session (R11)."""
+    from dedup_pipeline.engine.storage import Lock
+
+    keys = sorted(partition_keys, key=parse_key)
+    results = []
+    with Lock(Storage(ds.output), owner):
+        for key in keys:
+            results.append(run_load(spark, ds, key, progress))
+    return results

@@ -1,0 +1,121 @@
+"""The command line (SPEC K2, K4): run through Dagster into DAGSTER_HOME, verify from files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from dedup_pipeline.cli import main
+from dedup_pipeline.config import load_config
+from dedup_pipeline_tests.conftest import write_hour
+
+CONFIG = {
+    "datasets": [{
+        "name": "orders",
+        "start": "2026-11-01-00:00",
+        "source": {"path": "landing", "format": "csv",
+                   "schema": {"order_id": "long", "shop": "string", "ts": "timestamp",
+                              "amount": "double"}},
+        "key": ["order_id", "shop"],
+        "fingerprint": "all",
+        "expiry": {"column": "ts", "period": "2h"},
+        "output": "warehouse",
+    }]
+}
+HEADER = "order_id,shop,ts,amount"
+
+
+@pytest.fixture
+def orders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    cfg_path = tmp_path / "dedup.yaml"
+    cfg_path.write_text(yaml.safe_dump(CONFIG, sort_keys=False))
+    ds = load_config(cfg_path).datasets[0]
+    write_hour(ds, "2026-11-01-00:00", ["1,s1,2026-11-01T00:01:00Z,1.5",
+                                        "1,s2,2026-11-01T00:02:00Z,2.5",
+                                        "1,s1,2026-11-01T00:03:00Z,9.5",
+                                        "x,s1,2026-11-01T00:03:00Z,1",
+                                        "2,s1,2026-11-01T00:04:00Z"], "a.csv", header=HEADER)
+    write_hour(ds, "2026-11-01-01:00", ["3,s1,2026-11-01T01:01:00Z,1.0",
+                                        "1,s1,2026-11-01T00:01:00Z,1.5"], "a.csv", header=HEADER)
+    write_hour(ds, "2026-11-01-03:00", ["4,s1,2026-10-31T20:00:00Z,1.0",
+                                        "1,s1,2026-11-01T03:00:00Z,1.5"], "a.csv", header=HEADER)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    monkeypatch.chdir(tmp_path)
+    return cfg_path
+
+
+def test_run_loads_in_order_and_records_in_dagster_home(spark, orders: Path) -> None:
+    r = CliRunner().invoke(main, ["run", "--config", str(orders), "--from", "2026-11-01-00:00",
+                                  "--to", "2026-11-01-03:00"])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    # one progress line per hour, then the table with one row per hour and a total
+    assert sum("rows in, classified" in line for line in lines) == 4
+    rows = [line.split() for line in lines if line.startswith("2026-11-01-0")]
+    assert [row[0] for row in rows] == ["2026-11-01-00:00", "2026-11-01-01:00",
+                                        "2026-11-01-02:00", "2026-11-01-03:00"]
+    # hour 0: 5 in; (1,s1) twice -> 1 dup (conflict: amount differs); bad long and short row rejected
+    assert rows[0][1:7] == ["5", "2", "1", "1", "0", "2"]
+    # hour 2 has no input: a zero-row load
+    assert rows[2][1:7] == ["0", "0", "0", "0", "0", "0"]
+    # hour 3: L = 03:00, X = 01:00: order 4 (20:00 the day before) expires; (1,s1) is unique
+    # again because its unique record (00:01) is older than X
+    assert rows[3][1:7] == ["2", "1", "0", "0", "1", "0"]
+    with dg.DagsterInstance.get() as inst:
+        parts = inst.get_materialized_partitions(dg.AssetKey(["orders", "unique"]))
+        assert parts == {f"2026-11-01-0{h}:00" for h in range(4)}
+
+
+def test_run_failure_is_one_line_and_nonzero(spark, orders: Path) -> None:
+    r = CliRunner().invoke(main, ["run", "--config", str(orders), "--from", "2026-11-01-01:00",
+                                  "--to", "2026-11-01-01:00"])
+    assert r.exit_code == 1
+    err = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "missing 1 hour(s): 2026-11-01-00:00" in err[0]
+
+
+def test_run_rejects_bad_config_naming_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    cfg = yaml.safe_load(yaml.safe_dump(CONFIG))
+    cfg["datasets"][0]["expiry"]["period"] = "2 fortnights"
+    bad.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    r = CliRunner().invoke(main, ["run", "--config", str(bad), "--from", "2026-11-01-00:00",
+                                  "--to", "2026-11-01-00:00"])
+    assert r.exit_code == 1
+    assert str(bad) in r.output and "'orders'" in r.output and "expiry.period" in r.output
+
+
+def _append_rows(partition: Path, rows: list[dict]) -> None:
+    existing = next(p for p in partition.glob("*.parquet"))
+    schema = pq.read_schema(existing)
+    table = pa.Table.from_pylist(rows, schema=schema)
+    pq.write_table(table, partition / "part-tampered.parquet")
+
+
+def test_verify_passes_then_catches_tampering(spark, orders: Path) -> None:
+    runner = CliRunner()
+    r = runner.invoke(main, ["run", "--config", str(orders), "--from", "2026-11-01-00:00",
+                             "--to", "2026-11-01-03:00"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(main, ["verify", "--config", str(orders)])
+    assert r.exit_code == 0, r.output
+    assert "orders: 4 hours, 9 rows in, 9 rows out: OK" in r.output
+
+    # a key already unique in hour 0 (ts 00:01, inside the window at hour 1) slipped into hour 1
+    out = Path(orders).parent / "warehouse"
+    row = pq.read_table(next((out / "unique/load_hour=2026-11-01-00").glob("*.parquet")))
+    first = [r for r in row.to_pylist() if r["order_id"] == 1 and r["shop"] == "s1"]
+    _append_rows(out / "unique/load_hour=2026-11-01-01", first)
+    r = runner.invoke(main, ["verify", "--config", str(orders)])
+    assert r.exit_code == 1
+    violations = [line for line in r.output.splitlines() if line.startswith("VIOLATION")]
+    assert any("2026-11-01-01:00: conservation broken: 2 rows in the landing files, 3" in v
+               for v in violations), r.output
+    assert any("2026-11-01-01:00: a key in unique is also unique" in v for v in violations)
+    assert not any("2026-11-01-00:00" in v for v in violations)

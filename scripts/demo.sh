@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Generate a sample landing zone in ./demo and load it hour by hour through Dagster on local Spark.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+exec .venv/bin/dedup-pipeline demo "$@"

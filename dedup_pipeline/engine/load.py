@@ -202,6 +202,7 @@ def run_load(
     for leftover in st.list_dirs(st.path(TMP)):
         if leftover.startswith(tag):
             st.remove(st.path(TMP, leftover))
+    st.purge_trash()
 
     prev = commits.read_commit(st, to_tag(hour - HOUR)) if hour > parse_key(ds.start) else None
     prev_latest = prev.get("latest_point") if prev else None

@@ -24,6 +24,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 _RENAME_EXCHANGE = 2
+TRASH = "_trash"
 _AT_FDCWD = -100
 
 
@@ -129,24 +130,37 @@ class Storage:
             self.fs.mv(src, dst, recursive=True)
 
     def replace_dir(self, new: str, target: str) -> None:
-        """Make directory `new` become `target`, replacing any old `target` (SPEC L3)."""
+        """Make directory `new` become `target`, replacing any old `target` (SPEC L3).
+
+        The replaced version is parked in `{root}/_trash/` rather than deleted, so a reader that
+        resolved the old directory just before the swap can still finish reading it; `purge_trash`
+        deletes parked versions once they are old enough.
+        """
         self.makedirs(target.rsplit("/", 1)[0])
+        parked = self.path(TRASH, f"{int(time.time())}-{uuid.uuid4().hex}")
         if self.local and os.path.isdir(target) and _LIBC is not None:
             rc = _LIBC.renameat2(_AT_FDCWD, new.encode(), _AT_FDCWD, target.encode(),
                                  _RENAME_EXCHANGE)
             if rc == 0:
-                self.remove(new)  # `new` now holds the old contents
+                self.move(new, parked)  # `new` now holds the old contents
                 return
             err = ctypes.get_errno()
             if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                 raise OSError(err, os.strerror(err), target)
         if self.exists(target):
-            aside = f"{target.rsplit('/', 1)[0]}/.old-{uuid.uuid4().hex}"
-            self.move(target, aside)
-            self.move(new, target)
-            self.remove(aside)
-        else:
-            self.move(new, target)
+            self.move(target, parked)
+        self.move(new, target)
+
+    def purge_trash(self, older_than_s: float = 600.0) -> int:
+        """Delete replaced partition versions parked more than `older_than_s` seconds ago."""
+        now = time.time()
+        purged = 0
+        for name in self.list_dirs(self.path(TRASH)):
+            parked_at = name.split("-", 1)[0]
+            if not parked_at.isdigit() or now - int(parked_at) >= older_than_s:
+                self.remove(self.path(TRASH, name))
+                purged += 1
+        return purged
 
 
 class DatasetLockedError(RuntimeError):

@@ -89,18 +89,21 @@ class DatasetConfig:
 
     @property
     def slice_span(self) -> float:
-        """Width of one index slice in expiry-value units (Apex's bucket span)."""
+        """Width of one index slice in expiry-value units (Apex's bucket span).
+
+        Default: a quarter of the expiry period, so a load reads at most ~5 slices of which one is
+        partly expired, and late data spreads a load's entries over few files.
+        """
         assert self.expiry is not None
         if self.index.slice_span is not None:
             return self.index.slice_span
         kind = self.expiry_type
+        period = self.expiry.period
         if kind == "timestamp":
-            return float(max(UNIT_MICROS["s"], int(self.expiry.period // 24)))
-        if kind in ("date", "category"):
-            return 1.0
-        if kind == "long":
-            return float(max(1, int(self.expiry.period // 24)))
-        return self.expiry.period / 24 if self.expiry.period > 0 else 1.0
+            return float(max(UNIT_MICROS["s"], int(period // 4)))
+        if kind in ("date", "long", "category"):
+            return float(max(1, int(period // 4)))
+        return period / 4 if period > 0 else 1.0
 
 
 @dataclass(frozen=True)

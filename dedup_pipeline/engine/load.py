@@ -56,6 +56,7 @@ from dedup_pipeline.engine.parse import (
     read_text_batch,
     type_and_reject,
 )
+from dedup_pipeline.engine.rebuild import index_file_manifest
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 
@@ -287,6 +288,7 @@ def run_load(
         committed_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         index_checksum={"xor_h1": agg["xor_h1"], "xor_h2": agg["xor_h2"]},
         inputs=[{"path": f.path, "size": f.size, "mtime": f.mtime} for f in inputs],
+        index_files=index_file_manifest(st, tag, slices),
     )
     batch.unpersist()
     classified.unpersist()

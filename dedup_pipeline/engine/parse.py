@@ -88,13 +88,15 @@ def _read_csv(spark: SparkSession, ds: DatasetConfig, paths: list[str]) -> DataF
         spark.read.schema(_string_schema(ds))
         .option("header", str(ds.source.csv_header).lower())
         .option("sep", ds.source.csv_delimiter)
+        .option("escape", '"')  # RFC 4180: a quote inside a quoted field is doubled ("")
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", CORRUPT)
         .option("enforceSchema", "true")
     )
     df = reader.csv(paths)
     names = list(ds.source.schema)
-    as_text = F.to_csv(F.struct(*[F.col(c) for c in names]), {"sep": ds.source.csv_delimiter})
+    as_text = F.to_csv(F.struct(*[F.col(c) for c in names]),
+                       {"sep": ds.source.csv_delimiter, "escape": '"'})
     return df.select(
         *names,
         *_origin()[:3],

@@ -151,6 +151,38 @@ def verify(config: str, dataset: str | None) -> None:
     sys.exit(1 if failed else 0)
 
 
+@main.command("rebuild-index")
+@click.option("--config", "config", required=True, type=click.Path(dir_okay=False))
+@click.option("--dataset", default=None)
+@click.option("--hour", "hours", multiple=True, help="rebuild only these hours (repeatable); "
+              "default: every committed hour")
+def rebuild_index_cmd(config: str, dataset: str | None, hours: tuple[str, ...]) -> None:
+    """Rebuild the key index from the unique output (reads only unique), through Dagster."""
+    from dedup_pipeline.defs.definitions import build_definitions
+    from dedup_pipeline.defs.recovery import rebuild_job_name
+    from dedup_pipeline.defs.runner import QUIET_LOGGERS, failure_message
+
+    cfg = _load(config)
+    try:
+        ds = cfg.dataset(dataset)
+    except ConfigError as e:
+        _fail(str(e))
+    job = build_definitions(cfg).resolve_job_def(rebuild_job_name(ds))
+    click.echo(f"rebuilding the index of {ds.name!r} from {ds.output}/unique")
+    click.echo(SPARK_NOISE)
+    run_config = {**QUIET_LOGGERS,
+                  "ops": {f"{ds.name}_rebuild_index": {"config": {"hours": list(hours)}}}}
+    with _instance() as inst:
+        res = job.execute_in_process(instance=inst, run_config=run_config,  # type: ignore[arg-type]
+                                     raise_on_error=False)
+    if not res.success:
+        _fail(f"run {res.run_id} failed: {failure_message(res)}")
+    from dedup_pipeline.engine.rebuild import check_index
+    from dedup_pipeline.engine.storage import Storage
+
+    click.echo(f"done: {check_index(Storage(ds.output), ds).summary()}")
+
+
 @main.command()
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="output directory")
 @click.option("--hours", default=24, show_default=True, type=click.IntRange(1))

@@ -58,6 +58,25 @@ class IndexConfig:
 
 
 @dataclass(frozen=True)
+class LandingConfig:
+    """When an hour's input is complete (the landing sensor, SPEC D2)."""
+
+    marker: str | None = "_SUCCESS"  # file whose presence in the hour's directory closes the hour
+    grace_s: float = 900.0  # without a marker: the hour is complete this long after it ended
+    watch_hours: int = 48  # how many loaded hours back the sensor looks for late-arriving files
+
+
+@dataclass(frozen=True)
+class ChecksConfig:
+    """Thresholds of the asset checks (SPEC D4); a breach is a WARN, not a failure."""
+
+    max_index_keys: int = 1_000_000_000
+    max_duplicate_rate: float = 0.5
+    max_conflict_rate: float = 0.05
+    max_rejected_rate: float = 0.05
+
+
+@dataclass(frozen=True)
 class SourceConfig:
     path: str
     format: str
@@ -77,6 +96,9 @@ class DatasetConfig:
     order_by: str | None = None
     expiry: ExpiryConfig | None = None
     index: IndexConfig = field(default_factory=IndexConfig)
+    landing: LandingConfig = field(default_factory=LandingConfig)
+    checks: ChecksConfig = field(default_factory=ChecksConfig)
+    on_damaged_index: str = "fail"  # fail | rebuild
 
     @property
     def expiry_type(self) -> str | None:
@@ -293,7 +315,7 @@ def _parse_dataset(src: str, base: Path | None, raw: Any, i: int) -> DatasetConf
     if ctx.dataset is None:
         ctx.dataset = f"#{i + 1}"
     allowed = {"name", "start", "source", "key", "fingerprint", "order_by", "expiry", "output",
-               "index"}
+               "index", "landing", "checks", "on_damaged_index"}
     raw = _check_keys(ctx, "", raw, allowed, {"name", "start", "source", "key", "output"})
     name = raw["name"]
     if not isinstance(name, str) or not NAME_RE.match(name):
@@ -360,6 +382,9 @@ def _parse_dataset(src: str, base: Path | None, raw: Any, i: int) -> DatasetConf
     index = _parse_index(ctx, raw.get("index"), expiry, ctype)
     if not isinstance(raw["output"], str):
         raise ctx.fail("output", "expected a path")
+    on_damaged = raw.get("on_damaged_index", "fail")
+    if on_damaged not in ("fail", "rebuild"):
+        raise ctx.fail("on_damaged_index", f"must be 'fail' or 'rebuild', got {on_damaged!r}")
     return DatasetConfig(
         name=name,
         start=dt.strftime(PARTITION_FMT),
@@ -370,7 +395,44 @@ def _parse_dataset(src: str, base: Path | None, raw: Any, i: int) -> DatasetConf
         order_by=order_by,
         expiry=expiry,
         index=index,
+        landing=_parse_landing(ctx, raw.get("landing")),
+        checks=_parse_checks(ctx, raw.get("checks")),
+        on_damaged_index=on_damaged,
     )
+
+
+def _parse_landing(ctx: _Ctx, raw: Any) -> LandingConfig:
+    if raw is None:
+        return LandingConfig()
+    raw = _check_keys(ctx, "landing", raw, {"marker", "grace", "watch_hours"}, set())
+    marker = raw.get("marker", "_SUCCESS")
+    if marker is not None and (not isinstance(marker, str) or not marker or "/" in marker):
+        raise ctx.fail("landing.marker", f"expected a file name or null, got {marker!r}")
+    grace_s = 900.0
+    if "grace" in raw:
+        try:
+            grace_s = parse_duration_micros(raw["grace"]) / 1e6
+        except ValueError as e:
+            raise ctx.fail("landing.grace", str(e)) from None
+    watch = raw.get("watch_hours", 48)
+    if isinstance(watch, bool) or not isinstance(watch, int) or watch < 0:
+        raise ctx.fail("landing.watch_hours", f"expected an integer >= 0, got {watch!r}")
+    return LandingConfig(marker, grace_s, watch)
+
+
+def _parse_checks(ctx: _Ctx, raw: Any) -> ChecksConfig:
+    if raw is None:
+        return ChecksConfig()
+    names = {"max_index_keys", "max_duplicate_rate", "max_conflict_rate", "max_rejected_rate"}
+    raw = _check_keys(ctx, "checks", raw, names, set())
+    values: dict[str, Any] = {}
+    for k, v in raw.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+            raise ctx.fail(f"checks.{k}", f"expected a number >= 0, got {v!r}")
+        if k.endswith("_rate") and v > 1:
+            raise ctx.fail(f"checks.{k}", f"a rate is between 0 and 1, got {v!r}")
+        values[k] = int(v) if k == "max_index_keys" else float(v)
+    return ChecksConfig(**values)
 
 
 def _parse_spark(ctx: _Ctx, raw: Any) -> SparkConfig:

@@ -23,8 +23,10 @@ from typing import Any
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.defs import checks
 from dedup_pipeline.defs.partitions import hourly_partitions
 from dedup_pipeline.defs.resources import SparkResource
+from dedup_pipeline.engine.checks import LoadCheckError
 from dedup_pipeline.engine.classify import OUTPUTS
 from dedup_pipeline.engine.load import LoadResult, output_columns, run_load
 from dedup_pipeline.engine.storage import Lock, Storage
@@ -135,13 +137,18 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
     @dg.multi_asset(
         name=f"{ds.name}_load",
         specs=specs,
+        check_specs=checks.check_specs(ds, pdef),
         partitions_def=pdef,
         backfill_policy=dg.BackfillPolicy.single_run(),
         pool=f"dedup_{ds.name}",
         op_tags={"dedup_pipeline/dataset": ds.name},
     )
-    def load(context: dg.AssetExecutionContext, spark: SparkResource) -> Iterator[dg.MaterializeResult]:
+    def load(
+        context: dg.AssetExecutionContext, spark: SparkResource
+    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
         partition_keys = list(context.partition_keys)
+        ranged = len(partition_keys) > 1
+        evaluations: list[tuple[str, list[checks.Evaluation]]] = []
 
         def progress(msg: str) -> None:
             context.log.info(msg)
@@ -151,8 +158,21 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
         results: list[LoadResult] = []
         with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id}"):
             for pk in partition_keys:
-                r = run_load(session, ds, pk, progress)
+                try:
+                    r = run_load(session, ds, pk, progress)
+                except LoadCheckError as err:  # blocking check failed: nothing was committed
+                    # Recorded on the instance directly: events logged through the context are
+                    # buffered and dropped when the step raises.
+                    context.instance.report_runless_asset_event(checks.as_event(
+                        ds, checks.Evaluation(err.check, False, {"error": str(err), **err.figures}),
+                        pk))
+                    raise
                 results.append(r)
+                evals = checks.evaluate(ds, r)
+                evaluations.append((pk, evals))
+                if ranged:
+                    for e in evals:
+                        context.log_event(checks.as_event(ds, e, pk))
                 md = hour_metadata(r)
                 context.log_event(dg.AssetObservation(
                     asset_key=raw_key, partition=pk,
@@ -171,6 +191,10 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
                       "range_rows": sum(_row_count(r, name) for r in results),
                       "range_rows_in": sum(r.rows_in for r in results)}
             yield dg.MaterializeResult(asset_key=key, metadata=md)
+        if ranged:
+            yield from checks.summarize(ds, evaluations)
+        else:
+            yield from (checks.as_result(ds, e) for e in evaluations[0][1])
 
     job = dg.define_asset_job(
         name=f"{ds.name}_hourly_load",

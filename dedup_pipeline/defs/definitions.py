@@ -7,19 +7,35 @@ import dagster as dg
 
 from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.defs.assets import build_dataset_defs
+from dedup_pipeline.defs.landing_checks import build_input_check
+from dedup_pipeline.defs.recovery import build_rebuild_job, build_recovery_sensor, run_failure_summary
 from dedup_pipeline.defs.resources import SparkResource
+from dedup_pipeline.defs.schedules import build_hourly_schedule, build_reconcile_schedule
+from dedup_pipeline.defs.sensors import build_landing_sensor
 
 
 def build_definitions(cfg: PipelineConfig) -> dg.Definitions:
     assets: list[dg.AssetsDefinition | dg.AssetSpec] = []
-    jobs = []
+    jobs: list = []
+    sensors: list = [run_failure_summary]
+    schedules: list = []
+    asset_checks: list = []
     for ds in cfg.datasets:
         d = build_dataset_defs(ds)
         assets += [d.raw, d.load]
         jobs.append(d.job)
+        rebuild = build_rebuild_job(ds)
+        jobs.append(rebuild)
+        sensors.append(build_recovery_sensor(ds, rebuild))
+        sensors.append(build_landing_sensor(ds, d.job.name))
+        schedules += [build_hourly_schedule(ds, d.job), build_reconcile_schedule(ds, d.job.name)]
+        asset_checks.append(build_input_check(ds))
     return dg.Definitions(
         assets=assets,
         jobs=jobs,
+        sensors=sensors,
+        schedules=schedules,
+        asset_checks=asset_checks,
         resources={"spark": SparkResource.from_config(cfg.spark)},
         executor=dg.in_process_executor,
     )

@@ -30,7 +30,7 @@ class RangeRun:
     results: list[LoadResult]
 
 
-def _failure_message(result: dg.ExecuteInProcessResult) -> str:
+def failure_message(result: dg.ExecuteInProcessResult) -> str:
     """The root error of the first failed step, in one line."""
     for ev in result.all_events:
         if ev.is_step_failure and ev.step_failure_data and ev.step_failure_data.error:
@@ -65,5 +65,5 @@ def run_range(cfg: PipelineConfig, dataset: str, first: str, last: str,
         rec = commits.read_commit(st, to_tag(h))
         if rec is not None:
             loaded.append(LoadResult.from_record(rec))
-    error = None if result.success else _failure_message(result)
+    error = None if result.success else failure_message(result)
     return RangeRun(result.success, result.run_id, error, loaded)

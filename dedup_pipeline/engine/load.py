@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, index
+from dedup_pipeline.engine import checks, commits, index
 from dedup_pipeline.engine.classify import (
     CONFLICT,
     DUPLICATES,
@@ -56,7 +56,7 @@ from dedup_pipeline.engine.parse import (
     read_text_batch,
     type_and_reject,
 )
-from dedup_pipeline.engine.rebuild import index_file_manifest
+from dedup_pipeline.engine.rebuild import ensure_healthy, index_file_manifest
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 
@@ -91,6 +91,7 @@ class LoadResult:
     index_slices_deleted: int
     files_written: int
     seconds: dict[str, float] = field(default_factory=dict)
+    check_figures: dict[str, Any] = field(default_factory=dict)
 
     @property
     def duplicate_rate(self) -> float:
@@ -109,6 +110,16 @@ class LoadResult:
 def _fault(point: str) -> None:
     if os.environ.get(FAULT_ENV) == point:
         os._exit(137)
+
+
+def _sabotage(df: DataFrame, what: str, n: int) -> DataFrame:
+    """Fault injection for the check tests: lose one row, or swap one for a copy of another."""
+    fault = os.environ.get(FAULT_ENV, "")
+    if fault == f"lose_row:{what}" and n > 0:
+        return df.limit(n - 1)
+    if fault == f"dup_row:{what}" and n > 1:
+        return df.limit(n - 1).unionByName(df.limit(1))
+    return df
 
 
 def _source_columns(ds: DatasetConfig) -> list[str]:
@@ -174,6 +185,13 @@ def _index_footprint(st: Storage, dirs: list[str]) -> tuple[list[str], int, int]
     return files, rows, size
 
 
+def _forget_outputs(st: Storage, tag: str) -> None:
+    """Remove everything an uncommitted attempt of `tag` wrote (after a failed check)."""
+    for name in OUTPUTS:
+        st.remove(st.path(name, f"load_hour={tag}"))
+    index.clear_load(st, tag)
+
+
 def run_load(
     spark: SparkSession,
     ds: DatasetConfig,
@@ -195,6 +213,7 @@ def run_load(
     st = Storage(ds.output)
     committed = commits.committed_tags(st)
     commits.check_order(ds, hour, committed)
+    ensure_healthy(spark, ds, st, say)
 
     # 2. forget any earlier attempt of this hour
     commits.invalidate(st, tag)
@@ -242,7 +261,8 @@ def run_load(
     for name in OUTPUTS:
         tmp = f"{run_tmp}/{name}"
         n_files = max(1, math.ceil(counts[name] / ROWS_PER_FILE))
-        (_select_output(classified, ds, name).coalesce(n_files).write.mode("overwrite")
+        out_df = _sabotage(_select_output(classified, ds, name), name, counts[name])
+        (out_df.coalesce(n_files).write.mode("overwrite")
          .parquet(tmp if st.local else st.fs.unstrip_protocol(tmp)))
         target = st.path(name, f"load_hour={tag}")
         st.replace_dir(tmp, target)
@@ -251,14 +271,25 @@ def run_load(
     st.remove(run_tmp)
     _fault("after_outputs")
     t = lap("write_outputs", t)
+    label = f"dataset {ds.name!r} hour {to_key(hour)}"
+    try:
+        figures = checks.check_conservation(st, tag, rows_in, label)
 
-    # 6. index entries: staged, then moved in place
-    staged = index.stage_entries(ds, st, classified.filter(unique_flag), tag)
-    _fault("after_index_staged")
-    slices = index.publish_entries(st, staged, tag)
-    files_written += len(slices)
+        # 6. index entries: staged, then moved in place
+        entries = _sabotage(classified.filter(unique_flag), "index", counts[UNIQUE])
+        staged = index.stage_entries(ds, st, entries, tag)
+        _fault("after_index_staged")
+        slices = index.publish_entries(st, staged, tag)
+        files_written += len(slices)
+        t = lap("write_index", t)
+        checks.check_unique_and_index(spark, ds, st, tag, figures, idx_df, label)
+    except checks.LoadCheckError:
+        batch.unpersist()
+        classified.unpersist()
+        _forget_outputs(st, tag)
+        raise
     _fault("before_commit")
-    t = lap("write_index", t)
+    t = lap("checks", t)
 
     result = LoadResult(
         dataset=ds.name,
@@ -280,6 +311,7 @@ def run_load(
         index_slices_written=slices,
         index_slices_deleted=0,
         files_written=files_written,
+        check_figures=figures.as_metadata(),
     )
     # 7. commit
     result.seconds = {**timings, "total": round(time.perf_counter() - t0, 3)}

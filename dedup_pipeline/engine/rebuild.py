@@ -33,7 +33,7 @@ class IndexDamage:
     """What is wrong with the index of a dataset; empty means healthy."""
 
     missing: dict[str, list[str]] = field(default_factory=dict)  # load tag -> missing/changed files
-    unexpected: list[str] = field(default_factory=list)  # files no committed load wrote
+    unexpected: list[str] = field(default_factory=list)  # files a committed load did not write
 
     @property
     def ok(self) -> bool:
@@ -41,7 +41,9 @@ class IndexDamage:
 
     @property
     def damaged_loads(self) -> list[str]:
-        return sorted(self.missing)
+        """Loads whose entries must be rebuilt: missing/changed files or stray files in their dirs."""
+        strays = {rel.split("/")[1].split("=", 1)[1] for rel in self.unexpected}
+        return sorted(set(self.missing) | strays)
 
     def summary(self) -> str:
         parts = []
@@ -51,7 +53,7 @@ class IndexDamage:
             parts.append(f"index files missing or changed for {len(self.missing)} committed "
                          f"load(s): {hours}{more}")
         if self.unexpected:
-            parts.append(f"{len(self.unexpected)} index file(s) written by no committed load, "
+            parts.append(f"{len(self.unexpected)} index file(s) not written by their load, "
                          f"e.g. {self.unexpected[0]}")
         return "; ".join(parts) or "index healthy"
 
@@ -70,7 +72,8 @@ def check_index(st: Storage, ds: DatasetConfig) -> IndexDamage:
     lo = index.min_slice(ds, kept_from) if kept_from is not None else None
     expected: dict[str, int] = {}
     owner: dict[str, str] = {}
-    for tag in sorted(commits.committed_tags(st)):
+    committed = commits.committed_tags(st)
+    for tag in sorted(committed):
         rec = commits.read_commit(st, tag) or {}
         for f in rec.get("index_files", []):
             if lo is not None and f["slice"] < lo:
@@ -82,8 +85,9 @@ def check_index(st: Storage, ds: DatasetConfig) -> IndexDamage:
     root = st.path(index.INDEX)
     for path in st.list_files(root, ".parquet"):
         rel = path[len(root) + 1:]
-        if rel.startswith(f"{index.STAGING}/"):
-            continue
+        parts = rel.split("/")
+        if len(parts) != 3 or parts[1].split("=", 1)[-1] not in committed:
+            continue  # staging, or leftovers of an interrupted attempt (its rerun clears them)
         actual[rel] = int(st.fs.info(path).get("size") or 0)
     for rel, size in expected.items():
         if actual.get(rel) != size:
@@ -110,17 +114,39 @@ class RebuildResult:
     seconds: float
 
 
-def rebuild_index(spark: SparkSession, ds: DatasetConfig) -> RebuildResult:
-    """Recompute the whole index from unique; the caller holds the dataset lock."""
+def _staged_files(st: Storage, staging: str, tag: str) -> tuple[list[int], list[dict]]:
+    slices, files = [], []
+    for sdir in st.list_dirs(staging):
+        d = f"{staging}/{sdir}/load_hour={tag}"
+        if not sdir.startswith(f"{index.SLICE}=") or not st.exists(d):
+            continue
+        n = int(sdir.split("=", 1)[1])
+        slices.append(n)
+        for p in st.list_files(d, ".parquet"):
+            files.append({"slice": n, "name": p.rsplit("/", 1)[1],
+                          "size": int(st.fs.info(p).get("size") or 0)})
+    return sorted(slices), files
+
+
+def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None = None
+                  ) -> RebuildResult:
+    """Recompute index entries from unique: of the given loads, or of every committed load.
+
+    Reads only the unique output. The caller holds the dataset lock. A full rebuild swaps the whole
+    index directory in; a partial one replaces the entries of each given load.
+    """
     t0 = time.perf_counter()
     st = Storage(ds.output)
     committed = sorted(commits.committed_tags(st))
-    staging = st.path(index.INDEX + "_rebuild")
+    targets = committed if tags is None else sorted(set(tags) & set(committed))
+    staging_name = index.INDEX + "_rebuild"
+    staging = st.path(staging_name)
     st.remove(staging)
     entries = 0
-    if committed and st.exists(st.path("unique")):
+    present = [t for t in targets if st.exists(st.path("unique", f"load_hour={t}"))]
+    if present:
         uniq = (spark.read.option("basePath", st.spark_path("unique"))
-                .parquet(*[st.spark_path("unique", f"load_hour={t}") for t in committed]))
+                .parquet(*[st.spark_path("unique", f"load_hour={t}") for t in present]))
         h1, h2 = digest_columns(ds.key, ds.source.schema)
         df = uniq.withColumn(H1, h1).withColumn(H2, h2)
         if ds.expiry is not None:
@@ -132,24 +158,46 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig) -> RebuildResult:
         df = df.select(*cols, index.slice_of(ds).alias(index.SLICE), "load_hour")
         (df.repartition(index.SLICE, "load_hour").sortWithinPartitions(H1)
          .write.mode("overwrite").partitionBy(index.SLICE, "load_hour")
-         .parquet(st.spark_path(index.INDEX + "_rebuild")))
-        entries = spark.read.parquet(st.spark_path(index.INDEX + "_rebuild")).count()
+         .parquet(st.spark_path(staging_name)))
+        entries = spark.read.parquet(st.spark_path(staging_name)).count()
     st.makedirs(staging)
-    # Record the rebuilt files in the commit records, then swap the whole index in.
-    for tag in committed:
-        slices = sorted(int(s.split("=", 1)[1]) for s in st.list_dirs(staging)
-                        if s.startswith(f"{index.SLICE}=")
-                        and st.exists(f"{staging}/{s}/load_hour={tag}"))
-        files = []
-        for n in slices:
-            d = f"{staging}/{index.SLICE}={n}/load_hour={tag}"
-            for p in st.list_files(d, ".parquet"):
-                files.append({"slice": n, "name": p.rsplit("/", 1)[1],
-                              "size": int(st.fs.info(p).get("size") or 0)})
+    for tag in targets:
+        slices, files = _staged_files(st, staging, tag)
+        if tags is not None:  # partial: replace this load's entries in place
+            index.clear_load(st, tag)
+            for n in slices:
+                st.move(f"{staging}/{index.SLICE}={n}/load_hour={tag}",
+                        st.path(index.INDEX, f"{index.SLICE}={n}", f"load_hour={tag}"))
         rec = commits.read_commit(st, tag)
         if rec is not None:
             rec["index_files"] = files
             rec["index_slices_written"] = slices
             commits.write_commit(st, tag, rec)
-    st.replace_dir(staging, st.path(index.INDEX))
-    return RebuildResult(len(committed), entries, round(time.perf_counter() - t0, 3))
+    if tags is None:
+        st.replace_dir(staging, st.path(index.INDEX))
+    else:
+        st.remove(staging)
+    return RebuildResult(len(targets), entries, round(time.perf_counter() - t0, 3))
+
+
+class IndexDamagedError(RuntimeError):
+    """The index disagrees with the commit records; loads refuse to run on it (R12)."""
+
+
+def ensure_healthy(spark: SparkSession, ds: DatasetConfig, st: Storage,
+                   say: object = None) -> IndexDamage:
+    """Fail (or rebuild, with `on_damaged_index: rebuild`) when the index is damaged."""
+    damage = check_index(st, ds)
+    if damage.ok:
+        return damage
+    if ds.on_damaged_index == "rebuild":
+        if callable(say):
+            say(f"{ds.name}: {damage.summary()}; rebuilding the index from unique")
+        rebuild_index(spark, ds, damage.damaged_loads)
+        return damage
+    raise IndexDamagedError(
+        f"dataset {ds.name!r}: the key index is damaged ({damage.summary()}); loads will not run "
+        f"on it. Rebuild it from unique: dedup-pipeline rebuild-index --config <file> "
+        f"--dataset {ds.name} (or launch the {ds.name}_index_rebuild job; or set "
+        "on_damaged_index: rebuild)"
+    )

@@ -1,0 +1,124 @@
+"""Asset checks of every load (SPEC D4), evaluated inside the load itself.
+
+Blocking (ERROR): conservation and unique_keys on `unique`, index_agrees on `index`. The engine
+computes them from the written files before committing and raises on a breach, so a failed check
+means the hour committed nothing and nothing downstream runs. WARN: index_size on `index`,
+duplicate_rate and conflict_rate on `duplicates`, rejected_rate on `rejected`, against the
+thresholds of the dataset's `checks:` section.
+
+Each hour gets its own evaluation: in a one-hour run through the step's results; in a ranged run
+as per-partition evaluation events (plus one summary result per check for the run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+
+from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine.checks import CONSERVATION, INDEX_AGREES, UNIQUE_KEYS
+from dedup_pipeline.engine.load import LoadResult
+
+INDEX_SIZE = "index_size"
+DUPLICATE_RATE, CONFLICT_RATE, REJECTED_RATE = "duplicate_rate", "conflict_rate", "rejected_rate"
+
+# check name -> (asset name, blocking, description)
+CHECKS: dict[str, tuple[str, bool, str]] = {
+    CONSERVATION: ("unique", True, "R8: rows in = unique + duplicates + expired + rejected, "
+                   "counted from the written files."),
+    UNIQUE_KEYS: ("unique", True, "No key twice in the hour's unique rows, and none already in "
+                  "the live index of earlier hours."),
+    INDEX_AGREES: ("index", True, "The hour's index entries match its unique rows (count and an "
+                   "order-independent checksum of the digests)."),
+    INDEX_SIZE: ("index", False, "Index entries a load reads stay under checks.max_index_keys "
+                 "(warn, like Pinot's pause threshold)."),
+    DUPLICATE_RATE: ("duplicates", False, "duplicates / (unique + duplicates) under "
+                     "checks.max_duplicate_rate."),
+    CONFLICT_RATE: ("duplicates", False, "conflicts / (unique + duplicates) under "
+                    "checks.max_conflict_rate (same key, different fingerprint)."),
+    REJECTED_RATE: ("rejected", False, "rejected / rows in under checks.max_rejected_rate."),
+}
+
+
+def check_specs(ds: DatasetConfig, partitions_def: dg.PartitionsDefinition) -> list[dg.AssetCheckSpec]:
+    return [
+        dg.AssetCheckSpec(name, asset=dg.AssetKey([ds.name, asset]), blocking=blocking,
+                          description=desc, partitions_def=partitions_def)
+        for name, (asset, blocking, desc) in CHECKS.items()
+    ]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    name: str
+    passed: bool
+    metadata: dict[str, Any]
+
+    @property
+    def asset(self) -> str:
+        return CHECKS[self.name][0]
+
+    @property
+    def severity(self) -> dg.AssetCheckSeverity:
+        return dg.AssetCheckSeverity.ERROR if CHECKS[self.name][1] else dg.AssetCheckSeverity.WARN
+
+
+def _rate(num: int, den: int) -> float:
+    return round(num / den, 6) if den else 0.0
+
+
+def evaluate(ds: DatasetConfig, r: LoadResult) -> list[Evaluation]:
+    """All checks of a committed hour (the blocking ones passed, or it would not be committed)."""
+    f = r.check_figures
+    valid = r.unique + r.duplicates
+    index_keys = r.index_rows_read + r.index_rows_written
+    t = ds.checks
+    return [
+        Evaluation(CONSERVATION, True, {"rows_in": r.rows_in, "rows_out": sum(
+            f.get(f"written_{o}", 0) for o in ("unique", "duplicates", "expired", "rejected"))}),
+        Evaluation(UNIQUE_KEYS, True, {"distinct_keys": f.get("unique_distinct_keys", r.unique),
+                                       "in_live_index": f.get("unique_in_live_index", 0)}),
+        Evaluation(INDEX_AGREES, True, {"index_rows": f.get("index_rows", r.index_rows_written),
+                                        "unique_rows": r.unique}),
+        Evaluation(INDEX_SIZE, index_keys <= t.max_index_keys,
+                   {"index_keys": index_keys, "limit": t.max_index_keys}),
+        Evaluation(DUPLICATE_RATE, _rate(r.duplicates, valid) <= t.max_duplicate_rate,
+                   {"rate": _rate(r.duplicates, valid), "limit": t.max_duplicate_rate}),
+        Evaluation(CONFLICT_RATE, _rate(r.conflicts, valid) <= t.max_conflict_rate,
+                   {"rate": _rate(r.conflicts, valid), "limit": t.max_conflict_rate}),
+        Evaluation(REJECTED_RATE, _rate(r.rejected, r.rows_in) <= t.max_rejected_rate,
+                   {"rate": _rate(r.rejected, r.rows_in), "limit": t.max_rejected_rate}),
+    ]
+
+
+def as_event(ds: DatasetConfig, e: Evaluation, partition: str) -> dg.AssetCheckEvaluation:
+    return dg.AssetCheckEvaluation(
+        asset_key=dg.AssetKey([ds.name, e.asset]), check_name=e.name, passed=e.passed,
+        severity=e.severity, partition=partition, metadata=e.metadata,
+        blocking=CHECKS[e.name][1])
+
+
+def as_result(ds: DatasetConfig, e: Evaluation) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(asset_key=dg.AssetKey([ds.name, e.asset]), check_name=e.name,
+                               passed=e.passed, severity=e.severity, metadata=e.metadata)
+
+
+def summarize(ds: DatasetConfig, per_hour: Iterable[tuple[str, list[Evaluation]]]
+              ) -> list[dg.AssetCheckResult]:
+    """One result per check for a ranged run: passed if every hour passed; failing hours listed."""
+    failing: dict[str, list[str]] = {name: [] for name in CHECKS}
+    hours = 0
+    for pk, evals in per_hour:
+        hours += 1
+        for e in evals:
+            if not e.passed:
+                failing[e.name].append(pk)
+    return [
+        as_result(ds, Evaluation(name, not failing[name], {
+            "hours": hours, "failing_hours": len(failing[name]),
+            "first_failing_hour": failing[name][0] if failing[name] else ""}))
+        for name in CHECKS
+    ]

@@ -1,0 +1,114 @@
+"""Index recovery (SPEC R12, D3) and the run failure summary (issue: operate it from Dagster).
+
+- `{ds}_index_rebuild` job: rebuilds index entries from unique, for the given hours or all.
+- `{ds}_index_recovery_sensor`: compares the index files with the commit records (listing only, no
+  data read) and requests a rebuild of exactly the damaged loads; its run key names the damage, so
+  a repeated tick requests nothing new while that rebuild is pending.
+- `dedup_run_failure_summary`: on any failed run, writes one paragraph (dataset, hours, stage,
+  error) into that run's own event log, where the UI shows it next to the failure.
+"""
+
+
+import hashlib
+
+import dagster as dg
+
+from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.defs.resources import SparkResource
+from dedup_pipeline.engine.rebuild import check_index, rebuild_index
+from dedup_pipeline.engine.storage import Lock, Storage
+from dedup_pipeline.hours import key_of, parse_key, to_tag
+
+RECOVERY_INTERVAL_S = 120
+
+
+def rebuild_job_name(ds: DatasetConfig) -> str:
+    return f"{ds.name}_index_rebuild"
+
+
+class RebuildConfig(dg.Config):
+    hours: list[str] = []  # partition keys like 2026-11-01-05:00; empty = every committed hour
+
+
+def build_rebuild_job(ds: DatasetConfig) -> dg.JobDefinition:
+    @dg.op(name=f"{ds.name}_rebuild_index", tags={"dedup_pipeline/dataset": ds.name},
+           pool=f"dedup_{ds.name}")
+    def rebuild(context: dg.OpExecutionContext, config: RebuildConfig, spark: SparkResource) -> None:
+        tags = [to_tag(parse_key(h)) for h in config.hours] or None
+        scope = f"{len(tags)} hour(s)" if tags else "every committed hour"
+        context.log.info(f"{ds.name}: rebuilding index entries of {scope} from unique")
+        with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id} (index rebuild)"):
+            res = rebuild_index(spark.get_session(), ds, tags)
+            after = check_index(Storage(ds.output), ds)
+        context.log.info(f"{ds.name}: rebuilt {res.entries} entries of {res.loads} load(s) in "
+                         f"{res.seconds:.1f}s; index now: {after.summary()}")
+        if not after.ok:
+            raise RuntimeError(f"{ds.name}: index still damaged after rebuild: {after.summary()}")
+        context.log_event(dg.AssetObservation(
+            asset_key=dg.AssetKey([ds.name, "index"]),
+            metadata={"rebuilt_loads": res.loads, "rebuilt_entries": res.entries,
+                      "rebuild_seconds": res.seconds}))
+
+    @dg.job(name=rebuild_job_name(ds), tags={"dedup_pipeline/dataset": ds.name},
+            description=f"Rebuild the key index of {ds.name!r} from its unique output (R12).")
+    def job() -> None:
+        rebuild()
+
+    return job
+
+
+def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition) -> dg.SensorDefinition:
+    @dg.sensor(name=f"{ds.name}_index_recovery_sensor", job=job,
+               minimum_interval_seconds=RECOVERY_INTERVAL_S,
+               default_status=dg.DefaultSensorStatus.RUNNING,
+               description="Detects a missing or damaged key index (files vs commit records) and "
+                           "launches a rebuild of the affected hours.")
+    def recovery(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+        damage = check_index(Storage(ds.output), ds)
+        if damage.ok:
+            return dg.SkipReason(f"{ds.name}: index healthy")
+        hours = [key_of(t) for t in damage.damaged_loads]
+        fingerprint = hashlib.sha256(repr((damage.missing, damage.unexpected)).encode()).hexdigest()
+        context.log.warning(f"{ds.name}: {damage.summary()}")
+        return dg.SensorResult(run_requests=[dg.RunRequest(
+            run_key=f"{ds.name}:rebuild:{fingerprint[:16]}",
+            run_config={"ops": {f"{ds.name}_rebuild_index": {"config": {"hours": hours}}}},
+            tags={"dedup_pipeline/dataset": ds.name, "dedup_pipeline/reason": "damaged index"},
+        )])
+
+    return recovery
+
+
+def _stage_of(error_cls: str) -> str:
+    return {
+        "LoadOrderError": "order check (earlier hours not loaded)",
+        "LoadCheckError": "blocking asset check",
+        "IndexDamagedError": "index health check",
+        "IndexRetentionError": "index retention",
+        "DatasetLockedError": "dataset lock (another run holds it)",
+        "ConfigError": "configuration",
+    }.get(error_cls, "Spark or storage (infrastructure)")
+
+
+@dg.run_failure_sensor(name="dedup_run_failure_summary", default_status=dg.DefaultSensorStatus.RUNNING)
+def run_failure_summary(context: dg.RunFailureSensorContext) -> None:
+    run = context.dagster_run
+    tags = run.tags
+    dataset = tags.get("dedup_pipeline/dataset", "?")
+    start = tags.get("dagster/asset_partition_range_start") or tags.get("dagster/partition")
+    end = tags.get("dagster/asset_partition_range_end") or start
+    hours = "no hour" if not start else (start if start == end else f"{start} .. {end}")
+    errors = [e for e in context.get_step_failure_events()
+              if e.step_failure_data and e.step_failure_data.error]
+    if errors:
+        err = errors[0].step_failure_data.error
+        while err.cause is not None and "DagsterExecutionStepExecutionError" in err.cls_name:
+            err = err.cause
+        cls, msg = err.cls_name, err.message.strip().splitlines()[0]
+    else:
+        cls, msg = "", context.failure_event.message or "the run failed"
+    summary = (f"dedup_pipeline run failure: dataset {dataset}, hours {hours}, failed in "
+               f"{_stage_of(cls)}: {cls + ': ' if cls else ''}{msg} Hours before the failing one "
+               "are committed; the failing hour committed nothing, so rerunning it (and the "
+               "hours after it) is safe.")
+    context.instance.report_engine_event(summary, run)

@@ -1,0 +1,116 @@
+"""Correctness checks of one load, computed from the files it wrote, before its commit (SPEC D4).
+
+They re-read what was written instead of trusting the classification's own counts:
+- conservation (R8): rows in the batch = rows in the four written partitions (Parquet footers);
+- unique_keys: the written unique partition has no key twice, and none of its keys is in the live
+  index of earlier loads (an independent probe of the index);
+- index_agrees: the index files of the load hold exactly the digests of the written unique rows
+  (row count and an order-independent XOR checksum of both 64-bit halves).
+A failure raises `LoadCheckError` before the commit record is written, so the load commits nothing
+and the Dagster layer reports the failed check (blocking: nothing downstream runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine.classify import OUTPUTS
+from dedup_pipeline.engine.digest import H1, H2, digest_columns
+from dedup_pipeline.engine.index import match_columns
+from dedup_pipeline.engine.storage import Storage
+
+CONSERVATION, UNIQUE_KEYS, INDEX_AGREES = "conservation", "unique_keys", "index_agrees"
+
+
+class LoadCheckError(RuntimeError):
+    """A load's written files break a correctness rule; nothing was committed."""
+
+    def __init__(self, check: str, message: str, figures: dict[str, Any]):
+        super().__init__(message)
+        self.check = check
+        self.figures = figures
+
+
+@dataclass
+class WrittenFigures:
+    rows: dict[str, int] = field(default_factory=dict)
+    unique_distinct_keys: int = 0
+    unique_in_live_index: int = 0
+    index_rows: int = 0
+    index_checksum_ok: bool = True
+
+    def as_metadata(self) -> dict[str, Any]:
+        return {
+            **{f"written_{k}": v for k, v in self.rows.items()},
+            "unique_distinct_keys": self.unique_distinct_keys,
+            "unique_in_live_index": self.unique_in_live_index,
+            "index_rows": self.index_rows,
+        }
+
+
+def parquet_rows(st: Storage, path: str) -> int:
+    """Rows in the Parquet files under `path`, from their footers (no data read)."""
+    total = 0
+    for f in st.list_files(path, ".parquet"):
+        with st.fs.open(f, "rb") as fh:
+            total += pq.ParquetFile(fh).metadata.num_rows
+    return total
+
+
+def check_conservation(st: Storage, tag: str, rows_in: int, label: str) -> WrittenFigures:
+    fig = WrittenFigures(rows={o: parquet_rows(st, st.path(o, f"load_hour={tag}")) for o in OUTPUTS})
+    out = sum(fig.rows.values())
+    if out != rows_in:
+        detail = ", ".join(f"{k} {v}" for k, v in fig.rows.items())
+        raise LoadCheckError(CONSERVATION, f"{label}: conservation broken: {rows_in} rows in, "
+                             f"{out} rows written ({detail}); nothing was committed", {
+                                 "rows_in": rows_in, "rows_out": out, **fig.rows})
+    return fig
+
+
+def check_unique_and_index(
+    spark: SparkSession, ds: DatasetConfig, st: Storage, tag: str, fig: WrittenFigures,
+    live_index: DataFrame | None, label: str,
+) -> WrittenFigures:
+    keys = match_columns(ds)
+    uniq = spark.read.parquet(st.spark_path("unique", f"load_hour={tag}"))
+    h1, h2 = digest_columns(ds.key, ds.source.schema)
+    digests = uniq.select(h1.alias(H1), h2.alias(H2), *ds.key if ds.index.store_keys else [])
+    u = digests.agg(F.count(F.lit(1)).alias("n"),
+                    F.count_distinct(*[F.col(k) for k in keys]).alias("distinct"),
+                    F.bit_xor(H1).alias("x1"), F.bit_xor(H2).alias("x2")).collect()[0]
+    fig.unique_distinct_keys = int(u["distinct"])
+    if u["distinct"] != u["n"]:
+        raise LoadCheckError(UNIQUE_KEYS, f"{label}: unique holds {u['n']} rows but only "
+                             f"{u['distinct']} distinct keys; nothing was committed",
+                             {"rows": u["n"], "distinct_keys": u["distinct"]})
+    if live_index is not None:
+        probe = F.broadcast(digests.select(*keys))
+        fig.unique_in_live_index = live_index.join(probe, on=keys, how="left_semi").count()
+        if fig.unique_in_live_index:
+            raise LoadCheckError(UNIQUE_KEYS, f"{label}: {fig.unique_in_live_index} unique key(s) "
+                                 "are already in the live index of earlier loads; nothing was "
+                                 "committed", {"unique_in_live_index": fig.unique_in_live_index})
+    entries = [st.spark_path("index", d, f"load_hour={tag}")
+               for d in st.list_dirs(st.path("index"))
+               if d.startswith("slice=") and st.exists(st.path("index", d, f"load_hour={tag}"))]
+    if entries:
+        i = (spark.read.parquet(*entries)
+             .agg(F.count(F.lit(1)).alias("n"), F.bit_xor(H1).alias("x1"),
+                  F.bit_xor(H2).alias("x2")).collect()[0])
+        n, x1, x2 = int(i["n"]), i["x1"], i["x2"]
+    else:
+        n, x1, x2 = 0, None, None
+    fig.index_rows = n
+    if n != u["n"] or (x1, x2) != (u["x1"], u["x2"]):
+        fig.index_checksum_ok = False
+        raise LoadCheckError(INDEX_AGREES, f"{label}: the index files of this load ({n} entries) "
+                             f"do not match its unique rows ({u['n']}); nothing was committed",
+                             {"index_rows": n, "unique_rows": u["n"]})
+    return fig

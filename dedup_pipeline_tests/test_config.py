@@ -1,0 +1,167 @@
+"""Configuration (SPEC C1, C2): bad files fail at load time naming the file, dataset and field.
+
+No Spark here: every test writes a YAML file into tmp_path and calls `load_config` on it.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dedup_pipeline.config import ConfigError, load_config
+
+
+def _dataset(**overrides: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "name": "clicks",
+        "start": "2026-11-01-00:00",
+        "source": {
+            "path": "landing/clicks",
+            "format": "jsonl",
+            "schema": {"event_id": "string", "user_id": "string", "event_time": "timestamp",
+                       "url": "string", "n": "long", "flag": "boolean"},
+        },
+        "key": ["event_id"],
+        "fingerprint": ["user_id", "url"],
+        "order_by": "event_time",
+        "expiry": {"column": "event_time", "period": "24h", "basis": "event"},
+        "output": "warehouse/clicks",
+        "index": {"store_keys": False},
+    }
+    raw.update(overrides)
+    return raw
+
+
+def _write(tmp_path: Path, doc: Any, name: str = "dedup.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return p
+
+
+def _error(tmp_path: Path, dataset: dict[str, Any]) -> str:
+    p = _write(tmp_path, {"datasets": [dataset]})
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    return str(ei.value)
+
+
+def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """The base dataset with one nested entry set (path of dict keys)."""
+    raw = copy.deepcopy(_dataset())
+    node = raw
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    return raw
+
+
+# (id, dataset, dataset name the message must show, field path the message must show)
+BAD = [
+    ("unknown key at dataset level", _with(("colour",), "blue"), "clicks", "colour"),
+    ("unknown key in source", _with(("source", "compression"), "gzip"), "clicks",
+     "source.compression"),
+    ("unknown key in expiry", _with(("expiry", "window"), "1h"), "clicks", "expiry.window"),
+    ("unknown key in index", _with(("index", "bloom"), True), "clicks", "index.bloom"),
+    ("key column not in schema", _with(("key",), ["event_id", "session_id"]), "clicks", "key"),
+    ("bad type name", _with(("source", "schema", "n"), "integer"), "clicks", "source.schema.n"),
+    ("expiry on a boolean column", _with(("expiry",), {"column": "flag", "period": 1}), "clicks",
+     "expiry.column"),
+    ("expiry on a plain string column", _with(("expiry",), {"column": "url", "period": 1}),
+     "clicks", "expiry.column"),
+    ("unparseable period", _with(("expiry", "period"), "24x"), "clicks", "expiry.period"),
+    ("non-numeric period on a long column",
+     _with(("expiry",), {"column": "n", "period": "ten"}), "clicks", "expiry.period"),
+    ("bad dataset name", _with(("name",), "Clicks!"), "Clicks!", "name"),
+    ("processing basis on a long column",
+     _with(("expiry",), {"column": "n", "period": 5, "basis": "processing"}), "clicks",
+     "expiry.basis"),
+    ("fingerprint column missing", _with(("fingerprint",), ["user_id", "referrer"]), "clicks",
+     "fingerprint"),
+    ("order_by column missing", _with(("order_by",), "ts"), "clicks", "order_by"),
+    ("bad format", _with(("source", "format"), "xml"), "clicks", "source.format"),
+    ("store_keys not a boolean", _with(("index", "store_keys"), "yes"), "clicks",
+     "index.store_keys"),
+]
+
+
+@pytest.mark.parametrize(("dataset", "ds_name", "fld"), [b[1:] for b in BAD],
+                         ids=[b[0] for b in BAD])
+def test_bad_config_names_file_dataset_and_field(tmp_path: Path, dataset: dict, ds_name: str,
+                                                 fld: str) -> None:
+    msg = _error(tmp_path, dataset)
+    assert str(tmp_path / "dedup.yaml") in msg
+    assert f"dataset {ds_name!r}" in msg
+    assert f"field {fld!r}" in msg
+
+
+def test_unknown_key_is_reported_in_the_second_dataset(tmp_path: Path) -> None:
+    good = _dataset()
+    bad = _dataset(name="orders", output="warehouse/orders")
+    bad["source"] = {**bad["source"], "path": "landing/orders", "encoding": "latin1"}
+    p = _write(tmp_path, {"datasets": [good, bad]})
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    msg = str(ei.value)
+    assert str(p) in msg and "dataset 'orders'" in msg and "field 'source.encoding'" in msg
+
+
+def test_unknown_key_at_file_level_names_file_and_field(tmp_path: Path) -> None:
+    p = _write(tmp_path, {"datasets": [_dataset()], "sparkk": {"master": "local[1]"}})
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    assert str(p) in str(ei.value) and "field 'sparkk'" in str(ei.value)
+
+
+def test_valid_multi_dataset_file_resolves_paths_against_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # relative paths must not depend on the working directory
+    orders = {
+        "name": "orders_v2",
+        "start": "2026-10-01-05:00",
+        "source": {"path": "../landing/orders", "format": "csv",
+                   "schema": {"order_id": "string", "line": "long", "amount": "double",
+                              "day": "date"},
+                   "csv": {"header": True, "delimiter": ";"}},
+        "key": ["order_id", "line"],
+        "fingerprint": "all",
+        "expiry": {"column": "day", "period": "7d"},
+        "output": "out/orders",
+        "index": {"store_keys": True},
+    }
+    logs = {
+        "name": "logs",
+        "start": "2026-11-01-00:00",
+        "source": {"path": str(tmp_path / "abs" / "logs"), "format": "parquet",
+                   "schema": {"id": "long", "region": "string"}},
+        "key": ["id"],
+        "expiry": {"column": "region", "period": 1, "categories": ["a", "b", "c"]},
+        "output": "out/logs",
+    }
+    p = _write(conf_dir, {"datasets": [_dataset(), orders, logs]})
+    cfg = load_config(p)
+    assert [d.name for d in cfg.datasets] == ["clicks", "orders_v2", "logs"]
+    clicks, o, lg = cfg.datasets
+    real = conf_dir.resolve()
+    assert clicks.source.path == str(real / "landing" / "clicks")
+    assert clicks.output == str(real / "warehouse" / "clicks")
+    assert o.source.path == str((real / ".." / "landing" / "orders").resolve())
+    assert o.output == str(real / "out" / "orders")
+    assert lg.source.path == str(tmp_path / "abs" / "logs")  # absolute stays as written
+    assert clicks.key == ("event_id",) and o.key == ("order_id", "line")
+    assert clicks.fingerprint == ("user_id", "url")
+    assert o.fingerprint == ("amount", "day")  # "all": every non-key column
+    assert clicks.expiry is not None and clicks.expiry.period == 24 * 3600 * 1_000_000
+    assert o.expiry is not None and o.expiry.period == 7  # days for a date column
+    assert lg.expiry is not None and lg.expiry.categories == ("a", "b", "c")
+    assert o.source.csv_delimiter == ";" and o.index.store_keys is True
+    assert o.start == "2026-10-01-05:00"
+    assert cfg.dataset("logs") is lg

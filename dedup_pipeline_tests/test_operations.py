@@ -1,0 +1,297 @@
+"""Operating it from Dagster: asset checks (D4), index recovery (R12, K3), the failure summary, and
+one run at a time per dataset (R10). Real materializations on local Spark."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+from click.testing import CliRunner
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+
+from dedup_pipeline.cli import main
+from dedup_pipeline.config import parse_config
+from dedup_pipeline.defs.definitions import build_definitions, load_job_name
+from dedup_pipeline.defs.recovery import build_recovery_sensor, rebuild_job_name, run_failure_summary
+from dedup_pipeline.defs.runner import RANGE_END, RANGE_START, run_range
+from dedup_pipeline.engine.load import FAULT_ENV
+from dedup_pipeline.engine.rebuild import IndexDamagedError, check_index
+from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline_tests.conftest import read_output, write_hour
+
+REPO = Path(__file__).resolve().parents[1]
+HOURS = [f"2026-11-01-{h:02d}:00" for h in range(5)]
+OUTPUTS = ("unique", "duplicates", "expired", "rejected")
+
+
+def _raw(**extra: object) -> dict:
+    return {
+        "name": "clicks",
+        "start": "2026-11-01-00:00",
+        "source": {"path": "landing", "format": "jsonl",
+                   "schema": {"event_id": "string", "user_id": "string",
+                              "event_time": "timestamp", "url": "string"}},
+        "key": ["event_id"],
+        "fingerprint": ["url"],
+        "expiry": {"column": "event_time", "period": "3h"},
+        "output": "warehouse",
+        **extra,
+    }
+
+
+def _cfg(root: Path, **extra: object):
+    raw = {"datasets": [_raw(**extra)]}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "dedup.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return parse_config(raw, str(root / "dedup.yaml"), root)
+
+
+def _landing(cfg) -> None:
+    """Five hours: replays of earlier hours, an in-batch conflict, a late (expired) record."""
+    ds = cfg.datasets[0]
+    for h in range(5):
+        rows = [{"event_id": f"e{h}-{i}", "user_id": "u", "event_time": f"2026-11-01T{h:02d}:0{i}:00Z",
+                 "url": "/a"} for i in range(4)]
+        if h:
+            rows.append({"event_id": f"e{h - 1}-0", "user_id": "u",
+                         "event_time": f"2026-11-01T{h - 1:02d}:00:00Z", "url": "/a"})
+            rows.append({"event_id": f"e{h - 1}-1", "user_id": "u",
+                         "event_time": f"2026-11-01T{h - 1:02d}:01:00Z", "url": "/other"})
+        if h == 4:
+            rows.append({"event_id": "old", "user_id": "u", "event_time": "2026-10-31T20:00:00Z",
+                         "url": "/a"})
+        write_hour(ds, HOURS[h], rows)
+
+
+def _snapshot(spark, ds) -> dict:
+    snap = {}
+    for name in OUTPUTS:
+        for h in HOURS:
+            rows = read_output(spark, ds, name, h[:13])
+            for r in rows:  # the two sites differ in directory only
+                r["_source_file"] = r["_source_file"].rsplit("/", 2)[-2:]
+            snap[(name, h)] = sorted(tuple(sorted((k, str(v)) for k, v in r.items())) for r in rows)
+    return snap
+
+
+@pytest.fixture
+def site(tmp_path: Path):
+    cfg = _cfg(tmp_path / "a")
+    _landing(cfg)
+    return cfg
+
+
+def _downstream(ds_name: str, pdef: dg.PartitionsDefinition) -> dg.AssetsDefinition:
+    @dg.asset(key=["report"], deps=[dg.AssetKey([ds_name, "unique"])], partitions_def=pdef)
+    def report() -> dg.MaterializeResult:
+        return dg.MaterializeResult()
+
+    return report
+
+
+def _check_events(res: dg.ExecuteInProcessResult) -> dict[tuple[str, str | None], object]:
+    out = {}
+    for e in res.all_events:
+        if e.event_type_value == "ASSET_CHECK_EVALUATION":
+            ev = e.event_specific_data
+            out[(ev.check_name, ev.partition)] = ev
+    return out
+
+
+def test_checks_pass_on_a_clean_hour(spark, site) -> None:
+    job = build_definitions(site).resolve_job_def(load_job_name("clicks"))
+    with dg.instance_for_test() as inst:
+        res = job.execute_in_process(partition_key=HOURS[0], instance=inst)
+        assert res.success
+        evs = _check_events(res)
+        names = {"conservation", "unique_keys", "index_agrees", "index_size", "duplicate_rate",
+                 "conflict_rate", "rejected_rate"}
+        assert {n for n, _ in evs} == names
+        assert all(ev.passed for ev in evs.values())
+        assert all(p == HOURS[0] for _, p in evs)
+
+
+@pytest.mark.parametrize(("fault", "check"), [
+    ("lose_row:unique", "conservation"),
+    ("dup_row:unique", "unique_keys"),
+    ("lose_row:index", "index_agrees"),
+])
+def test_blocking_check_failure_commits_nothing_and_stops_downstream(
+        spark, site, monkeypatch: pytest.MonkeyPatch, fault: str, check: str) -> None:
+    ds = site.datasets[0]
+    defs = build_definitions(site)
+    load = next(a for a in defs.assets if isinstance(a, dg.AssetsDefinition))
+    report = _downstream("clicks", load.partitions_def)
+    with dg.instance_for_test() as inst:
+        assert dg.materialize([load, report], partition_key=HOURS[0], instance=inst,
+                              resources={"spark": defs.resources["spark"]}).success
+        monkeypatch.setenv(FAULT_ENV, fault)
+        res = dg.materialize([load, report], partition_key=HOURS[1], instance=inst,
+                             resources={"spark": defs.resources["spark"]}, raise_on_error=False)
+        monkeypatch.delenv(FAULT_ENV)
+        assert not res.success
+        asset = "index" if check == "index_agrees" else "unique"
+        key = dg.AssetCheckKey(dg.AssetKey(["clicks", asset]), check)
+        failed = [h.event.dagster_event.event_specific_data
+                  for h in inst.event_log_storage.get_asset_check_execution_history(key, limit=10)
+                  if h.status == AssetCheckExecutionRecordStatus.FAILED]
+        assert failed, "the failed blocking check was not recorded"
+        ev = failed[0]
+        assert not ev.passed and ev.severity == dg.AssetCheckSeverity.ERROR
+        assert ev.partition == HOURS[1]
+        assert inst.get_materialized_partitions(dg.AssetKey(["report"])) == {HOURS[0]}
+        st = Storage(ds.output)
+        assert not st.exists(st.path("_commits", "load_hour=2026-11-01-01.json"))
+        assert not (Path(ds.output) / "unique" / "load_hour=2026-11-01-01").exists()
+        # the hour is clean to rerun
+        assert dg.materialize([load, report], partition_key=HOURS[1], instance=inst,
+                              resources={"spark": defs.resources["spark"]}).success
+
+
+def test_warn_checks_flag_thresholds_without_failing(spark, tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, checks={"max_duplicate_rate": 0.1, "max_conflict_rate": 0.0,
+                                 "max_rejected_rate": 0.0, "max_index_keys": 5})
+    _landing(cfg)
+    write_hour(cfg.datasets[0], HOURS[1], ["{broken"], name="part-9.jsonl")
+    job = build_definitions(cfg).resolve_job_def(load_job_name("clicks"))
+    with dg.instance_for_test() as inst:
+        res = job.execute_in_process(instance=inst,
+                                     tags={RANGE_START: HOURS[0], RANGE_END: HOURS[2]})
+        assert res.success
+        evs = _check_events(res)
+        # hour 0: 4 unique, nothing else; hour 1: 4 new + 2 replays (1 conflict) + 1 broken line
+        assert evs[("duplicate_rate", HOURS[0])].passed
+        assert not evs[("duplicate_rate", HOURS[1])].passed  # 2/6 > 0.1
+        assert not evs[("conflict_rate", HOURS[1])].passed
+        assert not evs[("rejected_rate", HOURS[1])].passed
+        assert evs[("rejected_rate", HOURS[2])].passed
+        assert evs[("index_size", HOURS[0])].passed  # 4 entries
+        assert not evs[("index_size", HOURS[2])].passed  # 8 read + 4 written > 5
+        assert evs[("duplicate_rate", HOURS[1])].severity == dg.AssetCheckSeverity.WARN
+        assert all(evs[(c, h)].passed for c in ("conservation", "unique_keys", "index_agrees")
+                   for h in HOURS[:3])
+
+
+def _load_all(cfg, inst) -> None:
+    run = run_range(cfg, "clicks", HOURS[0], HOURS[-1], inst)
+    assert run.success, run.error
+
+
+def test_deleted_index_is_detected_rebuilt_and_later_loads_match(spark, tmp_path: Path) -> None:
+    damaged, clean = _cfg(tmp_path / "d"), _cfg(tmp_path / "c")
+    _landing(damaged)
+    _landing(clean)
+    defs = build_definitions(damaged)
+    with dg.instance_for_test() as inst:
+        _load_all(clean, inst)
+        assert run_range(damaged, "clicks", HOURS[0], HOURS[2], inst).success
+        ds = damaged.datasets[0]
+        shutil.rmtree(Path(ds.output) / "index")
+        # a load refuses to run on it, naming the fix
+        run = run_range(damaged, "clicks", HOURS[3], HOURS[3], inst)
+        assert not run.success and "IndexDamagedError" in run.error and "rebuild-index" in run.error
+        # the recovery sensor requests a rebuild of exactly the damaged hours
+        sensor = build_recovery_sensor(ds, defs.resolve_job_def(rebuild_job_name(ds)))
+        result = sensor(dg.build_sensor_context(instance=inst))
+        (req,) = result.run_requests
+        assert req.run_config["ops"]["clicks_rebuild_index"]["config"]["hours"] == HOURS[:3]
+        again = sensor(dg.build_sensor_context(instance=inst))
+        assert again.run_requests[0].run_key == req.run_key  # same damage, same key: no new run
+        rebuild = defs.resolve_job_def(rebuild_job_name(ds))
+        assert rebuild.execute_in_process(run_config=req.run_config, instance=inst).success
+        assert check_index(Storage(ds.output), ds).ok
+        assert isinstance(sensor(dg.build_sensor_context(instance=inst)), dg.SkipReason)
+        assert run_range(damaged, "clicks", HOURS[3], HOURS[4], inst).success
+    assert _snapshot(spark, ds) == _snapshot(spark, clean.datasets[0])
+
+
+def test_corrupted_index_file_is_detected_and_self_heals_when_configured(
+        spark, tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path / "x")
+    _landing(cfg)
+    clean = _cfg(tmp_path / "c")
+    _landing(clean)
+    ds = cfg.datasets[0]
+    with dg.instance_for_test() as inst:
+        _load_all(clean, inst)
+        assert run_range(cfg, "clicks", HOURS[0], HOURS[2], inst).success
+        victim = sorted((Path(ds.output) / "index").rglob("load_hour=2026-11-01-01/*.parquet"))[0]
+        victim.write_bytes(victim.read_bytes()[:-20])  # truncated: a corrupt file
+        damage = check_index(Storage(ds.output), ds)
+        assert damage.damaged_loads == ["2026-11-01-01"]
+        with pytest.raises(IndexDamagedError):
+            from dedup_pipeline.engine.load import load_hours
+            load_hours(spark, ds, [HOURS[3]])
+        healing = _cfg(tmp_path / "x", on_damaged_index="rebuild")
+        assert run_range(healing, "clicks", HOURS[3], HOURS[4], inst).success
+        assert check_index(Storage(ds.output), ds).ok
+    assert _snapshot(spark, ds) == _snapshot(spark, clean.datasets[0])
+
+
+def test_cli_rebuild_index(spark, site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+    cfg_file = str(Path(site.source).resolve())
+    with dg.instance_for_test() as inst:
+        assert run_range(site, "clicks", HOURS[0], HOURS[1], inst).success
+    ds = site.datasets[0]
+    for f in (Path(ds.output) / "index").rglob("*.parquet"):
+        f.unlink()
+    assert not check_index(Storage(ds.output), ds).ok
+    r = CliRunner().invoke(main, ["rebuild-index", "--config", cfg_file])
+    assert r.exit_code == 0, r.output
+    assert "done: index healthy" in r.output
+
+
+def test_run_failure_summary_lands_in_the_runs_log(spark, site) -> None:
+    with dg.instance_for_test() as inst:
+        run = run_range(site, "clicks", HOURS[2], HOURS[2], inst)
+        assert not run.success
+        dagster_run = inst.get_run_by_id(run.run_id)
+        failure = [e for e in inst.all_logs(run.run_id) if e.dagster_event
+                   and e.dagster_event.event_type_value == "PIPELINE_FAILURE"][0]
+        ctx = dg.build_run_status_sensor_context(
+            sensor_name="dedup_run_failure_summary", dagster_event=failure.dagster_event,
+            dagster_instance=inst, dagster_run=dagster_run).for_run_failure()
+        run_failure_summary(ctx)
+        texts = [e.message for e in inst.all_logs(run.run_id)]
+        summary = [t for t in texts if t and t.startswith("dedup_pipeline run failure")]
+        assert len(summary) == 1
+        assert "dataset clicks" in summary[0] and "hours 2026-11-01-02:00" in summary[0]
+        assert "order check" in summary[0] and "LoadOrderError" in summary[0]
+
+
+@pytest.mark.slow
+def test_two_concurrent_runs_never_interleave(spark, site, tmp_path: Path) -> None:
+    """Two real `dedup-pipeline run` processes on one dataset: the second fails on the lock."""
+    cfg_file = str(Path(site.source).resolve())
+    env = {**os.environ, "DEDUP_SPARK_CONF_spark__ui__enabled": "false",
+           "DEDUP_SPARK_CONF_spark__sql__shuffle__partitions": "2", "SPARK_MASTER_URL": "local[1]"}
+    env.pop("DAGSTER_HOME", None)
+    exe = str(Path(sys.executable).parent / "dedup-pipeline")
+    first = subprocess.Popen([exe, "run", "--config", cfg_file, "--from", HOURS[0], "--to", HOURS[-1]],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = []
+        assert first.stdout is not None
+        for line in first.stdout:  # wait until the first run holds the lock and is loading
+            seen.append(line)
+            if "rows in, classified" in line:
+                break
+        second = subprocess.run([exe, "run", "--config", cfg_file, "--from", HOURS[0],
+                                 "--to", HOURS[0]], env=env, capture_output=True, text=True,
+                                timeout=300)
+        rest = first.communicate(timeout=600)[0]
+    finally:
+        first.kill()
+    assert first.returncode == 0, "".join(seen) + rest
+    assert second.returncode == 1
+    assert "DatasetLockedError" in second.stdout + second.stderr
+    assert "is locked by dagster run" in second.stdout + second.stderr
+    r = CliRunner().invoke(main, ["verify", "--config", cfg_file])
+    assert r.exit_code == 0, r.output

@@ -128,7 +128,11 @@ def rejects(rows: list[dict[str, Any]]) -> set[tuple[str, str]]:
 def _constant_digest(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make every key collide on the digest: only `store_keys` can still tell keys apart."""
     zero = F.lit(0).cast("long")
-    monkeypatch.setattr(load_mod, "digest_columns", lambda cols, schema: (zero, zero))
+    from dedup_pipeline.engine import checks as checks_mod
+    from dedup_pipeline.engine import rebuild as rebuild_mod
+
+    for mod in (load_mod, checks_mod, rebuild_mod):  # everywhere a digest is computed
+        monkeypatch.setattr(mod, "digest_columns", lambda cols, schema: (zero, zero))
 
 
 # --- R1, R9: key exactness, null keys, bad input ---------------------------------------------

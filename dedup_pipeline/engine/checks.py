@@ -12,6 +12,7 @@ and the Dagster layer reports the failed check (blocking: nothing downstream run
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,36 +79,47 @@ def check_unique_and_index(
     spark: SparkSession, ds: DatasetConfig, st: Storage, tag: str, fig: WrittenFigures,
     live_index: DataFrame | None, label: str,
 ) -> WrittenFigures:
+    """Three independent reads, submitted together (each is small, so latency dominates)."""
     keys = match_columns(ds)
     uniq = spark.read.parquet(st.spark_path("unique", f"load_hour={tag}"))
     h1, h2 = digest_columns(ds.key, ds.source.schema)
     digests = uniq.select(h1.alias(H1), h2.alias(H2), *ds.key if ds.index.store_keys else [])
-    u = digests.agg(F.count(F.lit(1)).alias("n"),
-                    F.count_distinct(*[F.col(k) for k in keys]).alias("distinct"),
-                    F.bit_xor(H1).alias("x1"), F.bit_xor(H2).alias("x2")).collect()[0]
+    entries = [st.spark_path("index", d, f"load_hour={tag}")
+               for d in st.list_dirs(st.path("index"))
+               if d.startswith("slice=") and st.exists(st.path("index", d, f"load_hour={tag}"))]
+
+    def unique_figures() -> Any:
+        return digests.agg(F.count(F.lit(1)).alias("n"),
+                           F.count_distinct(*[F.col(k) for k in keys]).alias("distinct"),
+                           F.bit_xor(H1).alias("x1"), F.bit_xor(H2).alias("x2")).collect()[0]
+
+    def in_live_index() -> int:
+        if live_index is None:
+            return 0
+        return live_index.join(F.broadcast(digests.select(*keys)), on=keys, how="left_semi").count()
+
+    def index_figures() -> tuple[int, Any, Any]:
+        if not entries:
+            return 0, None, None
+        i = (spark.read.parquet(*entries)
+             .agg(F.count(F.lit(1)).alias("n"), F.bit_xor(H1).alias("x1"),
+                  F.bit_xor(H2).alias("x2")).collect()[0])
+        return int(i["n"]), i["x1"], i["x2"]
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        fu, fl, fi = pool.submit(unique_figures), pool.submit(in_live_index), pool.submit(index_figures)
+        u, in_live, (n, x1, x2) = fu.result(), fl.result(), fi.result()
     fig.unique_distinct_keys = int(u["distinct"])
+    fig.unique_in_live_index = in_live
+    fig.index_rows = n
     if u["distinct"] != u["n"]:
         raise LoadCheckError(UNIQUE_KEYS, f"{label}: unique holds {u['n']} rows but only "
                              f"{u['distinct']} distinct keys; nothing was committed",
                              {"rows": u["n"], "distinct_keys": u["distinct"]})
-    if live_index is not None:
-        probe = F.broadcast(digests.select(*keys))
-        fig.unique_in_live_index = live_index.join(probe, on=keys, how="left_semi").count()
-        if fig.unique_in_live_index:
-            raise LoadCheckError(UNIQUE_KEYS, f"{label}: {fig.unique_in_live_index} unique key(s) "
-                                 "are already in the live index of earlier loads; nothing was "
-                                 "committed", {"unique_in_live_index": fig.unique_in_live_index})
-    entries = [st.spark_path("index", d, f"load_hour={tag}")
-               for d in st.list_dirs(st.path("index"))
-               if d.startswith("slice=") and st.exists(st.path("index", d, f"load_hour={tag}"))]
-    if entries:
-        i = (spark.read.parquet(*entries)
-             .agg(F.count(F.lit(1)).alias("n"), F.bit_xor(H1).alias("x1"),
-                  F.bit_xor(H2).alias("x2")).collect()[0])
-        n, x1, x2 = int(i["n"]), i["x1"], i["x2"]
-    else:
-        n, x1, x2 = 0, None, None
-    fig.index_rows = n
+    if in_live:
+        raise LoadCheckError(UNIQUE_KEYS, f"{label}: {in_live} unique key(s) are already in the "
+                             "live index of earlier loads; nothing was committed",
+                             {"unique_in_live_index": in_live})
     if n != u["n"] or (x1, x2) != (u["x1"], u["x2"]):
         fig.index_checksum_ok = False
         raise LoadCheckError(INDEX_AGREES, f"{label}: the index files of this load ({n} entries) "

@@ -44,17 +44,18 @@ def batch_order(ds: DatasetConfig) -> list[Column]:
 
 
 def _candidates(live: DataFrame, index: DataFrame, ds: DatasetConfig) -> DataFrame:
-    """Index entries whose key occurs in the batch: one per key, the earliest load's."""
+    """Index entries whose key occurs in the batch.
+
+    At most one live entry per key exists: a key goes to unique again only once its earlier entry
+    has expired (v < X), and X never decreases. So no de-duplication of the hits is needed; if the
+    invariant were ever broken the join would double rows and the conservation check would stop
+    the load.
+    """
     keys = match_columns(ds)
-    probe = F.broadcast(live.select(H1).distinct())
+    probe = F.broadcast(live.select(H1))  # no distinct(): a semi-join only asks "is it there"
     hits = index.join(probe, on=H1, how="left_semi")
     fp = F.col(FP) if ds.fingerprint else F.lit(None).cast("long")
-    earliest = F.min(F.struct(F.col(LOAD_HOUR), fp.alias("fp")))
-    return hits.groupBy(*keys).agg(earliest.alias("_hit")).select(
-        *keys,
-        F.col(f"_hit.{LOAD_HOUR}").alias(LOAD_HOUR_ALIAS),
-        F.col("_hit.fp").alias("_idx_fp"),
-    )
+    return hits.select(*keys, F.col(LOAD_HOUR).alias(LOAD_HOUR_ALIAS), fp.alias("_idx_fp"))
 
 
 def classify(
@@ -77,7 +78,9 @@ def classify(
     if ds.fingerprint:
         live = live.withColumn("_first_fp", F.first(F.col(FP)).over(w))
     if index is not None:
-        live = live.join(_candidates(live, index, ds), on=match_columns(ds), how="left")
+        # the candidates are few (at most one per batch key): broadcast them, never shuffle the batch
+        cands = F.broadcast(_candidates(live, index, ds))
+        live = live.join(cands, on=match_columns(ds), how="left")
         hit = F.col(LOAD_HOUR_ALIAS).isNotNull()
     else:
         live = live.withColumn(LOAD_HOUR_ALIAS, F.lit(None).cast("string"))

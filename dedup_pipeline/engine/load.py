@@ -21,6 +21,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -255,29 +256,36 @@ def run_load(
     t = lap("classify", t)
     say(f"{ds.name} {partition_key}: {rows_in} rows in, classified; writing outputs")
 
-    # 5. outputs, each partition swapped in atomically
+    # 5. outputs (and the staged index entries), written concurrently: on small batches a load is
+    # mostly per-job latency. Each output partition is then swapped in atomically.
     run_tmp = st.path(TMP, f"{tag}-{uuid.uuid4().hex[:12]}")
     files_written = 0
-    for name in OUTPUTS:
+
+    def write_output(name: str) -> str:
         tmp = f"{run_tmp}/{name}"
         n_files = max(1, math.ceil(counts[name] / ROWS_PER_FILE))
         out_df = _sabotage(_select_output(classified, ds, name), name, counts[name])
         (out_df.coalesce(n_files).write.mode("overwrite")
          .parquet(tmp if st.local else st.fs.unstrip_protocol(tmp)))
-        target = st.path(name, f"load_hour={tag}")
-        st.replace_dir(tmp, target)
-        files_written += _count_files(st, target)
-        _fault(f"after_output:{name}")
+        return tmp
+
+    label = f"dataset {ds.name!r} hour {to_key(hour)}"
+    entries = _sabotage(classified.filter(unique_flag), "index", counts[UNIQUE])
+    with ThreadPoolExecutor(max_workers=len(OUTPUTS) + 1) as pool:
+        written = {name: pool.submit(write_output, name) for name in OUTPUTS}
+        staging = pool.submit(index.stage_entries, ds, st, entries, tag)
+        for name in OUTPUTS:
+            target = st.path(name, f"load_hour={tag}")
+            st.replace_dir(written[name].result(), target)
+            files_written += _count_files(st, target)
+            _fault(f"after_output:{name}")
+        staged = staging.result()
     st.remove(run_tmp)
     _fault("after_outputs")
     t = lap("write_outputs", t)
-    label = f"dataset {ds.name!r} hour {to_key(hour)}"
     try:
         figures = checks.check_conservation(st, tag, rows_in, label)
-
-        # 6. index entries: staged, then moved in place
-        entries = _sabotage(classified.filter(unique_flag), "index", counts[UNIQUE])
-        staged = index.stage_entries(ds, st, entries, tag)
+        # 6. index entries: staged above, moved in place only now
         _fault("after_index_staged")
         slices = index.publish_entries(st, staged, tag)
         files_written += len(slices)

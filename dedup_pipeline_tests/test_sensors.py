@@ -1,0 +1,304 @@
+"""Landing sensor, schedules and the late-input check (SPEC D2, R10, R11) against a real Dagster test
+instance, with the requested runs executed for real on local Spark between ticks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import yaml
+
+from dedup_pipeline.config import PipelineConfig, parse_config
+from dedup_pipeline.defs.definitions import build_definitions, load_job_name
+from dedup_pipeline.defs.landing_checks import CHECK_NAME, build_input_check
+from dedup_pipeline.defs.sensors import RANGE_END, RANGE_START, build_landing_sensor
+from dedup_pipeline.engine import landing
+from dedup_pipeline.hours import parse_key
+from dedup_pipeline_tests.conftest import read_output, write_hour
+
+H = [f"2026-11-01-{h:02d}:00" for h in range(6)]
+SENSOR, HOURLY, RECONCILE = "clicks_landing_sensor", "clicks_hourly_schedule", "clicks_reconcile_schedule"
+OUTPUTS = ("unique", "duplicates", "expired", "rejected")
+
+
+def _cfg(tmp: Path, **landing_cfg: Any) -> PipelineConfig:
+    raw: dict[str, Any] = {
+        "name": "clicks",
+        "start": H[0],
+        "source": {"path": "landing", "format": "jsonl",
+                   "schema": {"event_id": "string", "user_id": "string",
+                              "event_time": "timestamp", "url": "string"}},
+        "key": ["event_id"],
+        "fingerprint": ["url"],
+        "expiry": {"column": "event_time", "period": "24h"},
+        "output": "warehouse",
+    }
+    if landing_cfg:
+        raw["landing"] = landing_cfg
+    data = {"datasets": [raw]}
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "dedup.yaml").write_text(yaml.safe_dump(data))
+    return parse_config(data, str(tmp / "dedup.yaml"), tmp)
+
+
+def _ev(i: int, hour: int, url: str = "/a") -> dict[str, str]:
+    return {"event_id": f"e{i}", "user_id": "u", "event_time": f"2026-11-01T{hour:02d}:10:00Z",
+            "url": url}
+
+
+def _marker(cfg: PipelineConfig, hour: str) -> None:
+    ds = cfg.datasets[0]
+    d = Path(ds.source.path) / f"date={hour[:10]}" / f"hour={hour[11:13]}"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "_SUCCESS").write_text("")
+
+
+def _tick(defs: dg.Definitions, inst: dg.DagsterInstance, cursor: str | None,
+          sensor: dg.SensorDefinition | None = None) -> dg.SensorResult:
+    sensor = sensor or defs.resolve_sensor_def(SENSOR)
+    # contexts are closed explicitly: one closed late (by GC) would re-install the Dagster state
+    # storage of an instance that is gone, and a later test that loads definitions fails
+    with dg.build_sensor_context(instance=inst, cursor=cursor, definitions=defs) as ctx:
+        result = sensor(ctx)
+    assert isinstance(result, dg.SensorResult)
+    return result
+
+
+def _schedule_tick(inst: dg.DagsterInstance, schedule: dg.ScheduleDefinition,
+                   when: datetime) -> Any:
+    """One evaluation (Dagster's ScheduleExecutionData: run_requests, skip_message)."""
+    with dg.build_schedule_context(instance=inst, scheduled_execution_time=when) as ctx:
+        return schedule.evaluate_tick(ctx)
+
+
+def _run(defs: dg.Definitions, inst: dg.DagsterInstance, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
+    """Execute a requested run as the daemon would: the load job with the request's tags."""
+    job = defs.resolve_job_def(request.job_name or load_job_name("clicks"))
+    return job.execute_in_process(instance=inst, tags=request.tags, raise_on_error=False)
+
+
+def _only_request(res: dg.SensorResult) -> dg.RunRequest:
+    assert res.skip_reason is None and len(res.run_requests) == 1, res
+    return res.run_requests[0]
+
+
+def _skip(res: dg.SensorResult) -> str:
+    assert not res.run_requests, res.run_requests
+    assert res.skip_reason is not None
+    return res.skip_reason.skip_message or ""
+
+
+def test_landing_sensor_requests_each_complete_hour_once_in_order(spark, tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    ds = cfg.datasets[0]
+    write_hour(ds, H[0], [_ev(1, 0), _ev(2, 0)])
+    write_hour(ds, H[1], [_ev(3, 1), _ev(1, 1)])
+    write_hour(ds, H[2], [_ev(4, 2)])
+    _marker(cfg, H[0])
+    _marker(cfg, H[1])
+    defs = build_definitions(cfg)
+    with dg.instance_for_test() as inst:
+        res = _tick(defs, inst, None)
+        req = _only_request(res)
+        assert req.run_key == f"clicks:{H[0]}..{H[1]}"
+        assert req.job_name == "clicks_hourly_load"
+        assert (req.tags[RANGE_START], req.tags[RANGE_END]) == (H[0], H[1])
+        cursor = res.cursor
+        # as the daemon would, create the run: while it is not finished the sensor waits for it
+        job = defs.resolve_job_def(req.job_name)
+        queued = inst.create_run_for_job(job, status=dg.DagsterRunStatus.NOT_STARTED,
+                                         tags={**job.tags, **req.tags})
+        assert f"run {queued.run_id} (hours {H[0]}..{H[1]}), NOT_STARTED" in _skip(_tick(defs, inst, cursor))
+        inst.delete_run(queued.run_id)
+        # the same tick again (no run launched): nothing is requested twice
+        assert "were requested but are not loaded" in _skip(_tick(defs, inst, cursor))
+        assert _run(defs, inst, req).success
+
+        # hour 2 has data but no marker: wait for it, naming the hour; a restarted daemon
+        # (no cursor) knows hours 0..1 are loaded from the commit records, not from the cursor
+        for cur in (cursor, None):
+            res = _tick(defs, inst, cur)
+            msg = _skip(res)
+            assert "waiting for _SUCCESS" in msg and f"hour {H[2]}" in msg and not res.asset_events
+        _marker(cfg, H[2])
+        res = _tick(defs, inst, cursor)
+        req = _only_request(res)
+        assert req.run_key == f"clicks:{H[2]}..{H[2]}"
+        cursor = res.cursor
+        # the requested run fails (another host holds the dataset lock): surfaced, not retried
+        lock = Path(ds.output) / "_lock"
+        lock.write_text(json.dumps({"host": "elsewhere", "pid": 1, "owner": "other", "since": "x"}))
+        failed = _run(defs, inst, req)
+        assert not failed.success
+        msg = _skip(_tick(defs, inst, cursor))
+        assert f"hour(s) {H[2]} were requested but are not loaded" in msg
+        assert failed.run_id in msg and "DatasetLockedError" in msg
+        lock.unlink()
+        assert _run(defs, inst, req).success  # re-executing the run unblocks the sensor
+
+        # hour 3: no files, no marker -> waited for, never skipped over
+        assert f"hour {H[3]}" in _skip(_tick(defs, inst, cursor))
+
+        # a file lands in hour 1 after it was loaded: named in the skip reason, WARN on 01:00, once
+        write_hour(ds, H[1], [_ev(5, 1)], name="part-1.jsonl")
+        res = _tick(defs, inst, cursor)
+        msg = _skip(res)
+        assert f"late input for already-loaded hour(s) {H[1]}" in msg and f"Reprocess from {H[1]}" in msg
+        assert [(e.check_name, e.partition, e.passed, e.severity) for e in res.asset_events] == [
+            (CHECK_NAME, H[1], False, dg.AssetCheckSeverity.WARN)]
+        assert res.asset_events[0].metadata["files_added"].value == 1
+        again = _tick(defs, inst, res.cursor)
+        assert H[1] in _skip(again) and not again.asset_events
+
+
+def test_reconcile_reprocessing_equals_a_load_that_had_all_files(spark, tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path / "late")
+    ds = cfg.datasets[0]
+    write_hour(ds, H[0], [_ev(1, 0), _ev(2, 0), "{oops"])
+    write_hour(ds, H[1], [_ev(3, 1), _ev(1, 1, "/b")])
+    write_hour(ds, H[2], [_ev(6, 2), _ev(7, 2), _ev(3, 2)])
+    for h in H[:3]:
+        _marker(cfg, h)
+    defs = build_definitions(cfg)
+    with dg.instance_for_test() as inst:
+        res = _tick(defs, inst, None)
+        assert _run(defs, inst, _only_request(res)).success
+        cursor = res.cursor
+        sched = defs.resolve_schedule_def(RECONCILE)
+        tick_at = datetime(2026, 11, 22, 0, 30, tzinfo=UTC)
+        assert not _schedule_tick(inst, sched, tick_at).run_requests  # nothing changed yet
+
+        # late file for hour 1: a replay of e2 (hour 0), e6 (first seen in hour 2 so far), new e8
+        write_hour(ds, H[1], [_ev(6, 1), _ev(2, 0, "/c"), _ev(8, 1)], name="part-late.jsonl")
+        assert [c.key for c in landing.changed_hours(ds)] == [H[1]]
+        res = _tick(defs, inst, cursor)
+        assert [(e.partition, e.passed) for e in res.asset_events] == [(H[1], False)]
+        cursor = res.cursor
+        # the check also runs on its own, per partition, from the files alone
+        check_job = dg.Definitions.merge(defs, dg.Definitions(jobs=[dg.define_asset_job(
+            "input_check", selection=dg.AssetSelection.checks(build_input_check(ds)))]))
+        for hour, passed in ((H[0], True), (H[1], False)):
+            run = check_job.resolve_job_def("input_check").execute_in_process(
+                instance=inst, tags={"dagster/partition": hour})
+            [ev] = run.get_asset_check_evaluations()
+            assert (ev.partition, ev.passed, ev.severity) == (hour, passed, dg.AssetCheckSeverity.WARN)
+
+        [req] = _schedule_tick(inst, sched, tick_at).run_requests
+        assert (req.tags[RANGE_START], req.tags[RANGE_END]) == (H[1], H[2])
+        assert req.job_name == "clicks_hourly_load" and req.run_key.startswith(f"clicks:reconcile:{H[1]}..")
+        assert _run(defs, inst, req).success
+        assert not _schedule_tick(inst, sched, tick_at).run_requests
+        res = _tick(defs, inst, cursor)  # the WARN turns green; nothing left to report
+        assert [(e.partition, e.passed) for e in res.asset_events] == [(H[1], True)]
+        assert "late input" not in _skip(res)
+
+    # the same files, all there from the start, loaded once in another place
+    clean_cfg = _cfg(tmp_path / "clean")
+    clean = clean_cfg.datasets[0]
+    shutil.copytree(ds.source.path, clean.source.path)
+    with dg.instance_for_test() as inst:
+        assert _run(build_definitions(clean_cfg), inst, dg.RunRequest(
+            job_name="clicks_hourly_load", tags={RANGE_START: H[0], RANGE_END: H[2]})).success
+
+    def rows(d: Any, output: str, hour: str) -> Counter:
+        out = Counter()
+        for r in read_output(spark, d, output, hour):
+            r["_source_file"] = os.path.relpath(r["_source_file"].removeprefix("file:"), d.source.path)
+            out[tuple(sorted(r.items()))] += 1
+        return out
+
+    for hour in H[:3]:
+        for output in OUTPUTS:
+            assert rows(ds, output, hour) == rows(clean, output, hour), (hour, output)
+    index = [Counter(tuple(sorted(r.asDict().items())) for r in spark.read.parquet(f"{d.output}/index")
+                     .collect()) for d in (ds, clean)]
+    assert index[0] == index[1]
+    # and the late file mattered beyond its own hour: e6 is now a duplicate in hour 2
+    dups2 = {(r["event_id"], r["_first_load_hour"]) for r in read_output(spark, ds, "duplicates", H[2])}
+    assert ("e6", "2026-11-01-01") in dups2
+
+
+def test_completeness_rules_with_a_fixed_clock(tmp_path: Path) -> None:
+    """marker configured: marker + hour ended; `marker: null`: hour end + grace. No Spark."""
+    cfg = _cfg(tmp_path)
+    ds = cfg.datasets[0]
+    write_hour(ds, H[0], [_ev(1, 0)])
+    _marker(cfg, H[0])
+    h0 = parse_key(H[0])
+    assert not landing.is_complete(ds, h0, datetime(2026, 11, 1, 0, 59, tzinfo=UTC))  # not ended
+    assert landing.is_complete(ds, h0, datetime(2026, 11, 1, 1, 0, tzinfo=UTC))
+    assert not landing.is_complete(ds, parse_key(H[1]), datetime(2026, 11, 9, tzinfo=UTC))  # no marker
+
+    null_cfg = _cfg(tmp_path / "null", marker=None, grace="20m")
+    nds = null_cfg.datasets[0]
+    write_hour(nds, H[0], [_ev(1, 0)])
+    write_hour(nds, H[1], [_ev(2, 1)])
+    assert not landing.is_complete(nds, h0, datetime(2026, 11, 1, 1, 19, 59, tzinfo=UTC))
+    assert landing.is_complete(nds, h0, datetime(2026, 11, 1, 1, 20, tzinfo=UTC))
+    ready = landing.ready_hours(nds, h0, datetime(2026, 11, 1, 2, 19, tzinfo=UTC))
+    assert ready.hours == [h0] and ready.blocked_at == parse_key(H[1])
+    assert "2026-11-01 02:20:00Z" in ready.blocked_why
+
+    # the same rule through the sensor, with its clock pinned
+    defs = build_definitions(null_cfg)
+    with dg.instance_for_test() as inst:
+        for now, expected in ((datetime(2026, 11, 1, 1, 19, tzinfo=UTC), None),
+                              (datetime(2026, 11, 1, 2, 19, tzinfo=UTC), (H[0], H[0])),
+                              (datetime(2026, 11, 1, 4, 20, tzinfo=UTC), (H[0], H[3]))):
+            sensor = build_landing_sensor(nds, "clicks_hourly_load", clock=lambda now=now: now)
+            res = _tick(defs, inst, None, sensor)
+            if expected is None:
+                assert "complete at 2026-11-01 01:20:00Z" in _skip(res)
+            else:
+                req = _only_request(res)
+                assert (req.tags[RANGE_START], req.tags[RANGE_END]) == expected
+
+
+def test_defaults_and_hourly_schedule(tmp_path: Path) -> None:
+    defs = build_definitions(_cfg(tmp_path, grace="10m"))
+    assert defs.resolve_sensor_def(SENSOR).default_status == dg.DefaultSensorStatus.RUNNING
+    assert defs.resolve_sensor_def(SENSOR).minimum_interval_seconds == 30
+    hourly = defs.resolve_schedule_def(HOURLY)
+    reconcile = defs.resolve_schedule_def(RECONCILE)
+    assert hourly.default_status == reconcile.default_status == dg.DefaultScheduleStatus.STOPPED
+    assert hourly.cron_schedule == "10 * * * *" and reconcile.cron_schedule == "30 0 * * *"
+    with dg.instance_for_test() as inst:
+        [req] = _schedule_tick(inst, hourly, datetime(2026, 11, 1, 5, 10, tzinfo=UTC)).run_requests
+    assert req.job_name == "clicks_hourly_load" and req.partition_key == H[4]
+
+
+def test_reconcile_range_also_closes_a_gap(tmp_path: Path) -> None:
+    """A reload that failed half-way leaves a gap before the latest loaded hour: start there."""
+    ds = _cfg(tmp_path).datasets[0]
+    plan = landing.reprocess_range(ds, {"2026-11-01-00", "2026-11-01-02", "2026-11-01-03"})
+    assert plan is not None and (plan.first, plan.last) == (parse_key(H[1]), parse_key(H[3]))
+    assert landing.reprocess_range(ds, {"2026-11-01-00", "2026-11-01-01"}) is None
+    assert landing.reprocess_range(ds, set()) is None
+
+
+@pytest.mark.parametrize("change", ["added", "removed", "modified"])
+def test_input_change_kinds(tmp_path: Path, change: str) -> None:
+    """Compares current landing files with a commit record's `inputs` (no Spark needed)."""
+    cfg = _cfg(tmp_path)
+    ds = cfg.datasets[0]
+    f0 = write_hour(ds, H[0], [_ev(1, 0)])
+    f1 = write_hour(ds, H[0], [_ev(2, 0)], name="part-1.jsonl")
+    h0 = parse_key(H[0])
+    record = {"inputs": [{"path": f.path, "size": f.size, "mtime": f.mtime}
+                         for f in landing.list_input_files(ds, h0)]}
+    assert landing.input_change(ds, h0, record) is None
+    if change == "added":
+        write_hour(ds, H[0], [_ev(3, 0)], name="part-2.jsonl")
+    elif change == "removed":
+        f1.unlink()
+    else:
+        f0.write_text(f0.read_text() + json.dumps(_ev(4, 0)) + "\n")
+    diff = landing.input_change(ds, h0, record)
+    assert diff is not None and len(getattr(diff, change)) == 1

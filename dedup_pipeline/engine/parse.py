@@ -8,7 +8,7 @@ the file splitting) and its original text in `_raw`.
 Reject reasons (short codes, in order of precedence):
   malformed           the line/row does not parse (bad JSON, not an object, wrong CSV field count)
   bad_value:<col>     a non-empty value that does not cast to the column's declared type
-  null_key            a key column is null or empty
+  null_key            a key column is null (missing, JSON null, or an empty CSV field)
   unknown_category    a categorical expiry value not in the declared categories
   bad_expiry_value    the expiry value is null or does not cast
 """

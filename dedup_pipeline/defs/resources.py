@@ -26,8 +26,5 @@ class SparkResource(dg.ConfigurableResource):
     def from_config(cls, cfg: SparkConfig) -> SparkResource:
         return cls(master=cfg.master, remote=cfg.remote, conf=dict(cfg.conf))
 
-    def settings(self) -> SparkSettings:
-        return SparkSettings(self.master, self.remote, dict(self.conf)).resolved()
-
     def get_session(self) -> SparkSession:
         return get_session(SparkSettings(self.master, self.remote, dict(self.conf)))

@@ -44,7 +44,6 @@ class WrittenFigures:
     unique_distinct_keys: int = 0
     unique_in_live_index: int = 0
     index_rows: int = 0
-    index_checksum_ok: bool = True
 
     def as_metadata(self) -> dict[str, Any]:
         return {
@@ -121,7 +120,6 @@ def check_unique_and_index(
                              "live index of earlier loads; nothing was committed",
                              {"unique_in_live_index": in_live})
     if n != u["n"] or (x1, x2) != (u["x1"], u["x2"]):
-        fig.index_checksum_ok = False
         raise LoadCheckError(INDEX_AGREES, f"{label}: the index files of this load ({n} entries) "
                              f"do not match its unique rows ({u['n']}); nothing was committed",
                              {"index_rows": n, "unique_rows": u["n"]})

@@ -20,7 +20,6 @@ v >= X_H anyway, so results never depend on it; the lag keeps reruns of recent h
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -73,35 +72,28 @@ def min_slice(ds: DatasetConfig, x: float | None) -> int | None:
     return math.floor(x / ds.slice_span)
 
 
-@dataclass(frozen=True)
-class LiveIndex:
-    paths: list[str]
-    slices: int
-
-
-def live_index_dirs(st: Storage, ds: DatasetConfig, readable: set[str], x: float | None) -> LiveIndex:
+def live_index_dirs(st: Storage, ds: DatasetConfig, readable: set[str], x: float | None) -> list[str]:
     """Directories of the entries a load may match: committed earlier loads, slices >= slice(X)."""
     lo = min_slice(ds, x)
     paths: list[str] = []
-    slices = 0
     for sdir in st.list_dirs(st.path(INDEX)):
         if not sdir.startswith(f"{SLICE}="):
             continue
         n = int(sdir.split("=", 1)[1])
         if lo is not None and n < lo:
             continue
-        slices += 1
         for ldir in st.list_dirs(st.path(INDEX, sdir)):
             if ldir.startswith("load_hour=") and ldir.split("=", 1)[1] in readable:
                 paths.append(st.spark_path(INDEX, sdir, ldir))
-    return LiveIndex(paths, slices)
+    return paths
 
 
-def read_live(spark: SparkSession, ds: DatasetConfig, live: LiveIndex,
+def read_live(spark: SparkSession, ds: DatasetConfig, files: list[str],
               x: float | None) -> DataFrame | None:
-    if not live.paths:
+    """The live entries (v >= X_H) in the given index files; None when there are none."""
+    if not files:
         return None
-    df = spark.read.schema(entry_schema(ds)).parquet(*live.paths)
+    df = spark.read.schema(entry_schema(ds)).parquet(*files)
     if ds.expiry is not None and x is not None:
         df = df.filter(F.col(V) >= F.lit(x))
     return df

@@ -241,9 +241,8 @@ def run_load(
     x = expiry_point(ds, latest)
     index.check_retention(st, ds, x)
     readable = {c for c in committed if c < tag}
-    live = index.live_index_dirs(st, ds, readable, x)
-    idx_files, idx_rows, idx_bytes = _index_footprint(st, live.paths)
-    idx_df = index.read_live(spark, ds, index.LiveIndex(idx_files, live.slices), x)
+    idx_files, idx_rows, idx_bytes = _index_footprint(st, index.live_index_dirs(st, ds, readable, x))
+    idx_df = index.read_live(spark, ds, idx_files, x)
     classified = classify(batch, idx_df, ds, tag, x).persist(StorageLevel.MEMORY_AND_DISK)
     unique_flag = F.col(OUT) == UNIQUE
     agg = classified.agg(

@@ -96,12 +96,16 @@ def check_index(st: Storage, ds: DatasetConfig) -> IndexDamage:
     return damage
 
 
-def index_file_manifest(st: Storage, tag: str, slices: list[int]) -> list[dict]:
-    """The files a load just published, for its commit record."""
+def index_file_manifest(st: Storage, tag: str, slices: list[int],
+                        root: str | None = None) -> list[dict]:
+    """The index files of load `tag` (name, size per slice), for its commit record.
+
+    `root` is the index directory (default) or a rebuild's staging directory of the same layout.
+    """
+    base = root or st.path(index.INDEX)
     out = []
     for n in slices:
-        d = st.path(index.INDEX, f"{index.SLICE}={n}", f"load_hour={tag}")
-        for p in st.list_files(d, ".parquet"):
+        for p in st.list_files(f"{base}/{index.SLICE}={n}/load_hour={tag}", ".parquet"):
             out.append({"slice": n, "name": p.rsplit("/", 1)[1],
                         "size": int(st.fs.info(p).get("size") or 0)})
     return out
@@ -115,17 +119,9 @@ class RebuildResult:
 
 
 def _staged_files(st: Storage, staging: str, tag: str) -> tuple[list[int], list[dict]]:
-    slices, files = [], []
-    for sdir in st.list_dirs(staging):
-        d = f"{staging}/{sdir}/load_hour={tag}"
-        if not sdir.startswith(f"{index.SLICE}=") or not st.exists(d):
-            continue
-        n = int(sdir.split("=", 1)[1])
-        slices.append(n)
-        for p in st.list_files(d, ".parquet"):
-            files.append({"slice": n, "name": p.rsplit("/", 1)[1],
-                          "size": int(st.fs.info(p).get("size") or 0)})
-    return sorted(slices), files
+    slices = sorted(int(s.split("=", 1)[1]) for s in st.list_dirs(staging)
+                    if s.startswith(f"{index.SLICE}=") and st.exists(f"{staging}/{s}/load_hour={tag}"))
+    return slices, index_file_manifest(st, tag, slices, root=staging)
 
 
 def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None = None

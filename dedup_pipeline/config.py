@@ -55,6 +55,7 @@ class IndexConfig:
     buckets: int = 8  # hash buckets of the index when no expiry is configured
     slice_span: float | None = None  # width of an index slice in expiry-value units
     retention_lag_hours: int = 168  # keep expired index slices this long for reruns (R7, R10)
+    compact_after: int = 8  # merge a slice's per-load directories once it has this many; 0: never
 
 
 @dataclass(frozen=True)
@@ -274,7 +275,7 @@ def _parse_expiry(ctx: _Ctx, raw: Any, schema: dict[str, str]) -> ExpiryConfig:
 def _parse_index(ctx: _Ctx, raw: Any, expiry: ExpiryConfig | None, ctype: str | None) -> IndexConfig:
     if raw is None:
         return IndexConfig()
-    allowed = {"store_keys", "buckets", "slice_span", "retention_lag_hours"}
+    allowed = {"store_keys", "buckets", "slice_span", "retention_lag_hours", "compact_after"}
     raw = _check_keys(ctx, "index", raw, allowed, set())
     store_keys = raw.get("store_keys", False)
     if not isinstance(store_keys, bool):
@@ -285,6 +286,9 @@ def _parse_index(ctx: _Ctx, raw: Any, expiry: ExpiryConfig | None, ctype: str | 
     lag = raw.get("retention_lag_hours", 168)
     if isinstance(lag, bool) or not isinstance(lag, int) or lag < 0:
         raise ctx.fail("index.retention_lag_hours", f"expected an integer >= 0, got {lag!r}")
+    compact = raw.get("compact_after", 8)
+    if isinstance(compact, bool) or not isinstance(compact, int) or compact == 1 or compact < 0:
+        raise ctx.fail("index.compact_after", f"expected 0 (never) or an integer >= 2, got {compact!r}")
     span: float | None = None
     if "slice_span" in raw:
         if expiry is None:
@@ -307,7 +311,7 @@ def _parse_index(ctx: _Ctx, raw: Any, expiry: ExpiryConfig | None, ctype: str | 
             span = _parse_number(ctx, "index.slice_span", val, integral=ctype in ("long", "category"))
         if span <= 0:
             raise ctx.fail("index.slice_span", "must be > 0")
-    return IndexConfig(store_keys, buckets, span, lag)
+    return IndexConfig(store_keys, buckets, span, lag, compact)
 
 
 def _parse_dataset(src: str, base: Path | None, raw: Any, i: int) -> DatasetConfig:

@@ -1,4 +1,5 @@
-"""Storage primitives (SPEC L3, R10): atomic partition replace and the dataset lock. No Spark."""
+"""Storage primitives (SPEC L3, R10): atomic partition replace, the dataset lock, and storage roots
+given as URIs (file://, non-local fsspec file systems). No Spark."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,3 +109,77 @@ def test_lock_of_another_host_is_honoured(tmp_path: Path) -> None:
         {"host": "elsewhere", "pid": 1, "owner": "remote run", "since": "2026-11-01T00:00:00Z"}))
     with pytest.raises(DatasetLockedError, match="remote run"):
         Lock(Storage(str(tmp_path)), "local run").acquire()
+
+
+# ---------------------------------------------------------------- storage URIs (issue 4, item 5)
+
+
+@pytest.mark.parametrize("spelling", ["plain", "file:///", "file:/", "file://localhost/"])
+def test_file_uris_and_plain_paths_name_the_same_directory(tmp_path: Path, spelling: str) -> None:
+    root = str(tmp_path / "out")
+    uri = root if spelling == "plain" else spelling + root.lstrip("/")
+    st = Storage(uri)
+    assert st.local and st.root == root
+    assert st.spark_path("unique") == f"{root}/unique"  # Spark gets plain local paths
+    assert st.to_uri(st.path("unique", "x.parquet")) == f"{root}/unique/x.parquet"
+    st.write_json_atomic(st.path("_commits", "load_hour=2026-11-01-00.json"), {"ok": 1})
+    assert json.loads((tmp_path / "out" / "_commits" / "load_hour=2026-11-01-00.json").read_text())
+    new = _make_version(tmp_path / "out" / "_tmp", "v1", 1, files=2)
+    st.replace_dir(str(new), st.path("unique", "load_hour=2026-11-01-00"))
+    assert st.list_dirs(st.path("unique")) == ["load_hour=2026-11-01-00"]
+    assert [Path(f).name for f in st.list_files(st.path("unique"), ".parquet")] == [
+        "part-000-v1.parquet", "part-001-v1.parquet"]
+    with Lock(st, "uri run"):
+        assert json.loads((tmp_path / "out" / "_lock").read_text())["owner"] == "uri run"
+
+
+def test_file_uri_of_another_host_is_refused() -> None:
+    with pytest.raises(ValueError, match="must be local"):
+        Storage("file://otherhost/data/out")
+
+
+def test_non_local_storage_gives_spark_the_roots_own_uri() -> None:
+    """A non-local fsspec file system (memory://, standing in for hdfs:// and s3a://): the same
+    operations work without the local fast paths, and every path handed to Spark carries the
+    root's scheme and authority, not fsspec's stripped form."""
+    st = Storage("memory://lake-test/warehouse/clicks/")
+    assert not st.local and st.uri_root == "memory://lake-test/warehouse/clicks"
+    assert st.spark_path("unique") == "memory://lake-test/warehouse/clicks/unique"
+    st.write_json_atomic(st.path("_commits", "load_hour=2026-11-01-00.json"), {"rows_in": 3})
+    assert st.read_json(st.path("_commits", "load_hour=2026-11-01-00.json")) == {"rows_in": 3}
+    for version in (1, 2):  # a new partition, then a replacement (two renames off Linux)
+        tmp = st.path("_tmp", f"v{version}")
+        st.makedirs(tmp)
+        with st.fs.open(f"{tmp}/part-0-v{version}.parquet", "w") as f:
+            f.write(f"v{version}")
+        st.replace_dir(tmp, st.path("unique", "load_hour=2026-11-01-00"))
+    files = st.list_files(st.path("unique"), ".parquet")
+    assert [st.read_text(f) for f in files] == ["v2"]
+    assert [st.to_uri(f) for f in files] == [
+        "memory://lake-test/warehouse/clicks/unique/load_hour=2026-11-01-00/part-0-v2.parquet"]
+    assert st.list_dirs(st.path("_trash"))  # the replaced version is parked
+    with Lock(st, "remote run"), pytest.raises(DatasetLockedError):
+        Lock(st, "second run").acquire()
+    assert not st.exists(st.path("_lock"))
+    st.remove(st.root)
+
+
+def test_config_keeps_uris_and_resolves_relative_paths(tmp_path: Path) -> None:
+    from dedup_pipeline.config import parse_config
+
+    def ds(source: str, output: str) -> Any:
+        raw = {"name": "clicks", "start": "2026-11-01-00:00", "key": ["id"], "output": output,
+               "source": {"path": source, "format": "jsonl", "schema": {"id": "string"}}}
+        return parse_config({"datasets": [raw]}, "test", tmp_path).datasets[0]
+
+    for uri in ("file:///data/landing", "hdfs://namenode:8020/lake/landing",
+                "s3a://bucket/lake/landing"):
+        got = ds(uri, uri.replace("landing", "warehouse"))
+        assert (got.source.path, got.output) == (uri, uri.replace("landing", "warehouse"))
+    got = ds("landing", "out/clicks")
+    assert (got.source.path, got.output) == (str(tmp_path / "landing"), str(tmp_path / "out/clicks"))
+
+
+# A full load with file:// URIs for source.path and output is compared row for row with the
+# plain-path load in test_cluster.py::test_spark_connect_load_equals_local_mode (through Spark
+# Connect, whose client has no JVM), so it costs no extra Spark loads here.

@@ -3,7 +3,7 @@
 They re-read what was written instead of trusting the classification's own counts:
 - conservation (R8): rows in the batch = rows in the four written partitions (Parquet footers);
 - unique_keys: the written unique partition has no key twice, and none of its keys is in the live
-  index of earlier loads (an independent probe of the index);
+  index of earlier loads (joined against the index entries the probe's scan found for the batch);
 - index_agrees: the index files of the load hold exactly the digests of the written unique rows
   (row count and an order-independent XOR checksum of both 64-bit halves).
 A failure raises `LoadCheckError` before the commit record is written, so the load commits nothing
@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -44,6 +43,7 @@ class WrittenFigures:
     unique_distinct_keys: int = 0
     unique_in_live_index: int = 0
     index_rows: int = 0
+    checksum: dict[str, Any] = field(default_factory=dict)  # XOR of the unique rows' digests
 
     def as_metadata(self) -> dict[str, Any]:
         return {
@@ -54,17 +54,8 @@ class WrittenFigures:
         }
 
 
-def parquet_rows(st: Storage, path: str) -> int:
-    """Rows in the Parquet files under `path`, from their footers (no data read)."""
-    total = 0
-    for f in st.list_files(path, ".parquet"):
-        with st.fs.open(f, "rb") as fh:
-            total += pq.ParquetFile(fh).metadata.num_rows
-    return total
-
-
 def check_conservation(st: Storage, tag: str, rows_in: int, label: str) -> WrittenFigures:
-    fig = WrittenFigures(rows={o: parquet_rows(st, st.path(o, f"load_hour={tag}")) for o in OUTPUTS})
+    fig = WrittenFigures(rows={o: st.parquet_rows(st.path(o, f"load_hour={tag}")) for o in OUTPUTS})
     out = sum(fig.rows.values())
     if out != rows_in:
         detail = ", ".join(f"{k} {v}" for k, v in fig.rows.items())
@@ -76,26 +67,35 @@ def check_conservation(st: Storage, tag: str, rows_in: int, label: str) -> Writt
 
 def check_unique_and_index(
     spark: SparkSession, ds: DatasetConfig, st: Storage, tag: str, fig: WrittenFigures,
-    live_index: DataFrame | None, label: str,
+    candidates: DataFrame | None, label: str,
 ) -> WrittenFigures:
-    """Three independent reads, submitted together (each is small, so latency dominates)."""
+    """Two independent reads of the written files, submitted together (latency dominates).
+
+    `candidates` are the live index entries whose `_h1` occurs in the batch (the probe's own scan,
+    cached). Every key of the written unique rows is a batch key, so it is in the live index iff it
+    is among the candidates: the check joins against them instead of scanning the index again.
+    """
     keys = match_columns(ds)
     uniq = spark.read.parquet(st.spark_path("unique", f"load_hour={tag}"))
     h1, h2 = digest_columns(ds.key, ds.source.schema)
     digests = uniq.select(h1.alias(H1), h2.alias(H2), *ds.key if ds.index.store_keys else [])
+    # one row per distinct key with its multiplicity (one shuffle), then one global aggregate;
+    # the XORs are over distinct keys, which equals over rows exactly when the check passes
+    per_key = digests.groupBy(*keys).agg(F.count(F.lit(1)).alias("_n"))
+    if candidates is not None:
+        known = F.broadcast(candidates.select(*keys).distinct().withColumn("_known", F.lit(1)))
+        per_key = per_key.join(known, on=keys, how="left")
+    else:
+        per_key = per_key.withColumn("_known", F.lit(None).cast("int"))
     entries = [st.spark_path("index", d, f"load_hour={tag}")
                for d in st.list_dirs(st.path("index"))
                if d.startswith("slice=") and st.exists(st.path("index", d, f"load_hour={tag}"))]
 
     def unique_figures() -> Any:
-        return digests.agg(F.count(F.lit(1)).alias("n"),
-                           F.count_distinct(*[F.col(k) for k in keys]).alias("distinct"),
+        return per_key.agg(F.coalesce(F.sum("_n"), F.lit(0)).alias("n"),
+                           F.count(F.lit(1)).alias("distinct"),
+                           F.count("_known").alias("in_live"),
                            F.bit_xor(H1).alias("x1"), F.bit_xor(H2).alias("x2")).collect()[0]
-
-    def in_live_index() -> int:
-        if live_index is None:
-            return 0
-        return live_index.join(F.broadcast(digests.select(*keys)), on=keys, how="left_semi").count()
 
     def index_figures() -> tuple[int, Any, Any]:
         if not entries:
@@ -105,12 +105,14 @@ def check_unique_and_index(
                   F.bit_xor(H2).alias("x2")).collect()[0])
         return int(i["n"]), i["x1"], i["x2"]
 
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        fu, fl, fi = pool.submit(unique_figures), pool.submit(in_live_index), pool.submit(index_figures)
-        u, in_live, (n, x1, x2) = fu.result(), fl.result(), fi.result()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        fu, fi = pool.submit(unique_figures), pool.submit(index_figures)
+        u, (n, x1, x2) = fu.result(), fi.result()
+    in_live = int(u["in_live"])
     fig.unique_distinct_keys = int(u["distinct"])
     fig.unique_in_live_index = in_live
     fig.index_rows = n
+    fig.checksum = {"xor_h1": u["x1"], "xor_h2": u["x2"]}
     if u["distinct"] != u["n"]:
         raise LoadCheckError(UNIQUE_KEYS, f"{label}: unique holds {u['n']} rows but only "
                              f"{u['distinct']} distinct keys; nothing was committed",

@@ -43,25 +43,32 @@ def batch_order(ds: DatasetConfig) -> list[Column]:
     return order
 
 
-def _candidates(live: DataFrame, index: DataFrame, ds: DatasetConfig) -> DataFrame:
-    """Index entries whose key occurs in the batch.
+def candidates(batch: DataFrame, index: DataFrame | None, ds: DatasetConfig) -> DataFrame | None:
+    """Live index entries whose `_h1` occurs among the batch's valid records (the reversed probe).
 
-    At most one live entry per key exists: a key goes to unique again only once its earlier entry
-    has expired (v < X), and X never decreases. So no de-duplication of the hits is needed; if the
-    invariant were ever broken the join would double rows and the conservation check would stop
-    the load.
+    The batch's digests are broadcast and the index streams past them once, never shuffled. The
+    result is small (at most one entry per batch key) and is used twice: to classify, and by the
+    unique_keys check. At most one live entry per key exists: a key goes to unique again only once
+    its earlier entry has expired (v < X), and X never decreases. So no de-duplication of the hits
+    is needed; if the invariant were ever broken the join would double rows and the conservation
+    check would stop the load.
     """
-    keys = match_columns(ds)
-    probe = F.broadcast(live.select(H1))  # no distinct(): a semi-join only asks "is it there"
+    if index is None:
+        return None
+    probe = F.broadcast(batch.filter(F.col(REASON).isNull()).select(H1))  # no distinct(): semi-join
     hits = index.join(probe, on=H1, how="left_semi")
     fp = F.col(FP) if ds.fingerprint else F.lit(None).cast("long")
-    return hits.select(*keys, F.col(LOAD_HOUR).alias(LOAD_HOUR_ALIAS), fp.alias("_idx_fp"))
+    return hits.select(*match_columns(ds), F.col(LOAD_HOUR).alias(LOAD_HOUR_ALIAS),
+                       fp.alias("_idx_fp"))
 
 
 def classify(
-    batch: DataFrame, index: DataFrame | None, ds: DatasetConfig, tag: str, x: Number | None
+    batch: DataFrame, cands: DataFrame | None, ds: DatasetConfig, tag: str, x: Number | None
 ) -> DataFrame:
-    """Every batch row with `_out` set, plus `_duplicate_kind`, `_first_load_hour`, `_expiry_point`."""
+    """Every batch row with `_out` set, plus `_duplicate_kind`, `_first_load_hour`, `_expiry_point`.
+
+    `cands` are the index entries the batch can hit (`candidates`), None without an index.
+    """
     rejected = batch.filter(F.col(REASON).isNotNull()).withColumn(OUT, F.lit(REJECTED))
     valid = batch.filter(F.col(REASON).isNull())
     parts = [rejected]
@@ -77,10 +84,9 @@ def classify(
     live = live.withColumn("_rn", F.row_number().over(w))
     if ds.fingerprint:
         live = live.withColumn("_first_fp", F.first(F.col(FP)).over(w))
-    if index is not None:
+    if cands is not None:
         # the candidates are few (at most one per batch key): broadcast them, never shuffle the batch
-        cands = F.broadcast(_candidates(live, index, ds))
-        live = live.join(cands, on=match_columns(ds), how="left")
+        live = live.join(F.broadcast(cands), on=match_columns(ds), how="left")
         hit = F.col(LOAD_HOUR_ALIAS).isNotNull()
     else:
         live = live.withColumn(LOAD_HOUR_ALIAS, F.lit(None).cast("string"))

@@ -4,7 +4,8 @@ One entry per unique row: the 128-bit digest (`_h1`, `_h2`), the load that wrote
 (`_load_hour`), and when configured the expiry value `_v`, the fingerprint hash `_fp` and the key
 values themselves (`index.store_keys`).
 
-Layout: ``{output}/index/slice=<n>/load_hour=<H>/part-*.parquet``
+Layout: ``{output}/index/slice=<n>/load_hour=<H>/part-*.parquet`` (and, once compacted,
+``slice=<n>/compact=<first>_<last>/``: see `compaction`)
 - with expiry, slice n holds the entries with floor(v / slice_span) = n (Apex's time buckets), so a
   load reads only slices at or after its expiry point X_H;
 - without expiry, slice n is the hash bucket pmod(_h1, buckets).
@@ -20,6 +21,7 @@ v >= X_H anyway, so results never depend on it; the lag keeps reruns of recent h
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -35,6 +37,28 @@ STAGING = "_staging"
 SLICE = "slice"
 LOAD_HOUR = "_load_hour"
 RETENTION_STATE = "_retention.json"
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    """One index file as its load's commit record (or a compacted directory's manifest) lists it."""
+
+    tag: str  # the (earliest) load whose entries it holds
+    slice: int
+    name: str
+    size: int
+    rows: int | None  # None in commit records written before rows were recorded
+    dir: str = ""  # directory below the slice: "load_hour=<tag>" (default) or "compact=<a>_<b>"
+    loads: tuple[str, ...] = ()  # every load it holds entries of (default: just `tag`)
+
+    @property
+    def rel(self) -> str:
+        """Path below the index directory."""
+        return f"{SLICE}={self.slice}/{self.dir or f'load_hour={self.tag}'}/{self.name}"
+
+    @property
+    def holds(self) -> tuple[str, ...]:
+        return self.loads or (self.tag,)
 
 
 class IndexRetentionError(RuntimeError):
@@ -72,28 +96,29 @@ def min_slice(ds: DatasetConfig, x: float | None) -> int | None:
     return math.floor(x / ds.slice_span)
 
 
-def live_index_dirs(st: Storage, ds: DatasetConfig, readable: set[str], x: float | None) -> list[str]:
-    """Directories of the entries a load may match: committed earlier loads, slices >= slice(X)."""
+def live_files(ds: DatasetConfig, files: dict[str, IndexFile], readable: set[str],
+               x: float | None) -> list[IndexFile]:
+    """The index files a load may match: holding committed earlier loads, in slices >= slice(X_H).
+
+    Taken from the commit records' and compacted directories' manifests (`rebuild.check_index`),
+    so a load lists no directory and opens no footer to know what it will read.
+    """
     lo = min_slice(ds, x)
-    paths: list[str] = []
-    for sdir in st.list_dirs(st.path(INDEX)):
-        if not sdir.startswith(f"{SLICE}="):
-            continue
-        n = int(sdir.split("=", 1)[1])
-        if lo is not None and n < lo:
-            continue
-        for ldir in st.list_dirs(st.path(INDEX, sdir)):
-            if ldir.startswith("load_hour=") and ldir.split("=", 1)[1] in readable:
-                paths.append(st.spark_path(INDEX, sdir, ldir))
-    return paths
+    return [f for f in files.values()
+            if any(t in readable for t in f.holds) and (lo is None or f.slice >= lo)]
 
 
-def read_live(spark: SparkSession, ds: DatasetConfig, files: list[str],
-              x: float | None) -> DataFrame | None:
-    """The live entries (v >= X_H) in the given index files; None when there are none."""
+def read_live(spark: SparkSession, ds: DatasetConfig, st: Storage, files: list[IndexFile],
+              x: float | None, tag: str) -> DataFrame | None:
+    """The live entries (v >= X_H) of loads before `tag` in the given files; None if no files.
+
+    The `_load_hour` filter matters only for compacted files, which may also hold later loads
+    (a rerun of an hour inside a compacted range).
+    """
     if not files:
         return None
-    df = spark.read.schema(entry_schema(ds)).parquet(*files)
+    paths = [st.spark_path(INDEX, f.rel) for f in files]
+    df = spark.read.schema(entry_schema(ds)).parquet(*paths).filter(F.col(LOAD_HOUR) < F.lit(tag))
     if ds.expiry is not None and x is not None:
         df = df.filter(F.col(V) >= F.lit(x))
     return df
@@ -122,14 +147,18 @@ def clear_load(st: Storage, tag: str) -> None:
             st.remove(st.path(INDEX, sdir, f"load_hour={tag}"))
 
 
-def stage_entries(ds: DatasetConfig, st: Storage, unique_rows: DataFrame, tag: str) -> str:
-    """Write the load's entries, one file per slice, sorted by digest; returns the staging dir."""
+def stage_entries(ds: DatasetConfig, st: Storage, unique_rows: DataFrame, tag: str,
+                  files: int = 1) -> str:
+    """Write the load's entries, one file per slice (per `files` task), into the staging dir.
+
+    No shuffle: the cached unique rows are coalesced and Spark's partitioned writer sorts each task
+    by slice. Nothing reads the entries in digest order, so they are not sorted by it.
+    """
     cols = [F.col(f.name) for f in entry_schema(ds).fields if f.name != LOAD_HOUR]
     entries = unique_rows.select(*cols, F.lit(tag).alias(LOAD_HOUR), slice_of(ds).alias(SLICE))
     entries = entries.select(*[f.name for f in entry_schema(ds).fields], SLICE)
     staging = st.spark_path(INDEX, STAGING, f"load_hour={tag}")
-    (entries.repartition(F.col(SLICE)).sortWithinPartitions(H1)
-     .write.mode("overwrite").partitionBy(SLICE).parquet(staging))
+    entries.coalesce(files).write.mode("overwrite").partitionBy(SLICE).parquet(staging)
     return st.path(INDEX, STAGING, f"load_hour={tag}")
 
 

@@ -2,14 +2,16 @@
 
 Sequence for load H (the caller holds the dataset lock):
  1. order check: every hour since `start` before H has a commit record (R11);
- 2. forget H: delete its commit record, its staged and published index files, its temp outputs;
+ 2. forget H: delete its commit record, its staged and published index files (also inside
+    compacted directories), its temp outputs;
  3. parse the batch once (cached), take rows in and the batch's max expiry value in one pass;
  4. L_H, X_H; read only the live index slices of committed loads before H; classify (cached);
     all counts in one pass;
  5. each output partition is written to a temp dir and swapped in atomically;
  6. index entries are staged, then moved in place;
  7. the commit record is written (atomic rename) - only now is H loaded;
- 8. retention deletes index slices below X_{H - lag}.
+ 8. retention deletes index slices below X_{H - lag}; compaction merges slices' per-load
+    directories (neither changes any later result).
 A crash anywhere before 7 leaves H "not loaded"; a rerun redoes 2-7 and, being deterministic and
 reading only entries of loads before H, produces the same rows and the same index (R10).
 """
@@ -26,14 +28,13 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import pyarrow.parquet as pq
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import checks, commits, index
+from dedup_pipeline.engine import checks, commits, compaction, index
 from dedup_pipeline.engine.classify import (
     CONFLICT,
     DUPLICATES,
@@ -45,6 +46,7 @@ from dedup_pipeline.engine.classify import (
     OUTPUTS,
     REJECTED,
     UNIQUE,
+    candidates,
     classify,
 )
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
@@ -57,7 +59,7 @@ from dedup_pipeline.engine.parse import (
     read_text_batch,
     type_and_reject,
 )
-from dedup_pipeline.engine.rebuild import ensure_healthy, index_file_manifest
+from dedup_pipeline.engine.rebuild import check_index, ensure_healthy, index_file_manifest
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 
@@ -113,14 +115,22 @@ def _fault(point: str) -> None:
         os._exit(137)
 
 
-def _sabotage(df: DataFrame, what: str, n: int) -> DataFrame:
+def _sabotage(df: DataFrame, what: str) -> DataFrame:
     """Fault injection for the check tests: lose one row, or swap one for a copy of another."""
     fault = os.environ.get(FAULT_ENV, "")
+    if fault not in (f"lose_row:{what}", f"dup_row:{what}"):
+        return df
+    n = df.count()
     if fault == f"lose_row:{what}" and n > 0:
         return df.limit(n - 1)
     if fault == f"dup_row:{what}" and n > 1:
         return df.limit(n - 1).unionByName(df.limit(1))
     return df
+
+
+def _unpersist(frames: list[DataFrame]) -> None:
+    for df in frames:
+        df.unpersist()
 
 
 def _source_columns(ds: DatasetConfig) -> list[str]:
@@ -162,6 +172,8 @@ def prepare_batch(spark: SparkSession, ds: DatasetConfig, paths: list[str]) -> D
     df = type_and_reject(read_text_batch(spark, ds, paths), ds)
     h1, h2 = digest_columns(ds.key, ds.source.schema)
     ok = F.col(REASON).isNull()
+    # the original text is kept only where an output needs it (rejected rows): half the cache
+    df = df.withColumn("_raw", F.when(~ok, F.col("_raw")))
     df = df.withColumn(H1, F.when(ok, h1)).withColumn(H2, F.when(ok, h2))
     if ds.fingerprint:
         df = df.withColumn(FP, F.when(ok, fingerprint_column(ds.fingerprint, ds.source.schema)))
@@ -170,20 +182,6 @@ def prepare_batch(spark: SparkSession, ds: DatasetConfig, paths: list[str]) -> D
 
 def _count_files(st: Storage, path: str) -> int:
     return len(st.list_files(path, ".parquet"))
-
-
-def _index_footprint(st: Storage, dirs: list[str]) -> tuple[list[str], int, int]:
-    """Files, rows and bytes of the index directories a load reads (from Parquet footers)."""
-    files: list[str] = []
-    rows = size = 0
-    for d in dirs:
-        local = d if st.local else st.fs._strip_protocol(d)
-        for f in st.list_files(local, ".parquet"):
-            with st.fs.open(f, "rb") as fh:
-                rows += pq.ParquetFile(fh).metadata.num_rows
-            size += int(st.fs.info(f).get("size") or 0)
-            files.append(f if st.local else st.fs.unstrip_protocol(f))
-    return files, rows, size
 
 
 def _forget_outputs(st: Storage, tag: str) -> None:
@@ -214,12 +212,14 @@ def run_load(
     st = Storage(ds.output)
     committed = commits.committed_tags(st)
     commits.check_order(ds, hour, committed)
-    ensure_healthy(spark, ds, st, say)
+    health = ensure_healthy(spark, ds, st, say)
 
     # 2. forget any earlier attempt of this hour
     commits.invalidate(st, tag)
     committed.discard(tag)
     index.clear_load(st, tag)
+    if compaction.remove_load(spark, ds, st, tag):
+        health = check_index(st, ds)  # compacted files were rewritten: read the new manifest
     for leftover in st.list_dirs(st.path(TMP)):
         if leftover.startswith(tag):
             st.remove(st.path(TMP, leftover))
@@ -228,51 +228,60 @@ def run_load(
     prev = commits.read_commit(st, to_tag(hour - HOUR)) if hour > parse_key(ds.start) else None
     prev_latest = prev.get("latest_point") if prev else None
 
-    # 3. parse once
+    # 3. parse once: one job caches the batch and yields rows in and its max expiry value
     inputs = list_input_files(ds, hour)
     batch = prepare_batch(spark, ds, [f.path for f in inputs]).persist(StorageLevel.MEMORY_AND_DISK)
+    cached = [batch]
     vmax = F.max(F.when(F.col(REASON).isNull(), F.col(V))) if ds.expiry else F.lit(None)
     first = batch.agg(F.count(F.lit(1)).alias("n"), vmax.alias("vmax")).collect()[0]
     rows_in = int(first["n"])
     t = lap("parse", t0)
 
-    # 4. expiry points, live index, classification
+    # 4. expiry points, the live index (from the commit records' manifests), the candidates the
+    # batch can hit (cached: classify and the unique_keys check both use them), classification
     latest = latest_point(ds, hour, prev_latest, first["vmax"])
     x = expiry_point(ds, latest)
     index.check_retention(st, ds, x)
     readable = {c for c in committed if c < tag}
-    idx_files, idx_rows, idx_bytes = _index_footprint(st, index.live_index_dirs(st, ds, readable, x))
-    idx_df = index.read_live(spark, ds, idx_files, x)
-    classified = classify(batch, idx_df, ds, tag, x).persist(StorageLevel.MEMORY_AND_DISK)
-    unique_flag = F.col(OUT) == UNIQUE
-    agg = classified.agg(
-        *[F.count_if(F.col(OUT) == o).alias(o) for o in OUTPUTS],
-        F.count_if(F.col(KIND) == CONFLICT).alias("conflicts"),
-        F.bit_xor(F.when(unique_flag, F.col(H1))).alias("xor_h1"),
-        F.bit_xor(F.when(unique_flag, F.col(H2))).alias("xor_h2"),
-    ).collect()[0]
-    counts = {o: int(agg[o]) for o in OUTPUTS}
+    live = index.live_files(ds, health.files, readable, x)
+    idx_rows = sum(f.rows if f.rows is not None else st.parquet_rows(st.path(index.INDEX, f.rel))
+                   for f in live)
+    idx_bytes = sum(f.size for f in live)
+    cands = candidates(batch, index.read_live(spark, ds, st, live, x, tag), ds)
+    if cands is not None:
+        cands = cands.persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(cands)
+    # only what the writers and the index need is cached (the row origin has done its job)
+    classified = (classify(batch, cands, ds, tag, x).drop("_blk", "_rid")
+                  .persist(StorageLevel.MEMORY_AND_DISK))
+    cached.append(classified)
+    # one job builds the cache the five writes below read (concurrent writes on an unbuilt cache
+    # would each start building it) and counts every output on the way
+    agg = classified.agg(*[F.count_if(F.col(OUT) == o).alias(o) for o in OUTPUTS],
+                         F.count_if(F.col(KIND) == CONFLICT).alias("conflicts")).collect()[0]
     t = lap("classify", t)
-    say(f"{ds.name} {partition_key}: {rows_in} rows in, classified; writing outputs")
+    say(f"{ds.name} {partition_key}: {rows_in} rows in; classifying and writing outputs")
 
-    # 5. outputs (and the staged index entries), written concurrently: on small batches a load is
-    # mostly per-job latency. Each output partition is then swapped in atomically.
+    # 5. outputs and the staged index entries, written concurrently from the cached classification
+    # (on small batches a load is mostly per-job latency). Each output partition is then swapped
+    # in atomically; the conservation check reads the counts back from the written footers.
     run_tmp = st.path(TMP, f"{tag}-{uuid.uuid4().hex[:12]}")
+    n_files = max(1, math.ceil(rows_in / ROWS_PER_FILE))
     files_written = 0
 
     def write_output(name: str) -> str:
         tmp = f"{run_tmp}/{name}"
-        n_files = max(1, math.ceil(counts[name] / ROWS_PER_FILE))
-        out_df = _sabotage(_select_output(classified, ds, name), name, counts[name])
+        out_df = _sabotage(_select_output(classified, ds, name), name)
         (out_df.coalesce(n_files).write.mode("overwrite")
-         .parquet(tmp if st.local else st.fs.unstrip_protocol(tmp)))
+         .option("maxRecordsPerFile", ROWS_PER_FILE)
+         .parquet(st.to_uri(tmp)))
         return tmp
 
     label = f"dataset {ds.name!r} hour {to_key(hour)}"
-    entries = _sabotage(classified.filter(unique_flag), "index", counts[UNIQUE])
+    entries = _sabotage(classified.filter(F.col(OUT) == UNIQUE), "index")
     with ThreadPoolExecutor(max_workers=len(OUTPUTS) + 1) as pool:
         written = {name: pool.submit(write_output, name) for name in OUTPUTS}
-        staging = pool.submit(index.stage_entries, ds, st, entries, tag)
+        staging = pool.submit(index.stage_entries, ds, st, entries, tag, n_files)
         for name in OUTPUTS:
             target = st.path(name, f"load_hour={tag}")
             st.replace_dir(written[name].result(), target)
@@ -289,15 +298,16 @@ def run_load(
         slices = index.publish_entries(st, staged, tag)
         files_written += len(slices)
         t = lap("write_index", t)
-        checks.check_unique_and_index(spark, ds, st, tag, figures, idx_df, label)
+        checks.check_unique_and_index(spark, ds, st, tag, figures, cands, label)
     except checks.LoadCheckError:
-        batch.unpersist()
-        classified.unpersist()
+        _unpersist(cached)
         _forget_outputs(st, tag)
         raise
+    _unpersist(cached)
     _fault("before_commit")
     t = lap("checks", t)
 
+    counts = {o: int(agg[o]) for o in OUTPUTS}
     result = LoadResult(
         dataset=ds.name,
         partition_key=to_key(hour),
@@ -314,7 +324,7 @@ def run_load(
         index_rows_written=counts[UNIQUE],
         index_rows_read=idx_rows,
         index_bytes_read=idx_bytes,
-        index_files_read=len(idx_files),
+        index_files_read=len(live),
         index_slices_written=slices,
         index_slices_deleted=0,
         files_written=files_written,
@@ -325,12 +335,10 @@ def run_load(
     record = result.as_record()
     record.update(
         committed_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        index_checksum={"xor_h1": agg["xor_h1"], "xor_h2": agg["xor_h2"]},
+        index_checksum=figures.checksum,
         inputs=[{"path": f.path, "size": f.size, "mtime": f.mtime} for f in inputs],
         index_files=index_file_manifest(st, tag, slices),
     )
-    batch.unpersist()
-    classified.unpersist()
     commits.write_commit(st, tag, record)
     t = lap("commit", t)
 
@@ -340,7 +348,9 @@ def run_load(
         if floor_rec is not None:
             result.index_slices_deleted = index.apply_retention(
                 st, ds, floor_rec.get("expiry_point"))
-    lap("retention", t)
+    t = lap("retention", t)
+    compaction.compact(spark, ds, st, committed | {tag})
+    lap("compact", t)
     timings["total"] = round(time.perf_counter() - t0, 3)
     result.seconds = timings
     say(

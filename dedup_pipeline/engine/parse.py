@@ -51,12 +51,17 @@ def hour_dir(ds: DatasetConfig, hour: datetime) -> str:
 
 
 def list_input_files(ds: DatasetConfig, hour: datetime) -> list[InputFile]:
-    """The hour's data files (no markers, no hidden files); [] if the directory is absent."""
+    """The hour's data files (no markers, no hidden files); [] if the directory is absent.
+
+    Paths are what Spark reads: plain on a local file system, full URIs (the source's own
+    scheme and authority) elsewhere.
+    """
     st = Storage(hour_dir(ds, hour))
     out = []
     for p in st.list_files(st.root):
         info = st.fs.info(p)
-        out.append(InputFile(p, int(info.get("size") or 0), float(info.get("mtime") or 0.0)))
+        out.append(InputFile(st.to_uri(p), int(info.get("size") or 0),
+                             float(info.get("mtime") or 0.0)))
     return out
 
 

@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, index
+from dedup_pipeline.engine import commits, compaction, index
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
 from dedup_pipeline.engine.parse import V, expiry_value
 from dedup_pipeline.engine.storage import Storage
@@ -34,6 +34,10 @@ class IndexDamage:
 
     missing: dict[str, list[str]] = field(default_factory=dict)  # load tag -> missing/changed files
     unexpected: list[str] = field(default_factory=list)  # files a committed load did not write
+    # every index file the commit records list (retention's deletions excepted), by path below
+    # index/: when healthy, exactly what is on disk, so a load needs no listing of its own
+    files: dict[str, index.IndexFile] = field(default_factory=dict)
+    bad_compacted: list[str] = field(default_factory=list)  # compacted dirs a rebuild must drop
 
     @property
     def ok(self) -> bool:
@@ -42,7 +46,8 @@ class IndexDamage:
     @property
     def damaged_loads(self) -> list[str]:
         """Loads whose entries must be rebuilt: missing/changed files or stray files in their dirs."""
-        strays = {rel.split("/")[1].split("=", 1)[1] for rel in self.unexpected}
+        strays = {rel.split("/")[1].split("=", 1)[1] for rel in self.unexpected
+                  if rel.split("/")[1].startswith("load_hour=")}
         return sorted(set(self.missing) | strays)
 
     def summary(self) -> str:
@@ -66,39 +71,52 @@ def _kept_from(st: Storage) -> float | None:
 
 
 def check_index(st: Storage, ds: DatasetConfig) -> IndexDamage:
-    """Compare the index files on disk with what the commit records say was written."""
+    """Compare the index files on disk with what the commit records and compaction manifests say."""
     damage = IndexDamage()
     kept_from = _kept_from(st)
     lo = index.min_slice(ds, kept_from) if kept_from is not None else None
-    expected: dict[str, int] = {}
-    owner: dict[str, str] = {}
     committed = commits.committed_tags(st)
+    compacted = [c for c in compaction.list_compacted(st) if lo is None or c.slice >= lo]
+    merged = compaction.covered(compacted)
     for tag in sorted(committed):
         rec = commits.read_commit(st, tag) or {}
         for f in rec.get("index_files", []):
-            if lo is not None and f["slice"] < lo:
-                continue  # deleted by retention, as intended
-            rel = f"slice={f['slice']}/load_hour={tag}/{f['name']}"
-            expected[rel] = int(f["size"])
-            owner[rel] = tag
+            if (lo is not None and f["slice"] < lo) or (f["slice"], tag) in merged:
+                continue  # deleted by retention, or merged by compaction, as intended
+            entry = index.IndexFile(tag, int(f["slice"]), f["name"], int(f["size"]), f.get("rows"))
+            damage.files[entry.rel] = entry
+    for c in compacted:
+        for f in c.files:
+            entry = index.IndexFile(min(c.loads, default=""), c.slice, f["name"], int(f["size"]),
+                                    f.get("rows"), c.dir, c.loads)
+            damage.files[entry.rel] = entry
     actual: dict[str, int] = {}
     root = st.path(index.INDEX)
     for path in st.list_files(root, ".parquet"):
         rel = path[len(root) + 1:]
         parts = rel.split("/")
-        if len(parts) != 3 or parts[1].split("=", 1)[-1] not in committed:
-            continue  # staging, or leftovers of an interrupted attempt (its rerun clears them)
+        if len(parts) != 3 or not parts[0].startswith(f"{index.SLICE}="):
+            continue  # staging or compaction work areas
+        n, (kind, _, name) = int(parts[0].split("=", 1)[1]), parts[1].partition("=")
+        if kind == "load_hour" and (name not in committed or (n, name) in merged):
+            continue  # leftovers of an interrupted attempt or compaction (their rerun clears them)
         actual[rel] = int(st.fs.info(path).get("size") or 0)
-    for rel, size in expected.items():
-        if actual.get(rel) != size:
-            damage.missing.setdefault(owner[rel], []).append(rel)
-    damage.unexpected = sorted(set(actual) - set(expected))
+    for rel, f in damage.files.items():
+        if actual.get(rel) != f.size:
+            for t in f.holds:
+                damage.missing.setdefault(t, []).append(rel)
+    damage.unexpected = sorted(set(actual) - set(damage.files))
+    bad = {rel.rsplit("/", 1)[0] for rel in damage.unexpected}
+    bad |= {f.rel.rsplit("/", 1)[0] for f in damage.files.values()
+            if f.loads and actual.get(f.rel) != f.size}
+    bad |= {c.rel for c in compacted if not c.loads}
+    damage.bad_compacted = sorted(d for d in bad if f"/{compaction.COMPACT}=" in f"/{d}")
     return damage
 
 
 def index_file_manifest(st: Storage, tag: str, slices: list[int],
                         root: str | None = None) -> list[dict]:
-    """The index files of load `tag` (name, size per slice), for its commit record.
+    """The index files of load `tag` (name, size, rows per slice), for its commit record.
 
     `root` is the index directory (default) or a rebuild's staging directory of the same layout.
     """
@@ -107,7 +125,8 @@ def index_file_manifest(st: Storage, tag: str, slices: list[int],
     for n in slices:
         for p in st.list_files(f"{base}/{index.SLICE}={n}/load_hour={tag}", ".parquet"):
             out.append({"slice": n, "name": p.rsplit("/", 1)[1],
-                        "size": int(st.fs.info(p).get("size") or 0)})
+                        "size": int(st.fs.info(p).get("size") or 0),
+                        "rows": st.parquet_rows(p)})
     return out
 
 
@@ -134,6 +153,12 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
     t0 = time.perf_counter()
     st = Storage(ds.output)
     committed = sorted(commits.committed_tags(st))
+    if tags is not None:  # a damaged compacted directory goes, and every load it held is rebuilt
+        bad = set(check_index(st, ds).bad_compacted)
+        for c in compaction.list_compacted(st):
+            if c.rel in bad:
+                tags = [*tags, *c.loads]
+                st.remove(st.path(index.INDEX, c.rel))
     targets = committed if tags is None else sorted(set(tags) & set(committed))
     staging_name = index.INDEX + "_rebuild"
     staging = st.path(staging_name)
@@ -161,6 +186,7 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
         slices, files = _staged_files(st, staging, tag)
         if tags is not None:  # partial: replace this load's entries in place
             index.clear_load(st, tag)
+            compaction.remove_load(spark, ds, st, tag)
             for n in slices:
                 st.move(f"{staging}/{index.SLICE}={n}/load_hour={tag}",
                         st.path(index.INDEX, f"{index.SLICE}={n}", f"load_hour={tag}"))
@@ -190,7 +216,7 @@ def ensure_healthy(spark: SparkSession, ds: DatasetConfig, st: Storage,
         if callable(say):
             say(f"{ds.name}: {damage.summary()}; rebuilding the index from unique")
         rebuild_index(spark, ds, damage.damaged_loads)
-        return damage
+        return check_index(st, ds)  # the rebuilt files: what the load will read
     raise IndexDamagedError(
         f"dataset {ds.name!r}: the key index is damaged ({damage.summary()}); loads will not run "
         f"on it. Rebuild it from unique: dedup-pipeline rebuild-index --config <file> "

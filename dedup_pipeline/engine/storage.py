@@ -1,10 +1,15 @@
 """Every list, rename and delete of the dataset's files goes through here (fsspec), not the JVM.
 
 Why fsspec: the same calls work from a Spark Connect client (no JVM) and on object stores.
+A root may be a plain path, a ``file://`` URI or any URI that both Spark and fsspec understand
+(``hdfs://namenode:8020/lake`` through pyarrow's HDFS client, ``s3a://bucket/lake`` through s3fs).
+fsspec strips the scheme (and for HDFS the namenode) from the paths it returns; `to_uri` puts the
+root's own back, so what Spark is given always names the same file system the root did.
 Atomicity (SPEC L3): on a local Linux file system a partition is swapped in with
 ``renameat2(RENAME_EXCHANGE)``, so a reader sees the old complete directory or the new one, never
 neither. Elsewhere it is two renames (old aside, new in): readers may briefly see no partition, never
-a mix. On object stores a "rename" is copy+delete and is not atomic at all (see docs/storage.md).
+a mix (HDFS renames a directory atomically). On object stores a "rename" is copy+delete and is not
+atomic at all (see deploy/README.md, "Where data lives").
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import fsspec
+import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 _RENAME_EXCHANGE = 2
@@ -39,10 +45,26 @@ def _libc() -> Any | None:
 _LIBC = _libc()
 
 
+def normalize_uri(uri: str) -> str:
+    """Spell local URIs the way fsspec reads them: ``file://localhost/x`` -> ``file:///x``.
+
+    fsspec takes the host of ``file://host/x`` for the first path segment; a file URI naming
+    another host cannot be honoured by either fsspec or Spark, so it is refused here.
+    """
+    if uri.startswith("file://") and not uri.startswith("file:///"):
+        host, _, rest = uri[len("file://"):].partition("/")
+        if host not in ("", "localhost"):
+            raise ValueError(f"{uri!r}: a file:// URI must be local (file:///path); use a shared "
+                             "mount, hdfs:// or an object store for data on other hosts")
+        return f"file:///{rest}"
+    return uri
+
+
 class Storage:
     """A dataset output root plus the file system it lives on."""
 
     def __init__(self, root: str):
+        root = normalize_uri(root)
         self.fs, self.root = fsspec.core.url_to_fs(root)
         self.root = self.root.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)
@@ -57,6 +79,19 @@ class Storage:
         if self.local:
             return self.path(*parts)
         return "/".join([self.uri_root, *parts])
+
+    def to_uri(self, path: str) -> str:
+        """The name Spark needs for `path`, a path under the root as this module returns it.
+
+        Local paths stay plain. Elsewhere the root's own URI prefix replaces the stripped root,
+        so ``s3a://`` stays ``s3a://`` (fsspec's `unstrip_protocol` would say ``s3://``, which
+        Hadoop does not map by default) and ``hdfs://namenode:8020`` keeps its namenode.
+        """
+        if self.local or "://" in path:
+            return path
+        if path == self.root or path.startswith(self.root + "/"):
+            return self.uri_root + path[len(self.root):]
+        return self.fs.unstrip_protocol(path)
 
     # -- queries -------------------------------------------------------------------------------
     def exists(self, path: str) -> bool:
@@ -84,6 +119,15 @@ class Storage:
                 continue
             out.append(f)
         return sorted(out)
+
+    def parquet_rows(self, path: str) -> int:
+        """Rows of a Parquet file, or of every Parquet file below a directory, from the footers."""
+        files = [path] if path.endswith(".parquet") else self.list_files(path, ".parquet")
+        total = 0
+        for f in files:
+            with self.fs.open(f, "rb") as fh:
+                total += pq.ParquetFile(fh).metadata.num_rows
+        return total
 
     def read_text(self, path: str) -> str:
         with self.fs.open(path, "r") as f:

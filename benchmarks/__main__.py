@@ -1,0 +1,3 @@
+from benchmarks.run import main
+
+raise SystemExit(main())

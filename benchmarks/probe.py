@@ -1,0 +1,83 @@
+"""What one measured step cost: wall seconds, CPU seconds and peak memory of the driver.
+
+In local mode the executors are threads of the driver JVM, so the JVM's CPU time is the work done
+by Spark and the Python process's is the driver-side Python (plan building, file listing). Peak
+memory is the high-water mark of the resident set (VmHWM) of the JVM plus the Python process;
+Linux lets a process's own user reset that mark (`echo 5 > /proc/PID/clear_refs`), so each step
+gets its own peak instead of the lifetime's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process and its waited-for children, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # fields[11..14] = utime, stime, cutime, cstime (fields numbered from state = 0)
+    return sum(int(x) for x in fields[11:15]) / CLK_TCK
+
+
+def _peak_rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _reset_peak(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def jvm_pid(spark: Any) -> int | None:
+    """The driver JVM's pid (classic PySpark only; None on Spark Connect)."""
+    try:
+        return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    except Exception:  # noqa: BLE001 - Connect has no JVM handle; measure Python only
+        return None
+
+
+@dataclass
+class Cost:
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    peak_rss_bytes: int = 0
+    peak_is_per_step: bool = True  # False when the peak could not be reset (lifetime peak)
+
+
+@contextmanager
+def measured(spark: Any) -> Iterator[Cost]:
+    """Measure the body: `with measured(spark) as cost: ...`; cost is filled in on exit."""
+    pids = [p for p in (os.getpid(), jvm_pid(spark)) if p is not None]
+    resettable = all(_reset_peak(p) for p in pids)
+    cpu0 = sum(_cpu_seconds(p) for p in pids)
+    t0 = time.perf_counter()
+    cost = Cost()
+    try:
+        yield cost
+    finally:
+        cost.seconds = time.perf_counter() - t0
+        cost.cpu_seconds = sum(_cpu_seconds(p) for p in pids) - cpu0
+        cost.peak_rss_bytes = sum(_peak_rss_bytes(p) for p in pids)
+        cost.peak_is_per_step = resettable
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0

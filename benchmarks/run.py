@@ -1,0 +1,536 @@
+"""The benchmark: this pipeline against its peers, side by side in one run (SPEC N1, N2).
+
+    ./scripts/bench.sh            # the full run (about an hour on 2 cores; writes RESULTS.md)
+    ./scripts/bench.sh --quick    # tiny data, a minute: what the test suite runs
+
+One process, one Spark session for every in-process system, hours in order. Per hour it loads
+(a) this pipeline, (f) the pipeline without expiry and (d) Structured Streaming, which all need
+every hour; at the measured hours (history lengths `--points`, three consecutive hours each) it
+also runs (b) the naive anti-join, (c) recompute and (e) the plain copy, and checks that (a) and
+(b) keep exactly the same unique rows and that both conserve rows. Then the 1e6-row scenario (T4)
+and the backfill as whole processes (T5). It prints a table with the target ratios and writes
+`benchmarks/results/<stamp>.json`, a PNG plot and (full runs) `benchmarks/RESULTS.md`.
+Exit status 1 if a correctness check failed; a missed target is reported, never an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import yaml
+
+from benchmarks import systems
+from benchmarks.probe import Cost, measured
+from dedup_pipeline.config import DatasetConfig, parse_config
+from dedup_pipeline.engine.generate import generate_landing
+from dedup_pipeline.engine.load import LoadResult, run_load
+from dedup_pipeline.engine.session import BASE_CONF, SparkSettings, get_session
+from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+SYSTEMS = {
+    "pipeline": "(a) this pipeline",
+    "naive": "(b) naive anti-join vs full unique",
+    "recompute": "(c) dropDuplicates over all",
+    "streaming": "(d) streaming dropDuplicatesWithinWatermark, RocksDB",
+    "floor": "(e) plain copy, JSON -> Parquet",
+    "pipeline_noexp": "(f) this pipeline, no expiry",
+}
+EVERY_HOUR = ("pipeline", "pipeline_noexp", "streaming")
+SAMPLED = ("naive", "recompute", "floor")
+BENCH_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "6g"}
+
+
+@dataclass
+class Plan:
+    points: tuple[int, ...]  # history lengths measured, three consecutive hours each
+    rows_per_hour: int
+    big_rows_per_hour: int  # T4 scenario
+    big_history: int
+    backfill_hours: int  # T5: hours in the single-run backfill
+    separate_runs: int  # T5: one-hour runs, each a whole process
+    quick: bool = False
+
+    @property
+    def hours(self) -> int:
+        return max(self.points) + 3
+
+    def measured(self) -> dict[int, int]:
+        """hour index -> the history length it is measured for."""
+        return {p + k: p for p in self.points for k in range(3)}
+
+
+FULL = Plan(points=(24, 72, 168), rows_per_hour=100_000, big_rows_per_hour=1_000_000,
+            big_history=24, backfill_hours=168, separate_runs=3)
+QUICK = Plan(points=(1, 3), rows_per_hour=300, big_rows_per_hour=1_000, big_history=1,
+             backfill_hours=2, separate_runs=1, quick=True)
+
+
+@dataclass
+class Sample:
+    system: str
+    hour: str
+    history: int  # hours loaded before this one
+    seconds: float
+    cpu_seconds: float
+    peak_rss_bytes: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Bench:
+    def __init__(self, plan: Plan, work: Path, say: Any):
+        self.plan, self.work, self.say = plan, work, say
+        self.samples: list[Sample] = []
+        self.failures: list[str] = []
+
+    # ------------------------------------------------------------------ data
+    def landing(self, name: str, hours: int, rows: int) -> Path:
+        """Generate (or reuse, if generated with the same arguments) a landing zone."""
+        root = self.work / name
+        stamp = root / ".generated"
+        want = json.dumps({"hours": hours, "rows": rows, "seed": 7})
+        if stamp.exists() and stamp.read_text() == want:
+            self.say(f"reusing {hours} h x {rows} rows in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+            start = to_key(datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+                           - (hours + 1) * HOUR)
+            st = generate_landing(root, hours=hours, rows_per_hour=rows, seed=7, start=start)
+            stamp.write_text(want)
+            self.say(f"generated {st.rows} rows ({hours} h x {rows}) in {st.seconds:.1f}s")
+        return root / "dedup.yaml"
+
+    def dataset(self, config: Path, output: str, expiry: bool = True) -> DatasetConfig:
+        raw = yaml.safe_load(config.read_text())
+        d = raw["datasets"][0]
+        d["output"] = output
+        if not expiry:
+            d.pop("expiry")
+            d["name"] = f"{d['name']}_noexp"
+        shutil.rmtree(config.parent / output, ignore_errors=True)
+        return parse_config(raw, str(config), config.parent).datasets[0]
+
+    def record(self, system: str, hour: datetime, history: int, cost: Cost, **extra: Any) -> None:
+        if not cost.peak_is_per_step:
+            extra["peak_is_per_step"] = False  # the reset was refused: a lifetime peak
+        self.samples.append(Sample(system, to_key(hour), history, round(cost.seconds, 3),
+                                   round(cost.cpu_seconds, 3), cost.peak_rss_bytes, extra))
+
+    # ------------------------------------------------------------------ the main loop
+    def run_hours(self, spark: Any, config: Path) -> None:
+        plan = self.plan
+        ds = self.dataset(config, "out/pipeline")
+        noexp = self.dataset(config, "out/pipeline_noexp", expiry=False)
+        scratch = self.work / "out" / "scratch"
+        stream = systems.StreamingPeer(spark, ds, self.work / "out" / "streaming")
+        start = parse_key(ds.start)
+        measured_at = plan.measured()
+        try:
+            for i in range(plan.hours):
+                hour = start + i * HOUR
+                key = to_key(hour)
+                with measured(spark) as ca:
+                    ra = run_load(spark, ds, key)
+                self.record("pipeline", hour, i, ca, **_load_figures(ra))
+                with measured(spark) as cf:
+                    rf = run_load(spark, noexp, key)
+                self.record("pipeline_noexp", hour, i, cf, **_load_figures(rf))
+                stream.feed(hour)
+                with measured(spark) as cd:
+                    stream.run()
+                self.record("streaming", hour, i, cd)
+                line = f"h{i:>4} {key}: (a) {ca.seconds:5.2f}s (f) {cf.seconds:5.2f}s " \
+                       f"(d) {cd.seconds:5.2f}s"
+                if i in measured_at:
+                    line += self.sampled(spark, ds, hour, i, ra, scratch)
+                self.say(line)
+                if not _conserved(ra) or not _conserved(rf):
+                    self.failures.append(f"{key}: the pipeline broke conservation")
+        finally:
+            stream.close()
+
+    def sampled(self, spark: Any, ds: DatasetConfig, hour: datetime, i: int, ra: LoadResult,
+                scratch: Path) -> str:
+        """(b), (c), (e) at a measured hour, and the (a) == (b) check."""
+        history = str(Path(ds.output) / "unique")
+        naive_out = scratch / "naive"
+        with measured(spark) as cb:
+            rb = systems.naive_load(spark, ds, hour, ra.expiry_point, history, str(naive_out))
+        self.record("naive", hour, i, cb, unique=rb.unique)
+        same = _same_unique(Path(ds.output), naive_out, to_tag(hour), list(ds.source.schema))
+        if not same:
+            self.failures.append(f"{to_key(hour)}: (a) and (b) kept different unique rows")
+        if not rb.conserved:
+            self.failures.append(f"{to_key(hour)}: (b) broke conservation")
+        with measured(spark) as cc:
+            rows = systems.recompute_load(spark, ds, hour, history, str(scratch / "recompute"))
+        self.record("recompute", hour, i, cc, table_rows=rows)
+        with measured(spark) as ce:
+            systems.floor_copy(spark, ds, hour, str(scratch / "floor"))
+        self.record("floor", hour, i, ce)
+        return (f" | (b) {cb.seconds:5.2f}s (c) {cc.seconds:5.2f}s (e) {ce.seconds:5.2f}s "
+                f"unique (a)==(b): {'yes' if same else 'NO'}")
+
+    # ------------------------------------------------------------------ T4: big hours
+    def run_big(self, spark: Any) -> None:
+        plan = self.plan
+        hours = plan.big_history + 3
+        config = self.landing("landing_big", hours, plan.big_rows_per_hour)
+        ds = self.dataset(config, "out/big")
+        start = parse_key(ds.start)
+        for i in range(hours):
+            hour = start + i * HOUR
+            with measured(spark) as ca:
+                ra = run_load(spark, ds, to_key(hour))
+            line = f"big h{i:>3}: (a) {ca.seconds:6.2f}s"
+            if i >= plan.big_history:
+                self.record("big_pipeline", hour, i, ca, **_load_figures(ra))
+                with measured(spark) as ce:
+                    systems.floor_copy(spark, ds, hour, str(self.work / "out" / "scratch" / "bigf"))
+                self.record("big_floor", hour, i, ce)
+                line += f" (e) {ce.seconds:6.2f}s"
+            self.say(line)
+
+    # ------------------------------------------------------------------ T5: whole processes
+    def run_backfill(self, config: Path) -> dict[str, Any]:
+        plan = self.plan
+        ds = self.dataset(config, "out/backfill")
+        raw = yaml.safe_load(config.read_text())
+        raw["datasets"][0]["output"] = str(Path(ds.output))
+        raw["spark"] = {"conf": {k: v for k, v in BENCH_CONF.items()}}
+        cfg = config.parent / "backfill.yaml"
+        cfg.write_text(yaml.safe_dump(raw))
+        start = parse_key(ds.start)
+        first, last = to_key(start), to_key(start + (plan.backfill_hours - 1) * HOUR)
+        single = _cli_run(cfg, first, last)
+        self.say(f"backfill {plan.backfill_hours} h as one run: {single:.1f}s "
+                 f"({single / plan.backfill_hours:.2f}s per hour)")
+        separate = []
+        for k in range(plan.separate_runs):
+            key = to_key(start + (plan.backfill_hours + k) * HOUR)
+            separate.append(_cli_run(cfg, key, key))
+            self.say(f"separate one-hour run {key}: {separate[-1]:.1f}s")
+        return {"backfill_hours": plan.backfill_hours, "single_run_seconds": round(single, 2),
+                "single_run_per_hour": round(single / plan.backfill_hours, 3),
+                "separate_run_seconds": [round(s, 2) for s in separate],
+                "separate_run_per_hour": round(statistics.median(separate), 3)}
+
+
+def _load_figures(r: LoadResult) -> dict[str, Any]:
+    return {"rows_in": r.rows_in, "unique": r.unique, "index_rows_read": r.index_rows_read,
+            "index_bytes_read": r.index_bytes_read, "index_files_read": r.index_files_read,
+            "files_written": r.files_written, "stages": r.seconds}
+
+
+def _conserved(r: LoadResult) -> bool:
+    return r.rows_in == r.unique + r.duplicates + r.expired + r.rejected
+
+
+def _same_unique(a_root: Path, b_root: Path, tag: str, columns: list[str]) -> bool:
+    """Whole rows of two unique partitions compared as multisets (order-free)."""
+    def rows(root: Path) -> list[tuple]:
+        t = pq.read_table(root / "unique" / f"load_hour={tag}", columns=[*columns, "_source_file"])
+        return sorted(zip(*[t.column(c).to_pylist() for c in t.column_names], strict=True),
+                      key=repr)
+    return rows(a_root) == rows(b_root)
+
+
+def _cli_run(cfg: Path, first: str, last: str) -> float:
+    """`dedup-pipeline run` as its own process (Spark start-up and Dagster included)."""
+    with tempfile.TemporaryDirectory(prefix="bench-dagster-") as home:
+        env = {**os.environ, "DAGSTER_HOME": home}
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-m", "dedup_pipeline.cli", "run", "--config", str(cfg),
+             "--from", first, "--to", last], env=env, capture_output=True, text=True)
+        took = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"dedup-pipeline run {first}..{last} failed:\n{proc.stdout[-2000:]}"
+                           f"\n{proc.stderr[-2000:]}")
+    return took
+
+
+# ---------------------------------------------------------------------- report
+def _median(samples: list[Sample], system: str, history: int, attr: str = "seconds") -> float | None:
+    vals = [getattr(s, attr) for s in samples if s.system == system
+            and s.history in range(history, history + 3)]
+    return statistics.median(vals) if vals else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def targets(plan: Plan, samples: list[Sample], backfill: dict[str, Any] | None) -> list[dict]:
+    lo, hi = min(plan.points), max(plan.points)
+    a = {p: _median(samples, "pipeline", p) for p in plan.points}
+    out: list[dict] = []
+
+    def add(tid: str, what: str, value: float | None, op: str, bound: float) -> None:
+        ok = None if value is None else (value <= bound if op == "<=" else value >= bound)
+        out.append({"target": tid, "what": what, "value": value, "bound": f"{op} {bound}",
+                    "met": ok})
+
+    add("T1", f"(a) at {hi}h / (a) at {lo}h", _ratio(a[hi], a[lo]), "<=", 1.15)
+    add("T2", f"(b) / (a) at {hi}h", _ratio(_median(samples, "naive", hi), a[hi]), ">=", 2)
+    per_hour = []
+    by_hour = {(s.system, s.hour): s for s in samples}
+    for s in samples:
+        if s.system == "streaming" and s.history > 0 and ("pipeline", s.hour) in by_hour:
+            per_hour.append(s.seconds / by_hour[("pipeline", s.hour)].seconds)
+    add("T3", "(d) / (a), median per hour", round(statistics.median(per_hour), 3)
+        if per_hour else None, ">=", 2)
+    big_a = [s.seconds for s in samples if s.system == "big_pipeline"]
+    big_e = [s.seconds for s in samples if s.system == "big_floor"]
+    add("T4", f"(a) / (e) on {plan.big_rows_per_hour:,}-row hours, {plan.big_history}h history",
+        _ratio(statistics.median(big_a), statistics.median(big_e)) if big_a and big_e else None,
+        "<=", 2.5)
+    if backfill:
+        add("T5", "single-run backfill per hour / separate run",
+            _ratio(backfill["single_run_per_hour"], backfill["separate_run_per_hour"]), "<=",
+            round(1 / 3, 3))
+    add("T6", f"peak driver memory (a) at {hi}h / at {lo}h",
+        _ratio(_median(samples, "pipeline", hi, "peak_rss_bytes"),
+               _median(samples, "pipeline", lo, "peak_rss_bytes")), "<=", 1.2)
+    f_hi = [s for s in samples if s.system == "pipeline_noexp" and s.history in range(hi, hi + 3)]
+    f_lo = [s for s in samples if s.system == "pipeline_noexp" and s.history in range(lo, lo + 3)]
+    if f_hi and f_lo:
+        bpk = statistics.median(s.extra["index_bytes_read"] / max(1, s.extra["index_rows_read"])
+                                for s in f_hi)
+        add("T7a", f"(f) index bytes read per live key at {hi}h", round(bpk, 2), "<=", 24)
+        keys_growth = (statistics.median(s.extra["index_rows_read"] for s in f_hi)
+                       / max(1, statistics.median(s.extra["index_rows_read"] for s in f_lo)))
+        time_growth = (statistics.median(s.seconds for s in f_hi)
+                       / statistics.median(s.seconds for s in f_lo))
+        add("T7b", f"(f) time growth {lo}h->{hi}h / live-key growth",
+            round(time_growth / keys_growth, 3), "<=", 1.0)
+    return out
+
+
+def table(plan: Plan, samples: list[Sample]) -> str:
+    lines = []
+    head = f"{'system':<52}" + "".join(f"{f'{p}h s':>9}{'cpu s':>8}{'MiB':>7}" for p in plan.points)
+    lines += [head, "-" * len(head)]
+    for sysname, label in SYSTEMS.items():
+        row = f"{label:<52}"
+        for p in plan.points:
+            t = _median(samples, sysname, p)
+            c = _median(samples, sysname, p, "cpu_seconds")
+            m = _median(samples, sysname, p, "peak_rss_bytes")
+            row += (f"{t:9.2f}{c:8.1f}{m / 2**20:7.0f}" if t is not None else f"{'-':>9}{'':>15}")
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def pipeline_io(plan: Plan, samples: list[Sample]) -> str:
+    lines = [f"{'(a)/(f) per load':<28}" + "".join(f"{f'{p}h':>28}" for p in plan.points),
+             f"{'':<28}" + "".join(f"{'index rows / MB / files out':>28}" for _ in plan.points)]
+    for sysname in ("pipeline", "pipeline_noexp"):
+        row = f"{SYSTEMS[sysname][:28]:<28}"
+        for p in plan.points:
+            xs = [s for s in samples if s.system == sysname and s.history in range(p, p + 3)]
+            if xs:
+                r = statistics.median(s.extra["index_rows_read"] for s in xs)
+                b = statistics.median(s.extra["index_bytes_read"] for s in xs) / 1e6
+                f = statistics.median(s.extra["files_written"] for s in xs)
+                row += f"{f'{r:,.0f} / {b:.1f} / {f:.0f}':>28}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def plot(samples: list[Sample], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5), dpi=110)
+    for sysname, label in SYSTEMS.items():
+        xs = [(s.history, s.seconds) for s in samples if s.system == sysname and s.history > 0]
+        if not xs:
+            continue
+        x, y = zip(*sorted(xs), strict=True)
+        if sysname in EVERY_HOUR:
+            ax.plot(x, y, label=label, linewidth=1)
+        else:
+            ax.plot(x, y, "o", label=label, markersize=4)
+    ax.set_xlabel("history length (hours loaded before this one)")
+    ax.set_ylabel("load time of one hour (s)")
+    ax.set_title(title, fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def results_md(plan: Plan, report: dict[str, Any], tbl: str, io: str, tgt: str,
+               png_name: str) -> str:
+    m = report["machine"]
+    conf = "\n".join(f"- `{k}` = `{v}`" for k, v in report["spark_conf"].items())
+    return f"""# Benchmark results
+
+Latest full run: {report["started"]} ({report["minutes"]:.0f} min), produced by
+
+```
+{report["command"]}
+```
+
+Machine: {m["cpus"]} cores, {m["memory_gib"]:.0f} GiB, {m["platform"]}, Python {m["python"]},
+PySpark {m["pyspark"]}, Java {m["java"]}. Every in-process system ran in one Spark session
+(`local[*]`, warm JVM), hours in order. Data: `dedup-pipeline generate`, {plan.rows_per_hour:,}
+rows/hour of JSONL (UUID keys, fingerprint of two columns, 24h event-time expiry, 1% in-batch
+duplicates, 10% replays, 1% conflicts, 5% an hour or more late, 1% over a day late, 0.4% bad).
+Times are the median of three consecutive hours at each history length; CPU is the driver JVM's
+(executors are its threads in local mode) plus the Python driver's; memory is the peak resident
+set of both during the hour.
+
+## Per-hour load time
+
+{_md_pre(tbl)}
+
+{_md_pre(io)}
+
+![load time against history length]({png_name})
+
+## Targets
+
+{_md_pre(tgt)}
+
+Correctness while measuring: {report["correctness"]}
+
+## Settings, every system
+
+{conf}
+
+- Structured Streaming: {", ".join(f"`{k}` = `{v}`" for k, v in systems.STREAMING_CONF.items())};
+  `withWatermark(event_time, 24 hours)`, `dropDuplicatesWithinWatermark([event_id])`, Parquet sink,
+  `trigger(availableNow=True)` once per hour, the hour's files hard-linked into its input folder.
+- Naive: the same parse as (a), expired records dropped, the first record per key in the batch,
+  `LEFT ANTI JOIN` with the full unique table on the key column; the four outputs written.
+- Recompute: `dropDuplicates([event_id])` over the unique table so far plus the batch's valid rows,
+  the whole table rewritten, partitioned by load hour.
+- (b) and (c) read the unique table (a) wrote for the earlier hours (at every measured hour (b)'s
+  unique rows are checked equal to (a)'s).
+- Backfill (T5): `dedup-pipeline run` processes (Spark start-up and Dagster included); one run over
+  {plan.backfill_hours} hours vs one-hour runs.
+"""
+
+
+def _md_pre(text: str) -> str:
+    return f"```\n{text}\n```"
+
+
+def targets_text(tgts: list[dict]) -> str:
+    lines = []
+    for t in tgts:
+        met = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]
+        val = "-" if t["value"] is None else f"{t['value']}"
+        lines.append(f"{t['target']:<4} {t['what']:<58} {val:>9}  {t['bound']:<8} {met}")
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    import pyspark
+
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cpus": os.cpu_count(), "memory_gib": mem, "platform": platform.platform(),
+            "python": platform.python_version(), "pyspark": pyspark.__version__,
+            "java": java.splitlines()[0].split('"')[1] if '"' in java else java.strip()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="benchmarks", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny data, seconds (the test suite)")
+    ap.add_argument("--work", default=str(HERE / "work"), help="data and outputs (large)")
+    ap.add_argument("--results", default=str(HERE / "results"), help="JSON and PNG go here")
+    ap.add_argument("--rows-per-hour", type=int, help="base scenario rows per hour")
+    ap.add_argument("--points", help="history lengths to measure, e.g. 24,72,168")
+    ap.add_argument("--hours", type=int, help="shorthand: measure at 24, 72 and this many hours")
+    ap.add_argument("--backfill-hours", type=int, help="hours in the single-run backfill (T5)")
+    ap.add_argument("--big-history", type=int, help="history of the 1e6-row scenario (T4)")
+    ap.add_argument("--skip", default="", help="parts to skip: big, backfill (comma-separated)")
+    args = ap.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    if args.rows_per_hour:
+        plan = Plan(**{**asdict(plan), "rows_per_hour": args.rows_per_hour})
+    if args.points or args.hours:
+        pts = (tuple(int(p) for p in args.points.split(",")) if args.points
+               else tuple(sorted({24, 72, args.hours})))
+        plan = Plan(**{**asdict(plan), "points": pts,
+                       "backfill_hours": min(plan.backfill_hours, max(pts))})
+    if args.backfill_hours:
+        plan = Plan(**{**asdict(plan), "backfill_hours": min(args.backfill_hours, plan.hours - 3)})
+    if args.big_history is not None:
+        plan = Plan(**{**asdict(plan), "big_history": args.big_history})
+    skip = {s for s in args.skip.split(",") if s}
+    work = Path(args.work).resolve()
+    results = Path(args.results).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    results.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    started = datetime.now(UTC)
+
+    def say(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:7.1f}s] {msg}", flush=True)
+
+    bench = Bench(plan, work, say)
+    say(f"plan: {plan.hours} hours x {plan.rows_per_hour:,} rows, history points {plan.points}")
+    config = bench.landing("landing", plan.hours, plan.rows_per_hour)
+    spark = get_session(SparkSettings(conf=BENCH_CONF))
+    spark.sparkContext.setLogLevel("ERROR")
+    bench.run_hours(spark, config)
+    if "big" not in skip:
+        bench.run_big(spark)
+    backfill = None if "backfill" in skip else bench.run_backfill(config)
+
+    tgts = targets(plan, bench.samples, backfill)
+    tbl, io, tgt = table(plan, bench.samples), pipeline_io(plan, bench.samples), targets_text(tgts)
+    print("\n" + tbl + "\n\n" + io + "\n\n" + tgt + "\n")
+    correctness = ("every measured hour: (a) and (b) kept identical unique rows; (a), (b) and (f) "
+                   "conserved rows" if not bench.failures else "; ".join(bench.failures))
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    report = {
+        "started": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "minutes": (time.perf_counter() - t_start) / 60,
+        "command": "./scripts/bench.sh " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "plan": asdict(plan), "machine": machine(),
+        "spark_conf": {"spark.master": "local[*]", **BASE_CONF, **BENCH_CONF},
+        "samples": [asdict(s) for s in bench.samples], "backfill": backfill,
+        "targets": tgts, "correctness": correctness, "failures": bench.failures,
+    }
+    (results / f"{stamp}.json").write_text(json.dumps(report, indent=1, default=str))
+    png = results / f"{stamp}.png"
+    plot(bench.samples, png, f"{plan.rows_per_hour:,} rows/hour, {report['machine']['cpus']} "
+         f"cores, local Spark ({stamp})")
+    say(f"wrote {results / f'{stamp}.json'} and {png}")
+    if not plan.quick:
+        shutil.copy(png, HERE / "load_time_vs_history.png")
+        (HERE / "RESULTS.md").write_text(
+            results_md(plan, report, tbl, io, tgt, "load_time_vs_history.png"))
+        say(f"wrote {HERE / 'RESULTS.md'}")
+    if bench.failures:
+        print("CORRECTNESS FAILURES:\n" + "\n".join(bench.failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,277 @@
+"""deploy/ checked statically (Docker cannot run here; test_service.py runs the same dagster.yaml
+and workspace.yaml with real processes): the compose file, the Dockerfiles, the Helm values and
+the Dagster files parse, name the services and variables a deployment needs, build their images
+from this repository, and agree with each other. No Spark, no network.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from dagster._config import process_config
+from dagster._core.instance.config import dagster_instance_config
+from dagster._core.storage.config import pg_config
+from dagster._core.workspace.config_schema import process_workspace_config
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy"
+PG_VARS = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_PG_PASSWORD",
+           "DAGSTER_PG_DB")
+CODE_SERVER_VARS = ("DAGSTER_CODE_SERVER_HOST", "DAGSTER_CODE_SERVER_PORT")
+# ${VAR}, ${VAR:-default}, ${VAR:?error}; $${VAR} is a literal for the container's shell
+VAR_RE = re.compile(r"(?<!\$)\$\{([A-Z0-9_]+)(?::?[-?][^}]*)?\}")
+
+
+def _yaml(name: str) -> Any:
+    return yaml.safe_load((DEPLOY / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return _yaml("docker-compose.yml")
+
+
+def _command(svc: dict[str, Any]) -> list[str]:
+    cmd = svc.get("command") or []
+    return shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
+
+
+def _env(svc: dict[str, Any]) -> dict[str, str]:
+    env = svc.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(e.split("=", 1) for e in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def _role(services: dict[str, Any], needle: str) -> list[str]:
+    return [name for name, svc in services.items() if needle in " ".join(_command(svc))]
+
+
+def _one(services: dict[str, Any], needle: str) -> str:
+    found = _role(services, needle)
+    assert len(found) == 1, f"expected one service running {needle!r}, found {found}"
+    return found[0]
+
+
+def _dockerfile(build: dict[str, Any] | str) -> Path:
+    if isinstance(build, str):
+        build = {"context": build}
+    context = (DEPLOY / build.get("context", ".")).resolve()
+    return context / build.get("dockerfile", "Dockerfile")
+
+
+def test_compose_has_every_service_and_builds_images_from_this_repo(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    master = _one(services, "org.apache.spark.deploy.master.Master")
+    workers = _role(services, "org.apache.spark.deploy.worker.Worker")
+    assert workers, "no Spark worker service"
+    user_code = _one(services, "code-server")
+    webserver = _one(services, "dagster-webserver")
+    daemon = _one(services, "dagster-daemon")
+    postgres = [n for n, s in services.items() if str(s.get("image", "")).startswith("postgres:")]
+    assert len(postgres) == 1
+
+    built: dict[str, Path] = {}
+    for name, svc in services.items():
+        if "build" in svc:
+            dockerfile = _dockerfile(svc["build"])
+            assert dockerfile.is_file(), f"{name}: {dockerfile} does not exist"
+            assert REPO in dockerfile.parents, f"{name}: builds from outside the repo"
+            built[str(svc["image"]).split(":")[0]] = dockerfile
+    for name, svc in services.items():
+        if name in postgres:
+            continue
+        image = str(svc.get("image", "")).split(":")[0]
+        assert image in built, f"{name}: image {image!r} is not built from a Dockerfile in this repo"
+    # one image for the driver (run processes of the code server) and the executors
+    uc_image = services[user_code]["image"]
+    assert services[master]["image"] == uc_image
+    assert all(services[w]["image"] == uc_image for w in workers)
+    assert built[uc_image.split(":")[0]].name == "Dockerfile.user-code"
+    assert built[services[webserver]["image"].split(":")[0]].name == "Dockerfile.dagster"
+    assert services[daemon]["image"] == services[webserver]["image"]
+
+
+def test_compose_environment_wires_postgres_spark_and_the_code_server(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    master = _one(services, "org.apache.spark.deploy.master.Master")
+    user_code = _one(services, "code-server")
+    pg = next(n for n, s in services.items() if str(s.get("image", "")).startswith("postgres:"))
+    for role in ("code-server", "dagster-webserver", "dagster-daemon"):
+        name = _one(services, role)
+        env = _env(services[name])
+        missing = [v for v in (*PG_VARS, "DAGSTER_HOME") if v not in env]
+        assert not missing, f"{name}: missing {missing}"
+        assert env["DAGSTER_PG_HOST"] == pg
+        # secrets only from the environment: the password is a ${...} reference, never a literal
+        assert VAR_RE.fullmatch(env["DAGSTER_PG_PASSWORD"]), env["DAGSTER_PG_PASSWORD"]
+        if role != "code-server":
+            assert env["DAGSTER_CODE_SERVER_HOST"] == user_code
+            cmd = _command(services[user_code])
+            assert env["DAGSTER_CODE_SERVER_PORT"] == cmd[cmd.index("-p") + 1]
+    pg_env = _env(services[pg])
+    assert VAR_RE.match(pg_env["POSTGRES_PASSWORD"]).group(1) == "DAGSTER_PG_PASSWORD"
+
+    uc = _env(services[user_code])
+    cmd = _command(services[master])
+    assert uc["SPARK_MASTER_URL"] == f"spark://{cmd[cmd.index('--host') + 1]}:{cmd[cmd.index('--port') + 1]}"
+    # executors reach the driver (a run process in this container) by the container's name
+    assert uc["DEDUP_SPARK_CONF_spark__driver__host"] in (user_code, services[user_code].get("hostname"))
+    assert uc["DEDUP_SPARK_CONF_spark__driver__bindAddress"] == "0.0.0.0"
+    assert "DEDUP_CONFIG" in uc
+    for w in _role(services, "org.apache.spark.deploy.worker.Worker"):
+        assert _command(services[w])[2] == uc["SPARK_MASTER_URL"]
+
+
+def test_compose_shares_storage_and_publishes_only_on_loopback(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    user_code = _one(services, "code-server")
+
+    def mounts(name: str) -> dict[str, str]:
+        return {v.split(":")[1]: v.split(":")[0] for v in services[name].get("volumes", [])}
+
+    lake = mounts(user_code)
+    assert "/data" in lake and lake["/data"] in compose["volumes"]
+    for w in _role(services, "org.apache.spark.deploy.worker.Worker"):
+        assert mounts(w).get("/data") == lake["/data"], f"{w} does not see the driver's /data"
+    example = yaml.safe_load((DEPLOY / "config" / "dedup.yaml").read_text())
+    for ds in example["datasets"]:
+        assert ds["source"]["path"].startswith("/data/") and ds["output"].startswith("/data/")
+    for name, svc in services.items():
+        for p in svc.get("ports", []):
+            assert str(p).startswith("127.0.0.1:"), f"{name} publishes {p} beyond loopback"
+
+
+def test_env_example_lists_every_compose_variable(compose: dict[str, Any]) -> None:
+    used = set(VAR_RE.findall((DEPLOY / "docker-compose.yml").read_text()))
+    example = (DEPLOY / ".env.example").read_text()
+    listed = {line.split("=", 1)[0] for line in example.splitlines()
+              if line and not line.startswith("#") and "=" in line}
+    assert used <= listed, f"not in .env.example: {sorted(used - listed)}"
+    assert re.search(r"^DAGSTER_PG_PASSWORD=$", example, re.M), "no default password may ship"
+    assert ".env" in (DEPLOY / ".gitignore").read_text().split()
+
+
+def test_dockerfiles_install_java_17_and_copy_only_repo_files() -> None:
+    uc = (DEPLOY / "Dockerfile.user-code").read_text()
+    assert re.search(r"apt-get install[^\n]*openjdk-17-jre-headless", uc)
+    assert "SPARK_HOME" in uc and "PYSPARK_PYTHON" in uc
+    for name in ("Dockerfile.user-code", "Dockerfile.dagster"):
+        text = (DEPLOY / name).read_text()
+        assert re.search(r"^USER \S+", text, re.M), f"{name} runs as root"
+        assert re.search(r"^FROM python:3\.1[1-3]", text, re.M)
+        ignore = (DEPLOY / f"{name}.dockerignore").read_text().splitlines()
+        for line in re.findall(r"^COPY (.+)$", text, re.M):
+            for src in line.split()[:-1]:
+                assert (REPO / src).exists(), f"{name}: COPY {src}: not in the repo"
+                assert f"!{src}" in ignore or f"!{src}/" in ignore, f"{name}: {src} is .dockerignored"
+    # the Dagster version of the images is the one the package pins
+    pins = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    dagster_pin = next(p for p in pins if p.startswith("dagster>="))
+    version = re.search(r"ARG DAGSTER_VERSION=(\S+)", uc).group(1)
+    assert version.startswith(re.search(r">=(\d+\.\d+)", dagster_pin).group(1) + ".")
+
+
+def test_dagster_yaml_is_valid_and_reads_postgres_from_env(monkeypatch: pytest.MonkeyPatch,
+                                                           tmp_path: Path) -> None:
+    raw = _yaml("dagster.yaml")
+    db = raw["storage"]["postgres"]["postgres_db"]
+    for field, var in (("hostname", "DAGSTER_PG_HOST"), ("port", "DAGSTER_PG_PORT"),
+                       ("username", "DAGSTER_PG_USER"), ("password", "DAGSTER_PG_PASSWORD"),
+                       ("db_name", "DAGSTER_PG_DB")):
+        assert db[field] == {"env": var}
+    for var, value in zip(PG_VARS, ("db.internal", "5433", "u", "p", "d"), strict=True):
+        monkeypatch.setenv(var, value)
+    (tmp_path / "dagster.yaml").write_text((DEPLOY / "dagster.yaml").read_text())
+    config, _ = dagster_instance_config(str(tmp_path))  # Dagster's own schema validation
+    pg = process_config(pg_config(), config["storage"]["postgres"])  # env: references resolved
+    assert pg.success, pg.errors
+    assert pg.value["postgres_db"]["port"] == 5433
+    assert pg.value["postgres_db"]["hostname"] == "db.internal"
+    assert config["run_coordinator"]["class"] == "QueuedRunCoordinator"
+    runs = config["concurrency"]["runs"]
+    assert runs["max_concurrent_runs"] >= 1
+    assert {"key": "dedup_pipeline/dataset", "value": {"applyLimitPerUniqueValue": True},
+            "limit": 1} in runs["tag_concurrency_limits"]
+    assert config["concurrency"]["pools"] == {"default_limit": 1, "granularity": "run"}
+    assert config["run_retries"]["enabled"] and config["run_retries"]["max_retries"] >= 1
+    assert config["telemetry"]["enabled"] is False
+
+
+def test_workspace_yaml_points_at_the_code_server_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = _yaml("workspace.yaml")
+    (entry,) = raw["load_from"]
+    grpc = entry["grpc_server"]
+    assert grpc["host"] == {"env": "DAGSTER_CODE_SERVER_HOST"}
+    assert grpc["port"] == {"env": "DAGSTER_CODE_SERVER_PORT"}
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert grpc["location_name"] == pyproject["tool"]["dg"]["project"]["code_location_name"]
+    monkeypatch.setenv("DAGSTER_CODE_SERVER_HOST", "user-code")
+    monkeypatch.setenv("DAGSTER_CODE_SERVER_PORT", "4000")
+    result = process_workspace_config(raw)
+    assert result.success, result.errors
+    assert result.value["load_from"][0]["grpc_server"]["port"] == 4000
+
+
+def test_helm_values_match_the_instance_and_the_images() -> None:
+    values = _yaml("helm/values.yaml")
+    instance = _yaml("dagster.yaml")
+    compose = _yaml("docker-compose.yml")["services"]
+
+    ud = values["dagster-user-deployments"]
+    assert ud["enabled"]
+    (dep,) = ud["deployments"]
+    uc_image = next(s["image"] for s in compose.values() if "code-server" in " ".join(_command(s)))
+    assert dep["image"]["repository"].rsplit("/", 1)[-1] == uc_image.split(":")[0]
+    assert dep["image"]["tag"] not in ("", "latest")
+    args = dep["codeServerArgs"]
+    assert args[args.index("-m") + 1] == "dedup_pipeline.definitions"
+    env = {e["name"]: e for e in dep["env"]}
+    assert {"DEDUP_CONFIG", "SPARK_MASTER_URL"} <= set(env)
+
+    pg = values["postgresql"]
+    assert pg["enabled"] is False and pg["postgresqlHost"] and pg["postgresqlUsername"]
+    assert pg["postgresqlDatabase"] and "postgresqlPassword" not in pg  # from a Secret
+    assert values["generatePostgresqlPasswordSecret"] is False
+    assert pg["postgresqlScheme"] == instance["storage"]["postgres"]["postgres_db"]["scheme"]
+
+    daemon = values["dagsterDaemon"]
+    assert daemon["runCoordinator"]["enabled"]
+    assert daemon["runCoordinator"]["type"] == "QueuedRunCoordinator"
+    retries = daemon["runRetries"]
+    assert (retries["enabled"], retries["maxRetries"], retries["retryOnAssetOrOpFailure"]) == (
+        instance["run_retries"]["enabled"], instance["run_retries"]["max_retries"],
+        instance["run_retries"]["retry_on_asset_or_op_failure"])
+    conc, inst_conc = values["concurrency"], instance["concurrency"]
+    assert conc["enabled"]
+    assert conc["runs"]["maxConcurrentRuns"] == inst_conc["runs"]["max_concurrent_runs"]
+    assert conc["runs"]["tagConcurrencyLimits"] == inst_conc["runs"]["tag_concurrency_limits"]
+    assert (conc["pools"]["defaultLimit"], conc["pools"]["granularity"]) == (
+        inst_conc["pools"]["default_limit"], inst_conc["pools"]["granularity"])
+
+    # each run pod is a Spark driver: executors connect to the pod's IP
+    launcher = values["runLauncher"]
+    assert launcher["type"] == "K8sRunLauncher"
+    run_env = {e["name"]: e for e in
+               launcher["config"]["k8sRunLauncher"]["runK8sConfig"]["containerConfig"]["env"]}
+    host = run_env["DEDUP_SPARK_CONF_spark__driver__host"]
+    assert host["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert values["dagsterWebserver"]["service"]["type"] == "ClusterIP"
+
+
+def test_readme_documents_variables_storage_and_security() -> None:
+    text = (DEPLOY / "README.md").read_text()
+    for var in (*PG_VARS, *CODE_SERVER_VARS, "DAGSTER_HOME", "DEDUP_CONFIG", "SPARK_MASTER_URL",
+                "SPARK_REMOTE", "DEDUP_SPARK_CONF_", "spark__driver__host", "PYSPARK_PYTHON"):
+        assert var in text, var
+    for topic in ("## Where data lives", "## What to secure", "no authentication", "hdfs://",
+                  "s3a://", "L3", "docker compose", "helm upgrade"):
+        assert topic in text, topic
+    root_readme = (REPO / "README.md").read_text()
+    assert "deploy/README.md" in root_readme

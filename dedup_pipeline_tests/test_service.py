@@ -1,0 +1,366 @@
+"""Dagster as a service on PostgreSQL (SPEC D6, R10, N3; deploy/dagster.yaml, deploy/workspace.yaml).
+
+Real processes on loopback: a PostgreSQL server from Debian's packages (initdb into a temp dir,
+password auth), `dagster code-server start` serving the code location, `dagster-webserver` and
+`dagster-daemon run`, all reading the shipped deploy/dagster.yaml (copied into a temp
+DAGSTER_HOME; connection settings from DAGSTER_PG_* env vars) and deploy/workspace.yaml (the
+code server's address from env vars). A backfill of three hours is launched through the
+webserver's GraphQL API; the daemon submits it (one run: single-run backfill policy), the queued
+run coordinator starts it as a subprocess of the code server, and it loads the hours on local
+Spark. Checked: the backfill and its one run succeed, the dataset's commit records and outputs,
+and the materializations of every asset and hour as recorded in PostgreSQL (read with SQL and
+through a DagsterInstance built from the same dagster.yaml).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from dedup_pipeline.engine.generate import generate_landing
+from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
+from dedup_pipeline_tests.spark_services import (
+    FAST_JVM,
+    LOOPBACK,
+    OUTPUTS,
+    REPO,
+    VENV_BIN,
+    Service,
+    clean_env,
+    free_port,
+    http_json,
+    port_open,
+    start,
+    stop_all,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+
+DEPLOY = REPO / "deploy"
+FIRST, LAST = "2026-11-01-00:00", "2026-11-01-02:00"
+HOURS = [to_key(h) for h in hour_range(FIRST, LAST)]
+ROWS_PER_HOUR = 300
+ASSETS = [["clicks", n] for n in (*OUTPUTS, "index")]
+LOCATION = "dedup_pipeline"
+PG_USER, PG_DB = "dagster", "dagster_service_test"
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+
+def _pg_bin() -> Path | None:
+    """The directory of initdb/postgres: Debian's versioned dir, else PATH."""
+    for d in sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name)
+                    if p.parent.name.isdigit() else 0, reverse=True):
+        if (d / "initdb").exists() and (d / "postgres").exists():
+            return d
+    initdb = shutil.which("initdb")
+    return Path(initdb).resolve().parent if initdb else None
+
+
+def _install_postgres() -> str:
+    """Try Debian's packages; returns why it failed ('' on success)."""
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        return "not root or no apt-get"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends",
+                                        "postgresql"]):
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        if r.returncode != 0:
+            return f"{' '.join(cmd)} failed: {r.stderr[-500:]}"
+    return ""
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[dict[str, str]]:
+    """A fresh PostgreSQL cluster on 127.0.0.1 with password authentication; yields the
+    DAGSTER_PG_* settings. PostgreSQL refuses to run as root: as root it runs as `postgres`."""
+    bindir = _pg_bin()
+    if bindir is None:
+        why = _install_postgres()
+        bindir = _pg_bin()
+        if bindir is None:
+            pytest.skip(f"PostgreSQL server binaries not found and could not be installed ({why})")
+    user = None
+    if os.geteuid() == 0:
+        user = "postgres"
+        if subprocess.run(["id", user], capture_output=True).returncode != 0:
+            pytest.fail("PostgreSQL refuses to run as root and there is no 'postgres' OS user "
+                        "(Debian's postgresql package creates it)")
+    # pytest's tmp dirs are private to root; the server's user must own its data directory
+    base = Path(tempfile.mkdtemp(prefix="dedup-pg-"))
+    data, pwfile = base / "data", base / "pw"
+    password = secrets.token_hex(12)
+    pwfile.write_text(password + "\n")
+    if user is not None:
+        shutil.chown(base, user)
+        shutil.chown(pwfile, user)
+    run_as = ["runuser", "-u", user, "--"] if user else []
+    svc: Service | None = None
+    try:
+        t0 = time.monotonic()
+        subprocess.run([*run_as, str(bindir / "initdb"), "-D", str(data), "-U", PG_USER,
+                        f"--pwfile={pwfile}", "--auth=scram-sha-256", "-E", "UTF8", "--no-sync"],
+                       check=True, capture_output=True, text=True, timeout=120)
+        port = free_port()
+        svc = start("postgres", [str(bindir / "postgres"), "-D", str(data), "-h", LOOPBACK,
+                                 "-p", str(port), "-k", "", "-c", "fsync=off",
+                                 "-c", "synchronous_commit=off"],
+                    base / "postgres.log", user=user)
+        import psycopg2
+
+        def connect(db: str = "postgres") -> Any:
+            return psycopg2.connect(host=LOOPBACK, port=port, user=PG_USER, password=password,
+                                    dbname=db, connect_timeout=3)
+
+        conn = wait_until("PostgreSQL to accept connections", connect, 60, [svc])
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {PG_DB}")
+        conn.close()
+        print(f"PostgreSQL up in {time.monotonic() - t0:.1f}s")
+        yield {"DAGSTER_PG_HOST": LOOPBACK, "DAGSTER_PG_PORT": str(port),
+               "DAGSTER_PG_USER": PG_USER, "DAGSTER_PG_PASSWORD": password,
+               "DAGSTER_PG_DB": PG_DB}
+    finally:
+        stop_all([svc])
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- Dagster services
+
+
+def _graphql(url: str, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+    resp = http_json(f"{url}/graphql", timeout=30, data={"query": query, "variables": variables or {}})
+    assert "errors" not in resp, resp["errors"]
+    return resp["data"]
+
+
+LOCATION_STATUS = """
+query { workspaceOrError { __typename ... on Workspace { locationEntries {
+  name loadStatus locationOrLoadError { __typename ... on PythonError { message } } } } } }
+"""
+
+LAUNCH_BACKFILL = """
+mutation Launch($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message stack }
+    ... on UnauthorizedError { message }
+    ... on PartitionSetNotFoundError { message }
+    ... on InvalidSubsetError { message }
+  }
+}
+"""
+
+BACKFILL_STATUS = """
+query Backfill($id: String!) {
+  partitionBackfillOrError(backfillId: $id) {
+    __typename
+    ... on PartitionBackfill {
+      status numPartitions
+      error { message }
+      runs(limit: 10) { runId status tags { key value } }
+    }
+    ... on PythonError { message }
+  }
+}
+"""
+
+
+RELOAD_LOCATION = """
+mutation Reload($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) { __typename } }
+"""
+
+
+def _location_entry(url: str) -> dict[str, Any] | None:
+    """The code location's workspace entry once it finished loading (or failed to). The
+    webserver and the code server start together: while the code server is not serving yet the
+    location is "unreachable", and the test asks for a reload, as a user would in the UI."""
+    ws = _graphql(url, LOCATION_STATUS)["workspaceOrError"]
+    for entry in ws.get("locationEntries", []):
+        if entry["name"] == LOCATION and entry["loadStatus"] == "LOADED":
+            error = entry["locationOrLoadError"].get("message") or ""
+            if "DagsterUserCodeUnreachableError" in error:
+                _graphql(url, RELOAD_LOCATION, {"name": LOCATION})
+                return None
+            return entry
+    return None
+
+
+@pytest.fixture(scope="module")
+def service_env(tmp_path_factory: pytest.TempPathFactory, postgres: dict[str, str]) -> dict[str, Any]:
+    """DAGSTER_HOME with the shipped dagster.yaml, a generated dataset, and the environment every
+    Dagster process of the deployment gets."""
+    root = tmp_path_factory.mktemp("service")
+    home = root / "dagster_home"
+    home.mkdir()
+    shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
+    generate_landing(root, hours=len(HOURS), rows_per_hour=ROWS_PER_HOUR, seed=5, start=FIRST)
+    # No _SUCCESS markers: the landing sensor (running by default) then waits instead of
+    # requesting these hours itself; the backfill is the only thing that loads them.
+    for marker in (root / "landing").rglob("_SUCCESS"):
+        marker.unlink()
+    config = yaml.safe_load((root / "dedup.yaml").read_text())
+    config["datasets"][0]["source"]["path"] = str(root / "landing" / "clicks")
+    config["datasets"][0]["output"] = str(root / "warehouse" / "clicks")
+    (root / "dedup.yaml").write_text(yaml.safe_dump(config))
+    env = clean_env(
+        DAGSTER_HOME=str(home),
+        DEDUP_CONFIG=str(root / "dedup.yaml"),
+        DAGSTER_CODE_SERVER_HOST=LOOPBACK,
+        DAGSTER_CODE_SERVER_PORT=str(free_port()),
+        # the run's Spark: local mode, small and quick to start
+        SPARK_MASTER_URL="local[2]",
+        DEDUP_SPARK_CONF_spark__ui__enabled="false",
+        DEDUP_SPARK_CONF_spark__sql__shuffle__partitions="2",
+        DEDUP_SPARK_CONF_spark__driver__extraJavaOptions=FAST_JVM,
+        **postgres,
+    )
+    return {"root": root, "home": home, "env": env, "output": root / "warehouse" / "clicks"}
+
+
+@pytest.fixture(scope="module")
+def backfill(service_env: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Start the code server, webserver and daemon; launch the backfill through GraphQL; wait
+    until it is finished. Everything is stopped at the end, also on failure."""
+    root, env = service_env["root"], service_env["env"]
+    logs = root / "logs"
+    code_port, web_port = int(env["DAGSTER_CODE_SERVER_PORT"]), free_port()
+    url = f"http://{LOOPBACK}:{web_port}"
+    workspace = str(DEPLOY / "workspace.yaml")
+    services: list[Service] = []
+    timings: dict[str, float] = {}
+    try:
+        t0 = time.monotonic()
+        code = start("dagster code-server",
+                     [str(VENV_BIN / "dagster"), "code-server", "start", "-m",
+                      "dedup_pipeline.definitions", "-h", LOOPBACK, "-p", str(code_port),
+                      "--location-name", LOCATION],
+                     logs / "code-server.log", env=env, cwd=root)
+        services.append(code)
+        web = start("dagster-webserver",
+                    [str(VENV_BIN / "dagster-webserver"), "-h", LOOPBACK, "-p", str(web_port),
+                     "-w", workspace],
+                    logs / "webserver.log", env=env, cwd=root)
+        services.append(web)
+        wait_until("the code server's port", lambda: port_open(code_port), 120, services)
+        timings["code_server"] = time.monotonic() - t0
+        entry = wait_until("the webserver to load the code location over gRPC",
+                           lambda: _location_entry(url), 180, services)
+        loaded = entry["locationOrLoadError"]
+        assert loaded["__typename"] == "RepositoryLocation", f"{loaded}\n{code.tail()}"
+        timings["webserver"] = time.monotonic() - t0
+
+        launched = _graphql(url, LAUNCH_BACKFILL, {"params": {
+            "assetSelection": [{"path": p} for p in ASSETS],
+            "partitionNames": HOURS,
+            "title": "service test backfill",
+        }})["launchPartitionBackfill"]
+        assert launched["__typename"] == "LaunchBackfillSuccess", launched
+        backfill_id = launched["backfillId"]
+
+        # The daemon starts after the launch so its first backfill iteration picks it up (the
+        # backfill loop otherwise sleeps 30 s between iterations).
+        t1 = time.monotonic()
+        daemon = start("dagster-daemon", [str(VENV_BIN / "dagster-daemon"), "run", "-w", workspace],
+                       logs / "daemon.log", env=env, cwd=root)
+        services.append(daemon)
+
+        def finished() -> dict[str, Any] | None:
+            b = _graphql(url, BACKFILL_STATUS, {"id": backfill_id})["partitionBackfillOrError"]
+            assert b["__typename"] == "PartitionBackfill", b
+            return b if b["status"] not in ("REQUESTED", "CANCELING", "FAILING") else None
+
+        result = wait_until(f"backfill {backfill_id} to finish", finished, 420, services,
+                            interval=2)
+        timings["backfill"] = time.monotonic() - t1
+        print("service timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+        yield {"backfill": result, "id": backfill_id, "url": url, "services": services,
+               "logs": logs}
+    finally:
+        stop_all(services)
+
+
+def test_backfill_through_graphql_loads_every_hour(service_env: dict[str, Any],
+                                                   backfill: dict[str, Any]) -> None:
+    b = backfill["backfill"]
+    logs = "\n".join(f"--- {s.name}:\n{s.tail(3000)}" for s in backfill["services"])
+    assert b["status"] in ("COMPLETED_SUCCESS", "COMPLETED"), f"{b}\n{logs}"
+    assert b["numPartitions"] == len(HOURS)
+    # single-run backfill policy: the whole range in one run, hours in order (R11)
+    assert len(b["runs"]) == 1, b["runs"]
+    run = b["runs"][0]
+    tags = {t["key"]: t["value"] for t in run["tags"]}
+    assert run["status"] == "SUCCESS", f"{run}\n{logs}"
+    assert tags["dagster/backfill"] == backfill["id"]
+    assert (tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]) \
+        == (FIRST, LAST)
+
+    out: Path = service_env["output"]
+    for key in HOURS:
+        tag = to_tag(parse_key(key))
+        rec = json.loads((out / "_commits" / f"load_hour={tag}.json").read_text())
+        assert rec["rows_in"] == ROWS_PER_HOUR
+        written = {o: pq.read_table(out / o / f"load_hour={tag}").num_rows for o in OUTPUTS}
+        assert written == {o: rec[o] for o in OUTPUTS}
+        assert sum(written.values()) == ROWS_PER_HOUR  # R8
+    assert sum(json.loads((out / "_commits" / f"load_hour={to_tag(parse_key(h))}.json").read_text())
+               ["duplicates"] for h in HOURS[1:]) > 0
+
+
+def test_materializations_are_recorded_in_postgres(service_env: dict[str, Any],
+                                                   backfill: dict[str, Any],
+                                                   postgres: dict[str, str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import psycopg2
+
+    conn = psycopg2.connect(host=postgres["DAGSTER_PG_HOST"], port=int(postgres["DAGSTER_PG_PORT"]),
+                            user=postgres["DAGSTER_PG_USER"], password=postgres["DAGSTER_PG_PASSWORD"],
+                            dbname=postgres["DAGSTER_PG_DB"])
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT asset_key, partition FROM event_logs "
+                        "WHERE dagster_event_type = 'ASSET_MATERIALIZATION'")
+            rows = cur.fetchall()
+            cur.execute("SELECT status FROM runs")
+            statuses = [r[0] for r in cur.fetchall()]
+    finally:
+        conn.close()
+    expected = {(dg.AssetKey(a).to_string(), h) for a in ASSETS for h in HOURS}
+    assert sorted(rows) == sorted(expected), rows  # each asset and hour exactly once
+    assert statuses == ["SUCCESS"]
+
+    # The same facts through Dagster's API on an instance built from the shipped dagster.yaml.
+    for k, v in postgres.items():
+        monkeypatch.setenv(k, v)
+    with dg.DagsterInstance.from_config(str(service_env["home"])) as inst:
+        assert type(inst.run_storage).__name__ == "PostgresRunStorage"
+        assert type(inst.event_log_storage).__name__ == "PostgresEventLogStorage"
+        assert type(inst.schedule_storage).__name__ == "PostgresScheduleStorage"
+        for a in ASSETS:
+            assert inst.get_materialized_partitions(dg.AssetKey(a)) == set(HOURS)
+        # the instance settings of deploy/dagster.yaml, as Dagster read them
+        assert type(inst.run_coordinator).__name__ == "QueuedRunCoordinator"
+        queue = inst.get_concurrency_config().run_queue_config
+        assert queue is not None and queue.max_concurrent_runs == 4
+        assert [(t["key"], t["limit"]) for t in queue.tag_concurrency_limits] == \
+            [("dedup_pipeline/dataset", 1)]
+        assert inst.run_retries_enabled and inst.run_retries_max_retries == 2
+        # the run's pool got the default limit of 1, stored in PostgreSQL
+        assert inst.event_log_storage.get_concurrency_info("dedup_clicks").slot_count == 1

@@ -260,7 +260,7 @@ def run_load(
     agg = classified.agg(*[F.count_if(F.col(OUT) == o).alias(o) for o in OUTPUTS],
                          F.count_if(F.col(KIND) == CONFLICT).alias("conflicts")).collect()[0]
     t = lap("classify", t)
-    say(f"{ds.name} {partition_key}: {rows_in} rows in; classifying and writing outputs")
+    say(f"{ds.name} {partition_key}: {rows_in} rows in, classified; writing outputs")
 
     # 5. outputs and the staged index entries, written concurrently from the cached classification
     # (on small batches a load is mostly per-job latency). Each output partition is then swapped

@@ -3,11 +3,14 @@
     ./scripts/bench.sh            # the full run (about an hour on 2 cores; writes RESULTS.md)
     ./scripts/bench.sh --quick    # tiny data, a minute: what the test suite runs
 
-One process, one Spark session for every in-process system, hours in order. Per hour it loads
-(a) this pipeline, (f) the pipeline without expiry and (d) Structured Streaming, which all need
-every hour; at the measured hours (history lengths `--points`, three consecutive hours each) it
-also runs (b) the naive anti-join, (c) recompute and (e) the plain copy, and checks that (a) and
-(b) keep exactly the same unique rows and that both conserve rows. Then the 1e6-row scenario (T4)
+Hours in order, one system computing at a time. (a) this pipeline and (d) Structured Streaming
+each run in a process and Spark session of their own (benchmarks/worker.py: so each has its own
+peak memory, T6, and never pays for another system's garbage); the rest share the runner's
+session. Every measured step starts with the hour's landing files in the page cache. Per hour
+it loads (a), (f) the pipeline without expiry and (d), which all need every hour; at the measured
+hours (history lengths `--points`, three consecutive hours each) it also runs (b) the naive
+anti-join, (c) recompute and (e) the plain copy, and checks that (a) and (b) keep exactly the
+same unique rows and that both conserve rows. Then the 1e6-row scenario (T4)
 and the backfill as whole processes (T5). It prints a table with the target ratios and writes
 `benchmarks/results/<stamp>.json`, a PNG plot and (full runs) `benchmarks/RESULTS.md`.
 Exit status 1 if a correctness check failed; a missed target is reported, never an error.
@@ -35,9 +38,11 @@ import yaml
 
 from benchmarks import systems
 from benchmarks.probe import Cost, measured
-from dedup_pipeline.config import DatasetConfig, parse_config
+from benchmarks.worker import System, Worker, dataset_from_spec
+from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.generate import generate_landing
 from dedup_pipeline.engine.load import LoadResult, run_load
+from dedup_pipeline.engine.parse import list_input_files
 from dedup_pipeline.engine.session import BASE_CONF, SparkSettings, get_session
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 
@@ -54,6 +59,8 @@ SYSTEMS = {
 EVERY_HOUR = ("pipeline", "pipeline_noexp", "streaming")
 SAMPLED = ("naive", "recompute", "floor")
 BENCH_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "6g"}
+# (a) and (d) run in processes of their own (benchmarks/worker.py), three JVMs in 24 GiB
+WORKER_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "4g"}
 
 
 @dataclass
@@ -65,6 +72,7 @@ class Plan:
     backfill_hours: int  # T5: hours in the single-run backfill
     separate_runs: int  # T5: one-hour runs, each a whole process
     quick: bool = False
+    isolate: bool = True  # (a) and (d) in processes of their own (benchmarks/worker.py)
 
     @property
     def hours(self) -> int:
@@ -78,7 +86,7 @@ class Plan:
 FULL = Plan(points=(24, 72, 168), rows_per_hour=100_000, big_rows_per_hour=1_000_000,
             big_history=24, backfill_hours=168, separate_runs=3)
 QUICK = Plan(points=(1, 3), rows_per_hour=300, big_rows_per_hour=1_000, big_history=1,
-             backfill_hours=2, separate_runs=1, quick=True)
+             backfill_hours=2, separate_runs=1, quick=True, isolate=False)
 
 
 @dataclass
@@ -115,7 +123,8 @@ class Bench:
             self.say(f"generated {st.rows} rows ({hours} h x {rows}) in {st.seconds:.1f}s")
         return root / "dedup.yaml"
 
-    def dataset(self, config: Path, output: str, expiry: bool = True) -> DatasetConfig:
+    def section(self, config: Path, output: str, expiry: bool = True) -> dict[str, Any]:
+        """The generated dataset, writing to `output` (emptied first), with or without expiry."""
         raw = yaml.safe_load(config.read_text())
         d = raw["datasets"][0]
         d["output"] = output
@@ -123,7 +132,23 @@ class Bench:
             d.pop("expiry")
             d["name"] = f"{d['name']}_noexp"
         shutil.rmtree(config.parent / output, ignore_errors=True)
-        return parse_config(raw, str(config), config.parent).datasets[0]
+        return d
+
+    def dataset(self, config: Path, output: str, expiry: bool = True) -> DatasetConfig:
+        spec = {"config": str(config), "dataset": self.section(config, output, expiry)}
+        return dataset_from_spec(spec)
+
+    def system(self, spark: Any, kind: str, config: Path, output: str,
+               root: Path | None = None) -> Worker | System:
+        """(a) or (d): in a process of its own (see benchmarks/worker.py), or with `--quick` in
+        the runner's session."""
+        spec = {"config": str(config), "dataset": self.section(config, output),
+                "conf": WORKER_CONF, "root": str(root or "")}
+        if not self.plan.isolate:
+            return System(kind, spark, dataset_from_spec(spec), spec["root"])
+        logs = self.work / "logs"
+        logs.mkdir(exist_ok=True)
+        return Worker(kind, spec, logs / f"{kind}-{Path(output).name}.log")
 
     def record(self, system: str, hour: datetime, history: int, cost: Cost, **extra: Any) -> None:
         if not cost.peak_is_per_step:
@@ -137,22 +162,22 @@ class Bench:
         ds = self.dataset(config, "out/pipeline")
         noexp = self.dataset(config, "out/pipeline_noexp", expiry=False)
         scratch = self.work / "out" / "scratch"
-        stream = systems.StreamingPeer(spark, ds, self.work / "out" / "streaming")
         start = parse_key(ds.start)
         measured_at = plan.measured()
+        pipeline = self.system(spark, "pipeline", config, "out/pipeline")
+        stream = self.system(spark, "streaming", config, "out/streaming",
+                             root=self.work / "out" / "streaming")
         try:
             for i in range(plan.hours):
                 hour = start + i * HOUR
                 key = to_key(hour)
-                with measured(spark) as ca:
-                    ra = run_load(spark, ds, key)
+                ca, extra = pipeline.step(key)
+                ra = LoadResult.from_record(extra["result"])
                 self.record("pipeline", hour, i, ca, **_load_figures(ra))
-                with measured(spark) as cf:
+                with measured(spark, _inputs(ds, hour)) as cf:
                     rf = run_load(spark, noexp, key)
                 self.record("pipeline_noexp", hour, i, cf, **_load_figures(rf))
-                stream.feed(hour)
-                with measured(spark) as cd:
-                    stream.run()
+                cd, _ = stream.step(key)
                 self.record("streaming", hour, i, cd)
                 line = f"h{i:>4} {key}: (a) {ca.seconds:5.2f}s (f) {cf.seconds:5.2f}s " \
                        f"(d) {cd.seconds:5.2f}s"
@@ -162,6 +187,7 @@ class Bench:
                 if not _conserved(ra) or not _conserved(rf):
                     self.failures.append(f"{key}: the pipeline broke conservation")
         finally:
+            pipeline.close()
             stream.close()
 
     def sampled(self, spark: Any, ds: DatasetConfig, hour: datetime, i: int, ra: LoadResult,
@@ -169,7 +195,7 @@ class Bench:
         """(b), (c), (e) at a measured hour, and the (a) == (b) check."""
         history = str(Path(ds.output) / "unique")
         naive_out = scratch / "naive"
-        with measured(spark) as cb:
+        with measured(spark, _inputs(ds, hour)) as cb:
             rb = systems.naive_load(spark, ds, hour, ra.expiry_point, history, str(naive_out))
         self.record("naive", hour, i, cb, unique=rb.unique)
         same = _same_unique(Path(ds.output), naive_out, to_tag(hour), list(ds.source.schema))
@@ -177,10 +203,10 @@ class Bench:
             self.failures.append(f"{to_key(hour)}: (a) and (b) kept different unique rows")
         if not rb.conserved:
             self.failures.append(f"{to_key(hour)}: (b) broke conservation")
-        with measured(spark) as cc:
+        with measured(spark, _inputs(ds, hour)) as cc:
             rows = systems.recompute_load(spark, ds, hour, history, str(scratch / "recompute"))
         self.record("recompute", hour, i, cc, table_rows=rows)
-        with measured(spark) as ce:
+        with measured(spark, _inputs(ds, hour)) as ce:
             systems.floor_copy(spark, ds, hour, str(scratch / "floor"))
         self.record("floor", hour, i, ce)
         return (f" | (b) {cb.seconds:5.2f}s (c) {cc.seconds:5.2f}s (e) {ce.seconds:5.2f}s "
@@ -193,14 +219,23 @@ class Bench:
         config = self.landing("landing_big", hours, plan.big_rows_per_hour)
         ds = self.dataset(config, "out/big")
         start = parse_key(ds.start)
+        pipeline = self.system(spark, "pipeline", config, "out/big")
+        try:
+            self._big_hours(spark, ds, pipeline, start, hours)
+        finally:
+            pipeline.close()
+
+    def _big_hours(self, spark: Any, ds: DatasetConfig, pipeline: Worker | System, start: datetime,
+                   hours: int) -> None:
+        plan = self.plan
         for i in range(hours):
             hour = start + i * HOUR
-            with measured(spark) as ca:
-                ra = run_load(spark, ds, to_key(hour))
+            ca, extra = pipeline.step(to_key(hour))
+            ra = LoadResult.from_record(extra["result"])
             line = f"big h{i:>3}: (a) {ca.seconds:6.2f}s"
             if i >= plan.big_history:
                 self.record("big_pipeline", hour, i, ca, **_load_figures(ra))
-                with measured(spark) as ce:
+                with measured(spark, _inputs(ds, hour)) as ce:
                     systems.floor_copy(spark, ds, hour, str(self.work / "out" / "scratch" / "bigf"))
                 self.record("big_floor", hour, i, ce)
                 line += f" (e) {ce.seconds:6.2f}s"
@@ -229,6 +264,10 @@ class Bench:
                 "single_run_per_hour": round(single / plan.backfill_hours, 3),
                 "separate_run_seconds": [round(s, 2) for s in separate],
                 "separate_run_per_hour": round(statistics.median(separate), 3)}
+
+
+def _inputs(ds: DatasetConfig, hour: datetime) -> list[str]:
+    return [f.path for f in list_input_files(ds, hour)]
 
 
 def _load_figures(r: LoadResult) -> dict[str, Any]:
@@ -393,13 +432,15 @@ Latest full run: {report["started"]} ({report["minutes"]:.0f} min), produced by
 ```
 
 Machine: {m["cpus"]} cores, {m["memory_gib"]:.0f} GiB, {m["platform"]}, Python {m["python"]},
-PySpark {m["pyspark"]}, Java {m["java"]}. Every in-process system ran in one Spark session
-(`local[*]`, warm JVM), hours in order. Data: `dedup-pipeline generate`, {plan.rows_per_hour:,}
-rows/hour of JSONL (UUID keys, fingerprint of two columns, 24h event-time expiry, 1% in-batch
-duplicates, 10% replays, 1% conflicts, 5% an hour or more late, 1% over a day late, 0.4% bad).
-Times are the median of three consecutive hours at each history length; CPU is the driver JVM's
-(executors are its threads in local mode) plus the Python driver's; memory is the peak resident
-set of both during the hour.
+PySpark {m["pyspark"]}, Java {m["java"]}. (a) this pipeline and (d) streaming each ran in a
+process and Spark session of their own; (b), (c), (e) and (f) shared the runner's session (all
+`local[*]`, warm JVMs, hours in order, one system computing at a time; each step starts with
+the hour's landing files in the page cache). Data: `dedup-pipeline generate`,
+{plan.rows_per_hour:,} rows/hour of JSONL (UUID keys, fingerprint of two columns, 24h event-time
+expiry, 1% in-batch duplicates, 10% replays, 1% conflicts, 5% an hour or more late, 1% over a
+day late, 0.4% bad). Times are the median of three consecutive hours at each history length; CPU
+is the driver JVM's (executors are its threads in local mode) plus the Python driver's; memory is
+the peak resident set of both during the hour, in the system's own process for (a) and (d).
 
 ## Per-hour load time
 
@@ -418,6 +459,9 @@ Correctness while measuring: {report["correctness"]}
 ## Settings, every system
 
 {conf}
+
+- (a) and (d), in their own processes: {", ".join(f"`{k}` = `{v}`" for k, v in WORKER_CONF.items())}
+  (the runner's session: `spark.driver.memory` = `{BENCH_CONF["spark.driver.memory"]}`)
 
 - Structured Streaming: {", ".join(f"`{k}` = `{v}`" for k, v in systems.STREAMING_CONF.items())};
   `withWatermark(event_time, 24 hours)`, `dropDuplicatesWithinWatermark([event_id])`, Parquet sink,
@@ -512,7 +556,9 @@ def main(argv: list[str] | None = None) -> int:
         "minutes": (time.perf_counter() - t_start) / 60,
         "command": "./scripts/bench.sh " + " ".join(argv if argv is not None else sys.argv[1:]),
         "plan": asdict(plan), "machine": machine(),
-        "spark_conf": {"spark.master": "local[*]", **BASE_CONF, **BENCH_CONF},
+        "spark_conf": {"spark.master": "local[*]", **BASE_CONF,
+                       **{k: v for k, v in BENCH_CONF.items() if k != "spark.driver.memory"}},
+        "worker_conf": WORKER_CONF,
         "samples": [asdict(s) for s in bench.samples], "backfill": backfill,
         "targets": tgts, "correctness": correctness, "failures": bench.failures,
     }

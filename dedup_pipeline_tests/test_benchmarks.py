@@ -30,3 +30,46 @@ def test_quick_benchmark_runs_every_system_and_reports(spark, tmp_path: Path, ca
     assert report["backfill"]["separate_run_per_hour"] > 0
     png = next(results.glob("*.png"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_worker_process_loads_like_the_runner_and_reports_its_own_cost(spark, tmp_path: Path
+                                                                        ) -> None:
+    """The full run's (a) lives in a worker process (benchmarks/worker.py): its loads must equal
+    in-process loads of the same hours, it must report what each step cost, and a failure inside
+    it must reach the runner with the worker's traceback."""
+    import yaml
+
+    from benchmarks.worker import Worker, dataset_from_spec
+    from dedup_pipeline.engine.generate import generate_landing
+    from dedup_pipeline.engine.load import load_hours
+    from dedup_pipeline.hours import HOUR, parse_key, to_key
+    from dedup_pipeline_tests.conftest import read_output
+
+    generate_landing(tmp_path, hours=2, rows_per_hour=400, seed=3)
+    config = tmp_path / "dedup.yaml"
+    section = yaml.safe_load(config.read_text())["datasets"][0]
+    ds_here = dataset_from_spec({"config": str(config), "dataset": {**section, "output": "here"}})
+    keys = [to_key(parse_key(ds_here.start) + i * HOUR) for i in range(2)]
+    load_hours(spark, ds_here, keys)
+
+    spec = {"config": str(config), "dataset": {**section, "output": "there"},
+            "conf": {"spark.ui.enabled": "false", "spark.driver.memory": "1g"}, "root": ""}
+    worker = Worker("pipeline", spec, tmp_path / "pipeline.log")
+    try:
+        results = [worker.step(k) for k in keys]
+        with pytest.raises(RuntimeError, match="LoadOrderError"):
+            worker.step(to_key(parse_key(keys[-1]) + 2 * HOUR))  # skips an hour: refused
+    finally:
+        worker.close()
+    assert worker.proc.returncode == 0
+    ds_there = dataset_from_spec(spec)
+    for (cost, extra), key in zip(results, keys, strict=True):
+        rec = extra["result"]
+        assert rec["rows_in"] == 400 == sum(rec[o] for o in ("unique", "duplicates", "expired",
+                                                              "rejected"))
+        assert cost.seconds > 0 and cost.cpu_seconds > 0 and cost.peak_is_per_step
+        assert cost.peak_rss_bytes > 0
+        for name in ("unique", "duplicates", "expired", "rejected"):
+            def rows(ds, name=name, key=key):
+                return sorted(repr(sorted(r.items())) for r in read_output(spark, ds, name, key))
+            assert rows(ds_there) == rows(ds_here), (name, key)

@@ -57,7 +57,7 @@ def candidates(batch: DataFrame, index: DataFrame | None, ds: DatasetConfig) -> 
         return None
     probe = F.broadcast(batch.filter(F.col(REASON).isNull()).select(H1))  # no distinct(): semi-join
     hits = index.join(probe, on=H1, how="left_semi")
-    fp = F.col(FP) if ds.fingerprint else F.lit(None).cast("long")
+    fp = F.col(FP) if ds.fingerprint else F.lit(None).cast("int")
     return hits.select(*match_columns(ds), F.col(LOAD_HOUR).alias(LOAD_HOUR_ALIAS),
                        fp.alias("_idx_fp"))
 
@@ -74,23 +74,24 @@ def classify(
     parts = [rejected]
     if ds.expiry is not None and x is not None:
         expired_flag = is_expired(F.col(V), x)
-        parts.append(valid.filter(expired_flag).withColumn(OUT, F.lit(EXPIRED))
-                     .withColumn(EXPIRY_POINT, expiry_point_literal(ds, x)))
+        parts.append(valid.filter(expired_flag).withColumns(
+            {OUT: F.lit(EXPIRED), EXPIRY_POINT: expiry_point_literal(ds, x)}))
         live = valid.filter(~expired_flag)
     else:
         live = valid
 
     w = Window.partitionBy(*match_columns(ds)).orderBy(*batch_order(ds))
-    live = live.withColumn("_rn", F.row_number().over(w))
+    ranks = {"_rn": F.row_number().over(w)}
     if ds.fingerprint:
-        live = live.withColumn("_first_fp", F.first(F.col(FP)).over(w))
+        ranks["_first_fp"] = F.first(F.col(FP)).over(w)
+    live = live.withColumns(ranks)
     if cands is not None:
         # the candidates are few (at most one per batch key): broadcast them, never shuffle the batch
         live = live.join(F.broadcast(cands), on=match_columns(ds), how="left")
         hit = F.col(LOAD_HOUR_ALIAS).isNotNull()
     else:
-        live = live.withColumn(LOAD_HOUR_ALIAS, F.lit(None).cast("string"))
-        live = live.withColumn("_idx_fp", F.lit(None).cast("long"))
+        live = live.withColumns({LOAD_HOUR_ALIAS: F.lit(None).cast("string"),
+                                 "_idx_fp": F.lit(None).cast("int")})
         hit = F.lit(False)
     is_unique = ~hit & (F.col("_rn") == 1)
     if ds.fingerprint:

@@ -53,5 +53,10 @@ def digest_columns(columns: Sequence[str], schema: dict[str, str]) -> tuple[Colu
 
 
 def fingerprint_column(columns: Sequence[str], schema: dict[str, str]) -> Column:
-    """64-bit hash of the fingerprint columns (only decides natural vs conflict)."""
-    return F.xxhash64(F.lit(SEED_FP), encode(columns, schema))
+    """32-bit hash (Murmur3) of the fingerprint columns: it only decides natural vs conflict.
+
+    32 bits, not 64: the index stores it for every live key, and 4 bytes less per entry is 14% of
+    the bytes a load reads without expiry (16 for the digest + 4). The price: a conflict (same key,
+    different content) is reported as natural with probability 2^-32 (2.3e-10) per duplicate.
+    """
+    return F.hash(F.lit(SEED_FP), encode(columns, schema))

@@ -33,6 +33,9 @@ from dedup_pipeline.engine.parse import SPARK_TYPES, V
 from dedup_pipeline.engine.storage import Storage
 
 INDEX = "index"
+# Version of the entry layout, kept in every commit record. 2: 32-bit fingerprint. Loads refuse an
+# index of an older version like a damaged one (R12): rebuild-index rewrites it from unique.
+INDEX_FORMAT = 2
 STAGING = "_staging"
 SLICE = "slice"
 LOAD_HOUR = "_load_hour"
@@ -72,7 +75,7 @@ def entry_schema(ds: DatasetConfig) -> T.StructType:
         vtype = T.DoubleType() if ds.expiry_type == "double" else T.LongType()
         fields.append(T.StructField(V, vtype))
     if ds.fingerprint:
-        fields.append(T.StructField(FP, T.LongType()))
+        fields.append(T.StructField(FP, T.IntegerType()))
     if ds.index.store_keys:
         fields += [T.StructField(k, SPARK_TYPES[ds.source.schema[k]]) for k in ds.key]
     return T.StructType(fields)

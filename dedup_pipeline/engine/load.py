@@ -173,11 +173,10 @@ def prepare_batch(spark: SparkSession, ds: DatasetConfig, paths: list[str]) -> D
     h1, h2 = digest_columns(ds.key, ds.source.schema)
     ok = F.col(REASON).isNull()
     # the original text is kept only where an output needs it (rejected rows): half the cache
-    df = df.withColumn("_raw", F.when(~ok, F.col("_raw")))
-    df = df.withColumn(H1, F.when(ok, h1)).withColumn(H2, F.when(ok, h2))
+    cols = {"_raw": F.when(~ok, F.col("_raw")), H1: F.when(ok, h1), H2: F.when(ok, h2)}
     if ds.fingerprint:
-        df = df.withColumn(FP, F.when(ok, fingerprint_column(ds.fingerprint, ds.source.schema)))
-    return df
+        cols[FP] = F.when(ok, fingerprint_column(ds.fingerprint, ds.source.schema))
+    return df.withColumns(cols)  # one call: each withColumn re-analyses the whole plan
 
 
 def _count_files(st: Storage, path: str) -> int:
@@ -338,6 +337,7 @@ def run_load(
         index_checksum=figures.checksum,
         inputs=[{"path": f.path, "size": f.size, "mtime": f.mtime} for f in inputs],
         index_files=index_file_manifest(st, tag, slices),
+        index_format=index.INDEX_FORMAT,
     )
     commits.write_commit(st, tag, record)
     t = lap("commit", t)

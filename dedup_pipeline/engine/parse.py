@@ -190,14 +190,14 @@ def type_and_reject(raw: DataFrame, ds: DatasetConfig) -> DataFrame:
     reason = reason.when(null_key, F.lit("null_key"))
     df = raw.select(*[casted[c].alias(c) for c in schema], *META_COLS, reason.alias(REASON))
     if ds.expiry is not None:
-        df = df.withColumn(V, expiry_value(ds))
+        v = expiry_value(ds)
         exp_null = F.col(ds.expiry.column).isNull()
         if ds.expiry.categories is not None:
             exp_reason = (F.when(exp_null, F.lit("bad_expiry_value"))
-                          .when(F.col(V) < 0, F.lit("unknown_category")))
+                          .when(v < 0, F.lit("unknown_category")))
         elif ds.expiry_type == "double":
-            exp_reason = F.when(exp_null | F.isnan(F.col(V)), F.lit("bad_expiry_value"))
+            exp_reason = F.when(exp_null | F.isnan(v), F.lit("bad_expiry_value"))
         else:
             exp_reason = F.when(exp_null, F.lit("bad_expiry_value"))
-        df = df.withColumn(REASON, F.coalesce(F.col(REASON), exp_reason))
+        df = df.withColumns({V: v, REASON: F.coalesce(F.col(REASON), exp_reason)})
     return df

@@ -38,17 +38,18 @@ class IndexDamage:
     # index/: when healthy, exactly what is on disk, so a load needs no listing of its own
     files: dict[str, index.IndexFile] = field(default_factory=dict)
     bad_compacted: list[str] = field(default_factory=list)  # compacted dirs a rebuild must drop
+    old_format: list[str] = field(default_factory=list)  # loads whose entries are an older layout
 
     @property
     def ok(self) -> bool:
-        return not self.missing and not self.unexpected
+        return not self.missing and not self.unexpected and not self.old_format
 
     @property
     def damaged_loads(self) -> list[str]:
         """Loads whose entries must be rebuilt: missing/changed files or stray files in their dirs."""
         strays = {rel.split("/")[1].split("=", 1)[1] for rel in self.unexpected
                   if rel.split("/")[1].startswith("load_hour=")}
-        return sorted(set(self.missing) | strays)
+        return sorted(set(self.missing) | strays | set(self.old_format))
 
     def summary(self) -> str:
         parts = []
@@ -57,6 +58,10 @@ class IndexDamage:
             more = f" (+{len(self.missing) - 5} more)" if len(self.missing) > 5 else ""
             parts.append(f"index files missing or changed for {len(self.missing)} committed "
                          f"load(s): {hours}{more}")
+        if self.old_format:
+            parts.append(f"{len(self.old_format)} committed load(s) have index entries in an "
+                         f"older layout (before index format {index.INDEX_FORMAT}), e.g. "
+                         f"{key_of(self.old_format[0])}")
         if self.unexpected:
             parts.append(f"{len(self.unexpected)} index file(s) not written by their load, "
                          f"e.g. {self.unexpected[0]}")
@@ -80,6 +85,8 @@ def check_index(st: Storage, ds: DatasetConfig) -> IndexDamage:
     merged = compaction.covered(compacted)
     for tag in sorted(committed):
         rec = commits.read_commit(st, tag) or {}
+        if rec.get("index_files") and rec.get("index_format", 1) < index.INDEX_FORMAT:
+            damage.old_format.append(tag)
         for f in rec.get("index_files", []):
             if (lo is not None and f["slice"] < lo) or (f["slice"], tag) in merged:
                 continue  # deleted by retention, or merged by compaction, as intended
@@ -193,6 +200,7 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
         rec = commits.read_commit(st, tag)
         if rec is not None:
             rec["index_files"] = files
+            rec["index_format"] = index.INDEX_FORMAT
             rec["index_slices_written"] = slices
             commits.write_commit(st, tag, rec)
     if tags is None:

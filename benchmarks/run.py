@@ -1,7 +1,7 @@
 """The benchmark: this pipeline against its peers, side by side in one run (SPEC N1, N2).
 
-    ./scripts/bench.sh            # the full run (about an hour on 2 cores; writes RESULTS.md)
-    ./scripts/bench.sh --quick    # tiny data, a minute: what the test suite runs
+    ./scripts/bench.sh            # the full run (about 1.5 h on 2 cores; writes RESULTS.md)
+    ./scripts/bench.sh --quick    # tiny data, a few minutes: what the test suite runs
 
 Hours in order, one system computing at a time. (a) this pipeline and (d) Structured Streaming
 each run in a process and Spark session of their own (benchmarks/worker.py: so each has its own
@@ -139,11 +139,12 @@ class Bench:
         return dataset_from_spec(spec)
 
     def system(self, spark: Any, kind: str, config: Path, output: str,
-               root: Path | None = None) -> Worker | System:
+               root: Path | None = None, memory: str | None = None) -> Worker | System:
         """(a) or (d): in a process of its own (see benchmarks/worker.py), or with `--quick` in
         the runner's session."""
+        conf = {**WORKER_CONF, **({"spark.driver.memory": memory} if memory else {})}
         spec = {"config": str(config), "dataset": self.section(config, output),
-                "conf": WORKER_CONF, "root": str(root or "")}
+                "conf": conf, "root": str(root or "")}
         if not self.plan.isolate:
             return System(kind, spark, dataset_from_spec(spec), spec["root"])
         logs = self.work / "logs"
@@ -219,7 +220,9 @@ class Bench:
         config = self.landing("landing_big", hours, plan.big_rows_per_hour)
         ds = self.dataset(config, "out/big")
         start = parse_key(ds.start)
-        pipeline = self.system(spark, "pipeline", config, "out/big")
+        # alone with the runner in this part: the same driver memory as the runner's copy (e)
+        pipeline = self.system(spark, "pipeline", config, "out/big",
+                               memory=BENCH_CONF["spark.driver.memory"])
         try:
             self._big_hours(spark, ds, pipeline, start, hours)
         finally:
@@ -461,7 +464,8 @@ Correctness while measuring: {report["correctness"]}
 {conf}
 
 - (a) and (d), in their own processes: {", ".join(f"`{k}` = `{v}`" for k, v in WORKER_CONF.items())}
-  (the runner's session: `spark.driver.memory` = `{BENCH_CONF["spark.driver.memory"]}`)
+  (the runner's session, and (a) in the 1e6-row part: `spark.driver.memory` =
+  `{BENCH_CONF["spark.driver.memory"]}`)
 
 - Structured Streaming: {", ".join(f"`{k}` = `{v}`" for k, v in systems.STREAMING_CONF.items())};
   `withWatermark(event_time, 24 hours)`, `dropDuplicatesWithinWatermark([event_id])`, Parquet sink,

@@ -9,9 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.run import SYSTEMS, main
+from benchmarks.run import FULL, QUICK, SYSTEMS, Plan, complete_run, main
 
-pytestmark = pytest.mark.slow
+
+def test_only_a_run_of_every_target_replaces_results_md() -> None:
+    """An exploratory run (`--points 24`, `--skip big`) must not overwrite the committed results."""
+    from dataclasses import replace
+
+    assert complete_run(FULL, set())
+    assert complete_run(replace(FULL, points=(24, 72, 720)), set())  # the long run (T2 at 720 h)
+    assert not complete_run(QUICK, set())
+    assert not complete_run(FULL, {"big"})
+    assert not complete_run(replace(FULL, points=(24,)), set())
+    assert not complete_run(Plan(**{**FULL.__dict__, "points": (24, 72, 96)}), set())
+
+
+@pytest.mark.slow
 
 
 def test_quick_benchmark_runs_every_system_and_reports(spark, tmp_path: Path, capsys) -> None:
@@ -32,6 +45,7 @@ def test_quick_benchmark_runs_every_system_and_reports(spark, tmp_path: Path, ca
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_worker_process_loads_like_the_runner_and_reports_its_own_cost(spark, tmp_path: Path
                                                                         ) -> None:
     """The full run's (a) lives in a worker process (benchmarks/worker.py): its loads must equal

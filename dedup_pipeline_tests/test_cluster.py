@@ -177,7 +177,12 @@ def test_spark_connect_load_with_file_uris_equals_local_mode(
 def test_connect_client_passes_only_settings_a_client_can_set(monkeypatch: pytest.MonkeyPatch) -> None:
     """On Spark Connect the built-in defaults that are not SQL session settings stay on the
     server (the client could only warn about them); the user's own settings are all passed."""
-    from dedup_pipeline.engine.session import BASE_CONF, SparkSettings, session_conf
+    from dedup_pipeline.engine.session import (
+        BASE_CONF,
+        STATIC_CONF,
+        SparkSettings,
+        session_conf,
+    )
 
     for k in [k for k in os.environ if k.startswith("DEDUP_SPARK_CONF_")
               or k in ("SPARK_REMOTE", "SPARK_MASTER_URL")]:
@@ -194,6 +199,7 @@ def test_connect_client_passes_only_settings_a_client_can_set(monkeypatch: pytes
     assert conf["spark.sql.shuffle.partitions"] == "8"
     assert conf["spark.sql.session.timeZone"] == "UTC"
     assert conf["spark.executor.memory"] == "2g"  # the user's: passed, Spark reports it
-    dropped = {k for k in BASE_CONF if not k.startswith("spark.sql.")}
+    dropped = {k for k in BASE_CONF if not k.startswith("spark.sql.")} | STATIC_CONF
     assert dropped and not dropped & set(conf)
+    assert set(session_conf(local)) >= STATIC_CONF  # start-up settings: only where we start Spark
 

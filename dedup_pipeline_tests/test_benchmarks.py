@@ -87,3 +87,18 @@ def test_worker_process_loads_like_the_runner_and_reports_its_own_cost(spark, tm
             def rows(ds, name=name, key=key):
                 return sorted(repr(sorted(r.items())) for r in read_output(spark, ds, name, key))
             assert rows(ds_there) == rows(ds_here), (name, key)
+
+
+def test_profiler_reports_every_load_and_the_reruns(spark, tmp_path: Path) -> None:
+    """`python -m benchmarks.profile` on tiny data: a record per load, reruns included, with the
+    JVM counters read (performance is reported, never asserted)."""
+    import io
+
+    from benchmarks.profile import profile
+
+    out = io.StringIO()
+    records = profile(tmp_path, rows=200, hours=2, rerun_last=1, conf={}, out=out)
+    assert [(r["hour"], r["kind"]) for r in records] == [(0, "new"), (1, "new"), (1, "rerun")]
+    assert all(r["rows_in"] == 200 and r["seconds"] > 0 and r["jit_ms"] >= 0 for r in records)
+    assert records[1]["index_rows_read"] > 0  # the second hour probed the first hour's index
+    assert "reruns: median" in out.getvalue()

@@ -395,6 +395,50 @@ def test_expiry_ordered_numbers(spark: SparkSession, tmp_path: Path) -> None:
                                         ("bad_expiry_value", lines[4]), ("null_key", lines[6])}
 
 
+def test_expiry_dates_across_loads(spark: SparkSession, tmp_path: Path) -> None:
+    """A date expiry: v in days, `_expiry_point` a date; an index entry behind X_H is no hit."""
+    from datetime import date
+
+    ds = make_ds(tmp_path, {"day": "date"}, expiry={"column": "day", "period": "2d"})
+    write_hour(ds, H0, [
+        ev("t1", "a", day="2026-11-10"),     # L0 = 11-10, X0 = 11-08
+        ev("t2", "b", day="2026-11-08"),     # v = X0: kept
+        ev("t3", "c", day="2026-11-07"),     # expired
+    ])
+    write_hour(ds, H1, [
+        ev("t4", "b", day="2026-11-09"),     # H0's b (11-08) is behind X1: unique again
+        ev("t5", "a", day="2026-11-11"),     # L1 = 11-11, X1 = 11-09; H0's a (11-10) is live
+        ev("t6", "d", day="2026-11-08"),     # expired
+    ])
+    out0, out1 = load(spark, ds, H0), load(spark, ds, H1)
+    assert rids(out0["unique"]) == {"t1", "t2"}
+    assert {(r["rid"], r["_expiry_point"]) for r in out0["expired"]} == {("t3", date(2026, 11, 8))}
+    assert rids(out1["unique"]) == {"t4"}
+    assert dups(out1["duplicates"]) == {"t5": ("natural", "2026-11-01-00")}
+    assert {(r["rid"], r["_expiry_point"]) for r in out1["expired"]} == {("t6", date(2026, 11, 9))}
+
+
+def test_expiry_doubles_across_loads(spark: SparkSession, tmp_path: Path) -> None:
+    """A double expiry: fractional and whole expiry points alike, `_expiry_point` a double."""
+    ds = make_ds(tmp_path, {"score": "double"}, expiry={"column": "score", "period": 1.5})
+    write_hour(ds, H0, [
+        ev("s1", "a", score=10.0),           # L0 = 10, X0 = 8.5
+        ev("s2", "b", score=8.5),            # v = X0: kept
+        ev("s3", "c", score=8.25),           # expired
+    ])
+    write_hour(ds, H1, [
+        ev("s4", "a", score=10.5),           # L1 = 10.5, X1 = 9 (whole); H0's a (10) is live
+        ev("s5", "b", score=9.75),           # H0's b (8.5) is behind X1: unique again
+        ev("s6", "e", score=8.75),           # expired
+    ])
+    out0, out1 = load(spark, ds, H0), load(spark, ds, H1)
+    assert rids(out0["unique"]) == {"s1", "s2"}
+    assert {(r["rid"], r["_expiry_point"]) for r in out0["expired"]} == {("s3", 8.5)}
+    assert rids(out1["unique"]) == {"s5"}
+    assert dups(out1["duplicates"]) == {"s4": ("natural", "2026-11-01-00")}
+    assert {(r["rid"], r["_expiry_point"]) for r in out1["expired"]} == {("s6", 9.0)}
+
+
 def test_expiry_categories(spark: SparkSession, tmp_path: Path) -> None:
     ds = make_ds(tmp_path, {"region": "string"},
                  expiry={"column": "region", "period": 1, "categories": ["a", "b", "c", "d"]})

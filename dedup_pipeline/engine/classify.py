@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.digest import FP, H1
-from dedup_pipeline.engine.expiry import Number, expiry_point_literal, is_expired
+from dedup_pipeline.engine.expiry import X_COL, expiry_point_column, is_expired
 from dedup_pipeline.engine.index import LOAD_HOUR, match_columns
 from dedup_pipeline.engine.parse import REASON, V
 
@@ -43,8 +43,12 @@ def batch_order(ds: DatasetConfig) -> list[Column]:
     return order
 
 
-def candidates(batch: DataFrame, index: DataFrame | None, ds: DatasetConfig) -> DataFrame | None:
+def candidates(batch: DataFrame, index: DataFrame | None, ds: DatasetConfig,
+               xs: DataFrame | None) -> DataFrame | None:
     """Live index entries whose `_h1` occurs among the batch's valid records (the reversed probe).
+
+    `index` holds the entries of earlier loads in the slices that can be live; `xs` is X_H
+    (`expiry.expiry_point_frame`, None without one): live means v >= X_H (R6).
 
     The batch's digests are broadcast and the index streams past them once, never shuffled. The
     result is small (at most one entry per batch key) and is used twice: to classify, and by the
@@ -57,26 +61,31 @@ def candidates(batch: DataFrame, index: DataFrame | None, ds: DatasetConfig) -> 
         return None
     probe = F.broadcast(batch.filter(F.col(REASON).isNull()).select(H1))  # no distinct(): semi-join
     hits = index.join(probe, on=H1, how="left_semi")
+    if xs is not None:  # after the semi-join: compared only where the batch can hit
+        hits = hits.crossJoin(F.broadcast(xs)).filter(F.col(V) >= F.col(X_COL))
     fp = F.col(FP) if ds.fingerprint else F.lit(None).cast("int")
     return hits.select(*match_columns(ds), F.col(LOAD_HOUR).alias(LOAD_HOUR_ALIAS),
                        fp.alias("_idx_fp"))
 
 
 def classify(
-    batch: DataFrame, cands: DataFrame | None, ds: DatasetConfig, tag: str, x: Number | None
+    batch: DataFrame, cands: DataFrame | None, ds: DatasetConfig, tag: str, xs: DataFrame | None
 ) -> DataFrame:
     """Every batch row with `_out` set, plus `_duplicate_kind`, `_first_load_hour`, `_expiry_point`.
 
-    `cands` are the index entries the batch can hit (`candidates`), None without an index.
+    `cands` are the index entries the batch can hit (`candidates`), None without an index; `xs`
+    is X_H (`expiry.expiry_point_frame`), None when nothing can expire.
     """
     rejected = batch.filter(F.col(REASON).isNotNull()).withColumn(OUT, F.lit(REJECTED))
     valid = batch.filter(F.col(REASON).isNull())
     parts = [rejected]
-    if ds.expiry is not None and x is not None:
-        expired_flag = is_expired(F.col(V), x)
-        parts.append(valid.filter(expired_flag).withColumns(
-            {OUT: F.lit(EXPIRED), EXPIRY_POINT: expiry_point_literal(ds, x)}))
-        live = valid.filter(~expired_flag)
+    if xs is not None:
+        with_x = valid.crossJoin(F.broadcast(xs))
+        expired_flag = is_expired(F.col(V), F.col(X_COL))
+        parts.append(with_x.filter(expired_flag).withColumns(
+            {OUT: F.lit(EXPIRED), EXPIRY_POINT: expiry_point_column(ds, F.col(X_COL))}
+        ).drop(X_COL))
+        live = with_x.filter(~expired_flag).drop(X_COL)
     else:
         live = valid
 

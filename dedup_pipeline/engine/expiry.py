@@ -6,13 +6,19 @@ timestamps, days for dates, the number itself for ordered keys, the position for
                       in the commit record of each load, so a rerun sees the same L_{H-1});
 - basis `processing`: L_H = end of hour H, from the partition key, never the wall clock.
 A record with v = X_H is kept. Without expiry nothing expires (X_H is None).
+
+Inside a load's queries X_H is data, not a literal: `expiry_point_frame` is a one-row relation that
+the queries comparing rows with X_H broadcast-join. Spark inlines numeric literals into the code it
+generates, so a literal X_H made every hour's classification and index probe new code: 8 classes
+compiled and JIT-compiled again each hour (in a warm JVM, a new hour cost ~1 s more than a rerun of
+the last one, and 2-3 more CPU-seconds of JIT). As data, the code is the same every hour.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
@@ -45,23 +51,40 @@ def expiry_point(ds: DatasetConfig, latest: Number | None) -> Number | None:
     return _num(latest - ds.expiry.period)
 
 
-def expiry_point_literal(ds: DatasetConfig, x: Number | None) -> Column:
-    """X_H in the expiry column's own type, for the expired output's `_expiry_point`."""
+X_COL = "_x"  # the column of `expiry_point_frame`
+
+
+def expiry_point_frame(spark: SparkSession, ds: DatasetConfig, x: Number | None
+                       ) -> DataFrame | None:
+    """X_H as a one-row relation (column `_x`, in the type of the expiry value v); None when
+    nothing can expire. Join it with `F.broadcast` where rows are compared with X_H."""
+    if ds.expiry is None or x is None:
+        return None
+    if ds.expiry_type == "double":
+        return spark.createDataFrame([(float(x),)], f"{X_COL} double")
+    return spark.createDataFrame([(int(x),)], f"{X_COL} long")
+
+
+def expiry_point_column(ds: DatasetConfig, x: Column) -> Column:
+    """X_H (a column of `expiry_point_frame`) in the expiry column's own type, for the expired
+    output's `_expiry_point`."""
     kind = ds.expiry_type
-    if x is None or kind is None:
-        return F.lit(None).cast("string")
     if kind == "timestamp":
-        return F.timestamp_micros(F.lit(int(x)))
+        return F.timestamp_micros(x)
     if kind == "date":
-        return F.date_from_unix_date(F.lit(int(x)))
+        return F.date_from_unix_date(x.cast("int"))
     if kind == "category":
         cats = ds.expiry.categories or ()  # type: ignore[union-attr]
-        i = int(x)
-        return F.lit(cats[i] if 0 <= i < len(cats) else None).cast("string")
+        known = (x >= 0) & (x < len(cats))
+        return F.when(known, F.element_at(F.array(*[F.lit(c) for c in cats]),
+                                          (x + 1).cast("int")))
     if kind == "long":
-        return F.lit(int(x)).cast("long")
-    return F.lit(float(x)).cast("double")
+        return x.cast("long")
+    return x.cast("double")
 
 
-def is_expired(v: Column, x: Number | None) -> Column:
-    return F.lit(False) if x is None else (v < F.lit(x))
+def is_expired(v: Column, x: Column | Number | None) -> Column:
+    """v < X_H; X_H as a column (of `expiry_point_frame`) or a number (the benchmark's peers)."""
+    if x is None:
+        return F.lit(False)
+    return v < (x if isinstance(x, Column) else F.lit(x))

@@ -112,19 +112,17 @@ def live_files(ds: DatasetConfig, files: dict[str, IndexFile], readable: set[str
 
 
 def read_live(spark: SparkSession, ds: DatasetConfig, st: Storage, files: list[IndexFile],
-              x: float | None, tag: str) -> DataFrame | None:
-    """The live entries (v >= X_H) of loads before `tag` in the given files; None if no files.
+              tag: str) -> DataFrame | None:
+    """The entries of loads before `tag` in the given files (`live_files`); None if no files.
 
     The `_load_hour` filter matters only for compacted files, which may also hold later loads
-    (a rerun of an hour inside a compacted range).
+    (a rerun of an hour inside a compacted range). Which of them are live (v >= X_H) is decided
+    after the probe (`classify.candidates`), against X_H as data rather than a literal (`expiry`).
     """
     if not files:
         return None
     paths = [st.spark_path(INDEX, f.rel) for f in files]
-    df = spark.read.schema(entry_schema(ds)).parquet(*paths).filter(F.col(LOAD_HOUR) < F.lit(tag))
-    if ds.expiry is not None and x is not None:
-        df = df.filter(F.col(V) >= F.lit(x))
-    return df
+    return spark.read.schema(entry_schema(ds)).parquet(*paths).filter(F.col(LOAD_HOUR) < F.lit(tag))
 
 
 def check_retention(st: Storage, ds: DatasetConfig, x: float | None) -> None:

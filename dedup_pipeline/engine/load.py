@@ -50,7 +50,7 @@ from dedup_pipeline.engine.classify import (
     classify,
 )
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
-from dedup_pipeline.engine.expiry import Number, expiry_point, latest_point
+from dedup_pipeline.engine.expiry import Number, expiry_point, expiry_point_frame, latest_point
 from dedup_pipeline.engine.parse import (
     REASON,
     SPARK_TYPES,
@@ -250,12 +250,13 @@ def run_load(
     idx_rows = sum(f.rows if f.rows is not None else st.parquet_rows(st.path(index.INDEX, f.rel))
                    for f in live)
     idx_bytes = sum(f.size for f in live)
-    cands = candidates(batch, index.read_live(spark, ds, st, live, x, tag), ds)
+    xs = expiry_point_frame(spark, ds, x)
+    cands = candidates(batch, index.read_live(spark, ds, st, live, tag), ds, xs)
     if cands is not None:
         cands = cands.persist(CACHE)
         cached.append(cands)
     # only what the writers and the index need is cached (the row origin has done its job)
-    classified = (classify(batch, cands, ds, tag, x).drop("_blk", "_rid")
+    classified = (classify(batch, cands, ds, tag, xs).drop("_blk", "_rid")
                   .persist(CACHE))
     cached.append(classified)
     # one job builds the cache the five writes below read (concurrent writes on an unbuilt cache

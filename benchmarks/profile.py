@@ -1,0 +1,109 @@
+"""Where a load's time goes, hour after hour, in one warm process: the profiler behind docs/notes.md.
+
+    .venv/bin/python -m benchmarks.profile --rows-per-hour 100000 --hours 30 --rerun-last 3
+
+Loads `--hours` consecutive generated hours into a fresh output directory with `run_load`, then
+reruns the last hour `--rerun-last` times. Per load it prints wall and CPU seconds (driver JVM +
+Python, `probe.measured`), the JVM's JIT compilation time, how many classes Spark's code generator
+compiled (a cache miss each), GC time and the load's own stage timings. A rerun of an hour
+generates exactly the code of its first run, so "new hour vs rerun" isolates what per-hour code
+generation costs; JIT and compile counts are far steadier than wall time on a shared machine.
+Nothing is asserted: it reports (a test runs it on tiny data so it never rots).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.probe import measured
+from dedup_pipeline.config import load_config
+from dedup_pipeline.engine.generate import generate_landing
+from dedup_pipeline.engine.load import run_load
+from dedup_pipeline.engine.parse import list_input_files
+from dedup_pipeline.engine.session import SparkSettings, get_session
+from dedup_pipeline.hours import HOUR, parse_key, to_key
+
+START = "2026-11-01-00:00"
+
+
+class JvmCounters:
+    """Cumulative JIT milliseconds, codegen compilations and GC milliseconds of the driver JVM."""
+
+    def __init__(self, spark: Any):
+        jvm = spark.sparkContext._jvm
+        self.mf = jvm.java.lang.management.ManagementFactory
+        self.codegen = jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+
+    def read(self) -> tuple[int, int, int]:
+        gc = sum(b.getCollectionTime() for b in self.mf.getGarbageCollectorMXBeans())
+        return (int(self.mf.getCompilationMXBean().getTotalCompilationTime()),
+                int(self.codegen.getCount()), int(gc))
+
+
+def profile(work: Path, rows: int, hours: int, rerun_last: int, conf: dict[str, str],
+            out: Any = sys.stdout) -> list[dict[str, Any]]:
+    """Load and measure; returns one record per load (also printed as a line each)."""
+    data = work / f"landing_{rows}"
+    stamp = data / ".generated"
+    want = json.dumps({"hours": hours, "rows": rows, "start": START})
+    if not stamp.exists() or stamp.read_text() != want:
+        generate_landing(data, hours=hours, rows_per_hour=rows, seed=7, start=START)
+        stamp.write_text(want)
+    ds = load_config(str(data / "dedup.yaml")).datasets[0]
+    ds = dataclasses.replace(ds, output=str(work / "out"))
+    shutil.rmtree(ds.output, ignore_errors=True)
+    spark = get_session(SparkSettings(conf={"spark.ui.enabled": "false", **conf}))
+    spark.sparkContext.setLogLevel("ERROR")
+    counters = JvmCounters(spark)
+    start = parse_key(ds.start)
+    plan = [(i, "new") for i in range(hours)] + [(hours - 1, "rerun")] * rerun_last
+    records = []
+    for i, kind in plan:
+        hour = start + i * HOUR
+        before = counters.read()
+        with measured(spark, [f.path for f in list_input_files(ds, hour)]) as cost:
+            r = run_load(spark, ds, to_key(hour))
+        jit, compiles, gc = (a - b for a, b in zip(counters.read(), before, strict=True))
+        rec = {"hour": i, "kind": kind, "seconds": round(cost.seconds, 2),
+               "cpu_seconds": round(cost.cpu_seconds, 1), "jit_ms": jit,
+               "codegen_compiles": compiles, "gc_ms": gc, "rows_in": r.rows_in,
+               "index_rows_read": r.index_rows_read, "stages": r.seconds}
+        records.append(rec)
+        stages = " ".join(f"{k}={v:.2f}" for k, v in r.seconds.items() if k != "total" and v >= 0.01)
+        print(f"h{i:<3} {kind:5} {cost.seconds:6.2f}s cpu {cost.cpu_seconds:5.1f}s "
+              f"jit {jit / 1000:5.1f}s compiles {compiles:3d} gc {gc / 1000:4.1f}s | {stages}",
+              file=out, flush=True)
+    late = [r for r in records if r["kind"] == "new"][len(records) // 2:]
+    for label, xs in (("new hours, second half", late),
+                      ("reruns", [r for r in records if r["kind"] == "rerun"])):
+        if xs:
+            print(f"{label}: median {statistics.median(r['seconds'] for r in xs):.2f}s, JIT "
+                  f"{statistics.median(r['jit_ms'] for r in xs) / 1000:.1f}s, codegen compiles "
+                  f"{statistics.median(r['codegen_compiles'] for r in xs):.0f} (n={len(xs)})",
+                  file=out, flush=True)
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows-per-hour", type=int, default=100_000)
+    ap.add_argument("--hours", type=int, default=30, help="consecutive new hours to load")
+    ap.add_argument("--rerun-last", type=int, default=3, help="then rerun the last hour N times")
+    ap.add_argument("--work", default=str(Path(__file__).resolve().parent / "work" / "profile"))
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra Spark setting (repeatable), e.g. spark.driver.memory=6g")
+    args = ap.parse_args(argv)
+    conf = dict(c.split("=", 1) for c in args.conf)
+    profile(Path(args.work), args.rows_per_hour, args.hours, args.rerun_last, conf)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -80,7 +80,8 @@ def profile(work: Path, rows: int, hours: int, rerun_last: int, conf: dict[str, 
         print(f"h{i:<3} {kind:5} {cost.seconds:6.2f}s cpu {cost.cpu_seconds:5.1f}s "
               f"jit {jit / 1000:5.1f}s compiles {compiles:3d} gc {gc / 1000:4.1f}s | {stages}",
               file=out, flush=True)
-    late = [r for r in records if r["kind"] == "new"][len(records) // 2:]
+    new = [r for r in records if r["kind"] == "new"]
+    late = new[len(new) // 2:]
     for label, xs in (("new hours, second half", late),
                       ("reruns", [r for r in records if r["kind"] == "rerun"])):
         if xs:

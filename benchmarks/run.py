@@ -2,6 +2,7 @@
 
     ./scripts/bench.sh            # the full run (about 1.5 h on 2 cores; writes RESULTS.md)
     ./scripts/bench.sh --quick    # tiny data, a few minutes: what the test suite runs
+    ./scripts/bench.sh --long     # T2 at 720 h: (a) every hour, (b) and (e) sampled (~1.5 h)
 
 Hours in order, one system computing at a time. (a) this pipeline and (d) Structured Streaming
 each run in a process and Spark session of their own (benchmarks/worker.py: so each has its own
@@ -13,6 +14,9 @@ anti-join, (c) recompute and (e) the plain copy, and checks that (a) and (b) kee
 same unique rows and that both conserve rows. Then the 1e6-row scenario (T4)
 and the backfill as whole processes (T5). It prints a table with the target ratios and writes
 `benchmarks/results/<stamp>.json`, a PNG plot and (full runs) `benchmarks/RESULTS.md`.
+`--long` is the run for T2 at 720 h of history: only (a) every hour and (b), (e) at 24, 168 and
+720 h; its data lives in `work/long/` and it rewrites only the long-run section of RESULTS.md
+(a full run keeps that section).
 Exit status 1 if a correctness check failed; a missed target is reported, never an error.
 """
 
@@ -28,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -73,6 +77,9 @@ class Plan:
     separate_runs: int  # T5: one-hour runs, each a whole process
     quick: bool = False
     isolate: bool = True  # (a) and (d) in processes of their own (benchmarks/worker.py)
+    every_hour: tuple[str, ...] = EVERY_HOUR  # systems loaded every hour
+    sampled: tuple[str, ...] = SAMPLED  # systems run at the measured hours only
+    long: bool = False  # the long run: T2 at 720 h, its own section of RESULTS.md
 
     @property
     def hours(self) -> int:
@@ -87,6 +94,13 @@ FULL = Plan(points=(24, 72, 168), rows_per_hour=100_000, big_rows_per_hour=1_000
             big_history=24, backfill_hours=168, separate_runs=3)
 QUICK = Plan(points=(1, 3), rows_per_hour=300, big_rows_per_hour=1_000, big_history=1,
              backfill_hours=2, separate_runs=1, quick=True, isolate=False)
+# The long run measures T2 at 720 h: only what that ratio needs, (a) every hour and (b) (with the
+# copy (e) for scale) at three history lengths. Recompute would take hours at 720 h of history,
+# and (d)/(f) every hour would triple the run (about 4 h instead of about 1.5 h).
+LONG = Plan(points=(24, 168, 720), rows_per_hour=100_000, big_rows_per_hour=1_000_000,
+            big_history=24, backfill_hours=0, separate_runs=0, every_hour=("pipeline",),
+            sampled=("naive", "floor"), long=True)
+LONG_PARTS = {"big", "backfill"}  # never part of the long run
 
 
 @dataclass
@@ -161,13 +175,17 @@ class Bench:
     def run_hours(self, spark: Any, config: Path) -> None:
         plan = self.plan
         ds = self.dataset(config, "out/pipeline")
-        noexp = self.dataset(config, "out/pipeline_noexp", expiry=False)
+        every = set(plan.every_hour)
+        noexp = (self.dataset(config, "out/pipeline_noexp", expiry=False)
+                 if "pipeline_noexp" in every else None)
         scratch = self.work / "out" / "scratch"
         start = parse_key(ds.start)
         measured_at = plan.measured()
         pipeline = self.system(spark, "pipeline", config, "out/pipeline")
-        stream = self.system(spark, "streaming", config, "out/streaming",
-                             root=self.work / "out" / "streaming")
+        stream = (self.system(spark, "streaming", config, "out/streaming",
+                              root=self.work / "out" / "streaming")
+                  if "streaming" in every else None)
+        t0 = time.perf_counter()
         try:
             for i in range(plan.hours):
                 hour = start + i * HOUR
@@ -175,43 +193,60 @@ class Bench:
                 ca, extra = pipeline.step(key)
                 ra = LoadResult.from_record(extra["result"])
                 self.record("pipeline", hour, i, ca, **_load_figures(ra))
-                with measured(spark, _inputs(ds, hour)) as cf:
-                    rf = run_load(spark, noexp, key)
-                self.record("pipeline_noexp", hour, i, cf, **_load_figures(rf))
-                cd, _ = stream.step(key)
-                self.record("streaming", hour, i, cd)
-                line = f"h{i:>4} {key}: (a) {ca.seconds:5.2f}s (f) {cf.seconds:5.2f}s " \
-                       f"(d) {cd.seconds:5.2f}s"
+                line = f"h{i:>4} {key}: (a) {ca.seconds:5.2f}s"
+                conserved = _conserved(ra)
+                if noexp is not None:
+                    with measured(spark, _inputs(ds, hour)) as cf:
+                        rf = run_load(spark, noexp, key)
+                    self.record("pipeline_noexp", hour, i, cf, **_load_figures(rf))
+                    line += f" (f) {cf.seconds:5.2f}s"
+                    conserved = conserved and _conserved(rf)
+                if stream is not None:
+                    cd, _ = stream.step(key)
+                    self.record("streaming", hour, i, cd)
+                    line += f" (d) {cd.seconds:5.2f}s"
                 if i in measured_at:
                     line += self.sampled(spark, ds, hour, i, ra, scratch)
+                if i + 1 < plan.hours and (i + 1) % 24 == 0:  # long runs: when will it end
+                    left = (time.perf_counter() - t0) / (i + 1) * (plan.hours - i - 1)
+                    line += f" | {i + 1}/{plan.hours} h, about {left / 60:.0f} min to go"
                 self.say(line)
-                if not _conserved(ra) or not _conserved(rf):
+                if not conserved:
                     self.failures.append(f"{key}: the pipeline broke conservation")
         finally:
             pipeline.close()
-            stream.close()
+            if stream is not None:
+                stream.close()
 
     def sampled(self, spark: Any, ds: DatasetConfig, hour: datetime, i: int, ra: LoadResult,
                 scratch: Path) -> str:
-        """(b), (c), (e) at a measured hour, and the (a) == (b) check."""
+        """(b), (c), (e) at a measured hour (those in the plan), and the (a) == (b) check."""
         history = str(Path(ds.output) / "unique")
-        naive_out = scratch / "naive"
-        with measured(spark, _inputs(ds, hour)) as cb:
-            rb = systems.naive_load(spark, ds, hour, ra.expiry_point, history, str(naive_out))
-        self.record("naive", hour, i, cb, unique=rb.unique)
-        same = _same_unique(Path(ds.output), naive_out, to_tag(hour), list(ds.source.schema))
-        if not same:
-            self.failures.append(f"{to_key(hour)}: (a) and (b) kept different unique rows")
-        if not rb.conserved:
-            self.failures.append(f"{to_key(hour)}: (b) broke conservation")
-        with measured(spark, _inputs(ds, hour)) as cc:
-            rows = systems.recompute_load(spark, ds, hour, history, str(scratch / "recompute"))
-        self.record("recompute", hour, i, cc, table_rows=rows)
-        with measured(spark, _inputs(ds, hour)) as ce:
-            systems.floor_copy(spark, ds, hour, str(scratch / "floor"))
-        self.record("floor", hour, i, ce)
-        return (f" | (b) {cb.seconds:5.2f}s (c) {cc.seconds:5.2f}s (e) {ce.seconds:5.2f}s "
-                f"unique (a)==(b): {'yes' if same else 'NO'}")
+        line = " |"
+        if "naive" in self.plan.sampled:
+            naive_out = scratch / "naive"
+            with measured(spark, _inputs(ds, hour)) as cb:
+                rb = systems.naive_load(spark, ds, hour, ra.expiry_point, history, str(naive_out))
+            self.record("naive", hour, i, cb, unique=rb.unique)
+            same = _same_unique(Path(ds.output), naive_out, to_tag(hour), list(ds.source.schema))
+            if not same:
+                self.failures.append(f"{to_key(hour)}: (a) and (b) kept different unique rows")
+            if not rb.conserved:
+                self.failures.append(f"{to_key(hour)}: (b) broke conservation")
+            line += f" (b) {cb.seconds:5.2f}s"
+        if "recompute" in self.plan.sampled:
+            with measured(spark, _inputs(ds, hour)) as cc:
+                rows = systems.recompute_load(spark, ds, hour, history, str(scratch / "recompute"))
+            self.record("recompute", hour, i, cc, table_rows=rows)
+            line += f" (c) {cc.seconds:5.2f}s"
+        if "floor" in self.plan.sampled:
+            with measured(spark, _inputs(ds, hour)) as ce:
+                systems.floor_copy(spark, ds, hour, str(scratch / "floor"))
+            self.record("floor", hour, i, ce)
+            line += f" (e) {ce.seconds:5.2f}s"
+        if "naive" in self.plan.sampled:
+            line += f" unique (a)==(b): {'yes' if same else 'NO'}"
+        return line
 
     # ------------------------------------------------------------------ T4: big hours
     def run_big(self, spark: Any) -> None:
@@ -271,8 +306,36 @@ class Bench:
 
 def complete_run(plan: Plan, skip: set[str]) -> bool:
     """Only a run that measures every target replaces RESULTS.md and its plot: not `--quick`,
-    nothing skipped, three history points reaching 168 h or more (`--hours 720` included)."""
-    return not plan.quick and not skip and len(plan.points) >= 3 and max(plan.points) >= 168
+    not `--long`, nothing skipped, three history points reaching 168 h or more."""
+    return (not plan.quick and not plan.long and not skip and len(plan.points) >= 3
+            and max(plan.points) >= 168)
+
+
+def complete_long_run(plan: Plan) -> bool:
+    """A `--long` run reaching 720 h replaces the long-run section of RESULTS.md (only that)."""
+    return plan.long and not plan.quick and len(plan.points) >= 3 and max(plan.points) >= 720
+
+
+LONG_BEGIN = "<!-- long run: written by `./scripts/bench.sh --long`, kept by full runs -->"
+LONG_END = "<!-- end of the long run -->"
+
+
+def long_section(md: str) -> str | None:
+    """The long-run section of a RESULTS.md (markers included), None if it has none."""
+    if LONG_BEGIN not in md or LONG_END not in md:
+        return None
+    start = md.index(LONG_BEGIN)
+    return md[start:md.index(LONG_END, start) + len(LONG_END)]
+
+
+def with_long_section(md: str, section: str | None) -> str:
+    """`md` with its long-run section replaced by `section` (appended if it has none)."""
+    if section is None:
+        return md
+    old = long_section(md)
+    if old is not None:
+        return md.replace(old, section)
+    return md.rstrip("\n") + "\n\n" + section + "\n"
 
 
 def _inputs(ds: DatasetConfig, hour: datetime) -> list[str]:
@@ -375,6 +438,8 @@ def table(plan: Plan, samples: list[Sample]) -> str:
     head = f"{'system':<52}" + "".join(f"{f'{p}h s':>9}{'cpu s':>8}{'MiB':>7}" for p in plan.points)
     lines += [head, "-" * len(head)]
     for sysname, label in SYSTEMS.items():
+        if not any(s.system == sysname for s in samples):
+            continue
         row = f"{label:<52}"
         for p in plan.points:
             t = _median(samples, sysname, p)
@@ -389,6 +454,8 @@ def pipeline_io(plan: Plan, samples: list[Sample]) -> str:
     lines = [f"{'(a)/(f) per load':<28}" + "".join(f"{f'{p}h':>28}" for p in plan.points),
              f"{'':<28}" + "".join(f"{'index rows / MB / files out':>28}" for _ in plan.points)]
     for sysname in ("pipeline", "pipeline_noexp"):
+        if not any(s.system == sysname for s in samples):
+            continue
         row = f"{SYSTEMS[sysname][:28]:<28}"
         for p in plan.points:
             xs = [s for s in samples if s.system == sysname and s.history in range(p, p + 3)]
@@ -487,6 +554,37 @@ Correctness while measuring: {report["correctness"]}
 """
 
 
+def long_results_md(plan: Plan, report: dict[str, Any], tbl: str, io: str, tgts: list[dict],
+                    png_name: str) -> str:
+    """The long-run section of RESULTS.md (T2 at 720 h), between its markers."""
+    measured_tgts = targets_text([t for t in tgts if t["value"] is not None])
+    pts = ", ".join(f"{p}" for p in plan.points)
+    return f"""{LONG_BEGIN}
+## Long run: T2 at {max(plan.points)} hours of history
+
+Run: {report["started"]} ({report["minutes"]:.0f} min), produced by
+
+```
+{report["command"]}
+```
+
+Same machine, data generator ({plan.rows_per_hour:,} rows/hour) and settings as the full run
+above, with only what T2 needs: (a) loads every hour in its own process, and at history lengths
+{pts} h (three consecutive hours each, median) the naive anti-join (b) and the plain copy (e)
+run in the runner's session; (a) and (b) are checked to keep identical unique rows there.
+
+{_md_pre(tbl)}
+
+{_md_pre(io)}
+
+![load time against history length, long run]({png_name})
+
+{_md_pre(measured_tgts)}
+
+Correctness while measuring: {report["correctness"]}
+{LONG_END}"""
+
+
 def _md_pre(text: str) -> str:
     return f"```\n{text}\n```"
 
@@ -517,25 +615,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", default=str(HERE / "results"), help="JSON and PNG go here")
     ap.add_argument("--rows-per-hour", type=int, help="base scenario rows per hour")
     ap.add_argument("--points", help="history lengths to measure, e.g. 24,72,168")
-    ap.add_argument("--hours", type=int, help="shorthand: measure at 24, 72 and this many hours")
+    ap.add_argument("--hours", type=int,
+                    help="shorthand: measure at 24, 72 (168 with --long) and this many hours")
     ap.add_argument("--backfill-hours", type=int, help="hours in the single-run backfill (T5)")
     ap.add_argument("--big-history", type=int, help="history of the 1e6-row scenario (T4)")
     ap.add_argument("--skip", default="", help="parts to skip: big, backfill (comma-separated)")
+    ap.add_argument("--long", action="store_true",
+                    help="the long run for T2: history up to 720 h, (a) every hour, (b) and (e) "
+                         "at 24, 168 and 720 h (about 1.5 h; its own section of RESULTS.md)")
     args = ap.parse_args(argv)
     plan = QUICK if args.quick else FULL
+    if args.long:
+        plan = replace(plan, every_hour=LONG.every_hour, sampled=LONG.sampled, long=True,
+                       **({} if args.quick else {"points": LONG.points}))
     if args.rows_per_hour:
-        plan = Plan(**{**asdict(plan), "rows_per_hour": args.rows_per_hour})
+        plan = replace(plan, rows_per_hour=args.rows_per_hour)
     if args.points or args.hours:
         pts = (tuple(int(p) for p in args.points.split(",")) if args.points
-               else tuple(sorted({24, 72, args.hours})))
-        plan = Plan(**{**asdict(plan), "points": pts,
-                       "backfill_hours": min(plan.backfill_hours, max(pts))})
+               else tuple(sorted({24, 168 if plan.long else 72, args.hours})))
+        plan = replace(plan, points=pts, backfill_hours=min(plan.backfill_hours, max(pts)))
     if args.backfill_hours:
-        plan = Plan(**{**asdict(plan), "backfill_hours": min(args.backfill_hours, plan.hours - 3)})
+        plan = replace(plan, backfill_hours=min(args.backfill_hours, plan.hours - 3))
     if args.big_history is not None:
-        plan = Plan(**{**asdict(plan), "big_history": args.big_history})
-    skip = {s for s in args.skip.split(",") if s}
-    work = Path(args.work).resolve()
+        plan = replace(plan, big_history=args.big_history)
+    skip = {s for s in args.skip.split(",") if s} | (LONG_PARTS if plan.long else set())
+    work = Path(args.work).resolve() / ("long" if plan.long else "")  # keeps the full run's data
     results = Path(args.results).resolve()
     work.mkdir(parents=True, exist_ok=True)
     results.mkdir(parents=True, exist_ok=True)
@@ -546,7 +650,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.perf_counter() - t_start:7.1f}s] {msg}", flush=True)
 
     bench = Bench(plan, work, say)
-    say(f"plan: {plan.hours} hours x {plan.rows_per_hour:,} rows, history points {plan.points}")
+    say(f"plan: {plan.hours} hours x {plan.rows_per_hour:,} rows, history points {plan.points}; "
+        f"every hour: {', '.join(plan.every_hour)}; at those points: {', '.join(plan.sampled)}"
+        + (f"; skipping: {', '.join(sorted(skip))}" if skip else ""))
     config = bench.landing("landing", plan.hours, plan.rows_per_hour)
     spark = get_session(SparkSettings(conf=BENCH_CONF))
     spark.sparkContext.setLogLevel("ERROR")
@@ -577,11 +683,19 @@ def main(argv: list[str] | None = None) -> int:
     plot(bench.samples, png, f"{plan.rows_per_hour:,} rows/hour, {report['machine']['cpus']} "
          f"cores, local Spark ({stamp})")
     say(f"wrote {results / f'{stamp}.json'} and {png}")
+    results_md_path = HERE / "RESULTS.md"
+    previous = results_md_path.read_text() if results_md_path.exists() else ""
     if complete_run(plan, skip):
         shutil.copy(png, HERE / "load_time_vs_history.png")
-        (HERE / "RESULTS.md").write_text(
-            results_md(plan, report, tbl, io, tgt, "load_time_vs_history.png"))
-        say(f"wrote {HERE / 'RESULTS.md'}")
+        results_md_path.write_text(with_long_section(
+            results_md(plan, report, tbl, io, tgt, "load_time_vs_history.png"),
+            long_section(previous)))
+        say(f"wrote {results_md_path}")
+    elif complete_long_run(plan):
+        shutil.copy(png, HERE / "load_time_vs_history_long.png")
+        results_md_path.write_text(with_long_section(previous, long_results_md(
+            plan, report, tbl, io, tgts, "load_time_vs_history_long.png")))
+        say(f"wrote the long-run section of {results_md_path}")
     elif not plan.quick:
         say("a partial run (fewer history points or parts skipped): RESULTS.md left as it is")
     if bench.failures:

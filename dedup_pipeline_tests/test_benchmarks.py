@@ -9,7 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.run import FULL, QUICK, SYSTEMS, Plan, complete_run, main
+from benchmarks.run import (
+    FULL,
+    LONG,
+    QUICK,
+    SYSTEMS,
+    Plan,
+    complete_long_run,
+    complete_run,
+    long_section,
+    main,
+    with_long_section,
+)
 
 
 def test_only_a_run_of_every_target_replaces_results_md() -> None:
@@ -22,11 +33,32 @@ def test_only_a_run_of_every_target_replaces_results_md() -> None:
     assert not complete_run(FULL, {"big"})
     assert not complete_run(replace(FULL, points=(24,)), set())
     assert not complete_run(Plan(**{**FULL.__dict__, "points": (24, 72, 96)}), set())
+    # the long run (T2 at 720 h, `--long`) owns only its section of RESULTS.md
+    assert not complete_run(LONG, set())
+    assert complete_long_run(LONG)
+    assert not complete_long_run(replace(LONG, points=(24, 168)))
+    assert not complete_long_run(replace(QUICK, long=True))
+    assert not complete_long_run(FULL)
+
+
+def test_full_and_long_runs_each_keep_the_others_part_of_results_md() -> None:
+    from benchmarks.run import LONG_BEGIN, LONG_END
+
+    full_v1 = "# Benchmark results\n\nfull run 1\n"
+    long_v1 = f"{LONG_BEGIN}\n## Long run\nlong run 1\n{LONG_END}"
+    assert long_section(full_v1) is None
+    md = with_long_section(full_v1, long_v1)  # first long run: appended after the full run
+    assert md.startswith(full_v1.rstrip("\n")) and long_section(md) == long_v1
+    md = with_long_section("# Benchmark results\n\nfull run 2\n", long_section(md))  # full run
+    assert "full run 2" in md and "full run 1" not in md and long_section(md) == long_v1
+    long_v2 = long_v1.replace("long run 1", "long run 2")
+    md = with_long_section(md, long_v2)  # second long run: replaces its section only
+    assert "full run 2" in md and long_section(md) == long_v2 and "long run 1" not in md
+    assert md.count(LONG_BEGIN) == 1
+    assert with_long_section(md, None) == md
 
 
 @pytest.mark.slow
-
-
 def test_quick_benchmark_runs_every_system_and_reports(spark, tmp_path: Path, capsys) -> None:
     results = tmp_path / "results"
     assert main(["--quick", "--work", str(tmp_path / "work"), "--results", str(results)]) == 0
@@ -43,6 +75,27 @@ def test_quick_benchmark_runs_every_system_and_reports(spark, tmp_path: Path, ca
     assert report["backfill"]["separate_run_per_hour"] > 0
     png = next(results.glob("*.png"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_quick_long_run_loads_a_every_hour_and_samples_only_b_and_e(spark, tmp_path: Path,
+                                                                     capsys) -> None:
+    results = tmp_path / "results"
+    work = tmp_path / "work"
+    assert main(["--quick", "--long", "--work", str(work), "--results", str(results)]) == 0
+    out = capsys.readouterr().out
+    [report_file] = results.glob("*.json")
+    report = json.loads(report_file.read_text())
+    seen = {s["system"] for s in report["samples"]}
+    assert seen == {"pipeline", "naive", "floor"}
+    hours = report["plan"]["points"][-1] + 3
+    assert len([s for s in report["samples"] if s["system"] == "pipeline"]) == hours
+    assert report["failures"] == [] and report["backfill"] is None
+    values = {t["target"]: t["value"] for t in report["targets"]}
+    assert all(values[t] is not None for t in ("T1", "T2", "T6"))
+    assert values["T3"] is None and values["T4"] is None  # no streaming, no 1e6-row part
+    assert SYSTEMS["streaming"] not in out and SYSTEMS["naive"] in out
+    assert (work / "long" / "landing" / "dedup.yaml").exists()  # the full run's data is kept
 
 
 @pytest.mark.slow

@@ -5,7 +5,9 @@
 Loads `--hours` consecutive generated hours into a fresh output directory with `run_load`, then
 reruns the last hour `--rerun-last` times. Per load it prints wall and CPU seconds (driver JVM +
 Python, `probe.measured`), the JVM's JIT compilation time, how many classes Spark's code generator
-compiled (a cache miss each), GC time and the load's own stage timings. A rerun of an hour
+compiled (a cache miss each), GC time, memory (the load's peak resident set, JVM + Python; then,
+after a full GC, the heap's live set / committed size and non-heap in use) and the load's own stage
+timings. A rerun of an hour
 generates exactly the code of its first run, so "new hour vs rerun" isolates what per-hour code
 generation costs; JIT and compile counts are far steadier than wall time on a shared machine.
 Nothing is asserted: it reports (a test runs it on tiny data so it never rots).
@@ -46,6 +48,16 @@ class JvmCounters:
         return (int(self.mf.getCompilationMXBean().getTotalCompilationTime()),
                 int(self.codegen.getCount()), int(gc))
 
+    def memory_mib(self) -> dict[str, int]:
+        """After a full GC: the heap's live set and committed size, and non-heap (metaspace, code
+        cache) in use; MiB. Tells a growing live set (a leak, a filling cache) from a heap the
+        collector merely expanded."""
+        self.mf.getMemoryMXBean().gc()
+        heap = self.mf.getMemoryMXBean().getHeapMemoryUsage()
+        non_heap = self.mf.getMemoryMXBean().getNonHeapMemoryUsage()
+        return {"heap_live_mib": heap.getUsed() >> 20, "heap_committed_mib": heap.getCommitted() >> 20,
+                "non_heap_mib": non_heap.getUsed() >> 20}
+
 
 def profile(work: Path, rows: int, hours: int, rerun_last: int, conf: dict[str, str],
             out: Any = sys.stdout) -> list[dict[str, Any]]:
@@ -74,11 +86,14 @@ def profile(work: Path, rows: int, hours: int, rerun_last: int, conf: dict[str, 
         rec = {"hour": i, "kind": kind, "seconds": round(cost.seconds, 2),
                "cpu_seconds": round(cost.cpu_seconds, 1), "jit_ms": jit,
                "codegen_compiles": compiles, "gc_ms": gc, "rows_in": r.rows_in,
-               "index_rows_read": r.index_rows_read, "stages": r.seconds}
+               "index_rows_read": r.index_rows_read, "stages": r.seconds,
+               "peak_rss_mib": cost.peak_rss_bytes >> 20, **counters.memory_mib()}
         records.append(rec)
         stages = " ".join(f"{k}={v:.2f}" for k, v in r.seconds.items() if k != "total" and v >= 0.01)
         print(f"h{i:<3} {kind:5} {cost.seconds:6.2f}s cpu {cost.cpu_seconds:5.1f}s "
-              f"jit {jit / 1000:5.1f}s compiles {compiles:3d} gc {gc / 1000:4.1f}s | {stages}",
+              f"jit {jit / 1000:5.1f}s compiles {compiles:3d} gc {gc / 1000:4.1f}s "
+              f"| rss {rec['peak_rss_mib']} heap {rec['heap_live_mib']}/"
+              f"{rec['heap_committed_mib']} non-heap {rec['non_heap_mib']} MiB | {stages}",
               file=out, flush=True)
     new = [r for r in records if r["kind"] == "new"]
     late = new[len(new) // 2:]

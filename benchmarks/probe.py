@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -103,3 +104,33 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     t0 = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0
+
+
+def _descendants(pid: int) -> list[int]:
+    out = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+                for child in f.read().split():
+                    out += [int(child), *_descendants(int(child))]
+    return out
+
+
+def run_process(cmd: list[str], env: dict[str, str] | None = None, log: str | None = None,
+                poll: float = 0.2) -> tuple[int, float, int]:
+    """Run a whole process (a `dedup-pipeline run`, say): its exit code, wall seconds and peak
+    memory, the high-water mark of the process plus that of its largest descendant (the driver
+    JVM a PySpark process starts; Spark's short shell helpers are left out). Polled every `poll`
+    seconds while it runs, as the marks vanish with the processes."""
+    hwm: dict[int, int] = {}
+    t0 = time.perf_counter()
+    with open(log or os.devnull, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            for pid in [proc.pid, *_descendants(proc.pid)]:
+                with contextlib.suppress(OSError):
+                    hwm[pid] = max(hwm.get(pid, 0), _peak_rss_bytes(pid))
+            time.sleep(poll)
+    took = time.perf_counter() - t0
+    own = hwm.pop(proc.pid, 0)
+    return proc.returncode, took, own + max(hwm.values(), default=0)

@@ -11,9 +11,14 @@ session. Every measured step starts with the hour's landing files in the page ca
 it loads (a), (f) the pipeline without expiry and (d), which all need every hour; at the measured
 hours (history lengths `--points`, three consecutive hours each) it also runs (b) the naive
 anti-join, (c) recompute and (e) the plain copy, and checks that (a) and (b) keep exactly the
-same unique rows and that both conserve rows. Then the 1e6-row scenario (T4)
-and the backfill as whole processes (T5). It prints a table with the target ratios and writes
-`benchmarks/results/<stamp>.json`, a PNG plot and (full runs) `benchmarks/RESULTS.md`.
+same unique rows and that both conserve rows. At the first hour of each point (a)'s hour is
+also rerun by a `dedup-pipeline run` process of its own, a fresh driver as a Dagster run has one
+(T6f: memory per run, without the warm-up of a JVM that has loaded every hour before; the rerun
+must leave the same unique rows). Then the 1e6-row scenario (T4) and the backfill as whole
+processes (T5). `--skip` takes parts (big, backfill, fresh) and peers (streaming,
+pipeline_noexp, naive, recompute, floor) for exploratory runs. It prints a table with the target
+ratios and writes `benchmarks/results/<stamp>.json`, a PNG plot and (full runs)
+`benchmarks/RESULTS.md`.
 `--long` is the run for T2 at 720 h of history: only (a) every hour and (b), (e) at 24, 168 and
 720 h; its data lives in `work/long/` and it rewrites only the long-run section of RESULTS.md
 (a full run keeps that section).
@@ -41,7 +46,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from benchmarks import systems
-from benchmarks.probe import Cost, measured
+from benchmarks.probe import Cost, measured, run_process
 from benchmarks.worker import System, Worker, dataset_from_spec
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.generate import generate_landing
@@ -80,6 +85,7 @@ class Plan:
     every_hour: tuple[str, ...] = EVERY_HOUR  # systems loaded every hour
     sampled: tuple[str, ...] = SAMPLED  # systems run at the measured hours only
     long: bool = False  # the long run: T2 at 720 h, its own section of RESULTS.md
+    fresh: bool = True  # T6f: rerun (a)'s first hour at each point in a process of its own
 
     @property
     def hours(self) -> int:
@@ -101,6 +107,7 @@ LONG = Plan(points=(24, 168, 720), rows_per_hour=100_000, big_rows_per_hour=1_00
             big_history=24, backfill_hours=0, separate_runs=0, every_hour=("pipeline",),
             sampled=("naive", "floor"), long=True)
 LONG_PARTS = {"big", "backfill"}  # never part of the long run
+PARTS = {"big", "backfill", "fresh"}  # what --skip takes, besides system names
 
 
 @dataclass
@@ -119,6 +126,7 @@ class Bench:
         self.plan, self.work, self.say = plan, work, say
         self.samples: list[Sample] = []
         self.failures: list[str] = []
+        self.fresh: list[dict[str, Any]] = []  # T6f: one rerun process per history point
 
     # ------------------------------------------------------------------ data
     def landing(self, name: str, hours: int, rows: int) -> Path:
@@ -207,6 +215,8 @@ class Bench:
                     line += f" (d) {cd.seconds:5.2f}s"
                 if i in measured_at:
                     line += self.sampled(spark, ds, hour, i, ra, scratch)
+                if plan.fresh and i in plan.points:
+                    line += self.fresh_driver(config, ds, hour, i, scratch)
                 if i + 1 < plan.hours and (i + 1) % 24 == 0:  # long runs: when will it end
                     left = (time.perf_counter() - t0) / (i + 1) * (plan.hours - i - 1)
                     line += f" | {i + 1}/{plan.hours} h, about {left / 60:.0f} min to go"
@@ -248,6 +258,39 @@ class Bench:
             line += f" unique (a)==(b): {'yes' if same else 'NO'}"
         return line
 
+    def fresh_driver(self, config: Path, ds: DatasetConfig, hour: datetime, i: int,
+                     scratch: Path) -> str:
+        """T6f: rerun (a)'s hour with `dedup-pipeline run`, a process and driver of its own with
+        the worker's Spark settings, and take its peak memory (JVM + Python). In production each
+        Dagster run (an hour, or a backfill range) starts its driver; the worker's resident set
+        also carries the warm-up of a JVM that has loaded every hour before (heap growth, code
+        cache, Spark's status store), which does not follow history. A rerun redoes the hour's
+        whole load (R10) and must leave the same unique rows: checked against (b) when it ran."""
+        cfg = self.cli_config(config, ds, "fresh.yaml", WORKER_CONF)
+        key = to_key(hour)
+        (self.work / "logs").mkdir(exist_ok=True)
+        seconds, peak = _cli_run(cfg, key, key, log=self.work / "logs" / f"fresh-{i}.log")
+        self.fresh.append({"hour": key, "history": i, "seconds": round(seconds, 2),
+                           "peak_rss_bytes": peak})
+        line = f" | fresh-driver rerun {seconds:5.1f}s {peak / 2**20:5.0f} MiB"
+        if "naive" in self.plan.sampled:
+            same = _same_unique(Path(ds.output), scratch / "naive", to_tag(hour),
+                                list(ds.source.schema))
+            if not same:
+                self.failures.append(f"{key}: the fresh-driver rerun changed (a)'s unique rows")
+            line += f" same unique: {'yes' if same else 'NO'}"
+        return line
+
+    def cli_config(self, config: Path, ds: DatasetConfig, name: str,
+                   conf: dict[str, str]) -> Path:
+        """A copy of the landing's config writing to `ds`'s output, with these Spark settings."""
+        raw = yaml.safe_load(config.read_text())
+        raw["datasets"][0]["output"] = str(Path(ds.output))
+        raw["spark"] = {"conf": dict(conf)}
+        cfg = config.parent / name
+        cfg.write_text(yaml.safe_dump(raw))
+        return cfg
+
     # ------------------------------------------------------------------ T4: big hours
     def run_big(self, spark: Any) -> None:
         plan = self.plan
@@ -283,22 +326,19 @@ class Bench:
     def run_backfill(self, config: Path) -> dict[str, Any]:
         plan = self.plan
         ds = self.dataset(config, "out/backfill")
-        raw = yaml.safe_load(config.read_text())
-        raw["datasets"][0]["output"] = str(Path(ds.output))
-        raw["spark"] = {"conf": {k: v for k, v in BENCH_CONF.items()}}
-        cfg = config.parent / "backfill.yaml"
-        cfg.write_text(yaml.safe_dump(raw))
+        cfg = self.cli_config(config, ds, "backfill.yaml", BENCH_CONF)
         start = parse_key(ds.start)
         first, last = to_key(start), to_key(start + (plan.backfill_hours - 1) * HOUR)
-        single = _cli_run(cfg, first, last)
+        single, peak = _cli_run(cfg, first, last)
         self.say(f"backfill {plan.backfill_hours} h as one run: {single:.1f}s "
-                 f"({single / plan.backfill_hours:.2f}s per hour)")
+                 f"({single / plan.backfill_hours:.2f}s per hour, peak {peak / 2**20:.0f} MiB)")
         separate = []
         for k in range(plan.separate_runs):
             key = to_key(start + (plan.backfill_hours + k) * HOUR)
-            separate.append(_cli_run(cfg, key, key))
+            separate.append(_cli_run(cfg, key, key)[0])
             self.say(f"separate one-hour run {key}: {separate[-1]:.1f}s")
         return {"backfill_hours": plan.backfill_hours, "single_run_seconds": round(single, 2),
+                "single_run_peak_rss_bytes": peak,
                 "single_run_per_hour": round(single / plan.backfill_hours, 3),
                 "separate_run_seconds": [round(s, 2) for s in separate],
                 "separate_run_per_hour": round(statistics.median(separate), 3)}
@@ -361,19 +401,19 @@ def _same_unique(a_root: Path, b_root: Path, tag: str, columns: list[str]) -> bo
     return rows(a_root) == rows(b_root)
 
 
-def _cli_run(cfg: Path, first: str, last: str) -> float:
-    """`dedup-pipeline run` as its own process (Spark start-up and Dagster included)."""
+def _cli_run(cfg: Path, first: str, last: str, log: Path | None = None) -> tuple[float, int]:
+    """`dedup-pipeline run` as its own process (Spark start-up and Dagster included): wall
+    seconds and peak memory (JVM + Python)."""
     with tempfile.TemporaryDirectory(prefix="bench-dagster-") as home:
         env = {**os.environ, "DAGSTER_HOME": home}
-        t0 = time.perf_counter()
-        proc = subprocess.run(
+        out = log or Path(home) / "run.log"
+        rc, took, peak = run_process(
             [sys.executable, "-m", "dedup_pipeline.cli", "run", "--config", str(cfg),
-             "--from", first, "--to", last], env=env, capture_output=True, text=True)
-        took = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"dedup-pipeline run {first}..{last} failed:\n{proc.stdout[-2000:]}"
-                           f"\n{proc.stderr[-2000:]}")
-    return took
+             "--from", first, "--to", last], env=env, log=str(out))
+        if rc != 0:
+            raise RuntimeError(f"dedup-pipeline run {first}..{last} failed (exit {rc}):\n"
+                               f"{out.read_text()[-4000:]}")
+    return took, peak
 
 
 # ---------------------------------------------------------------------- report
@@ -387,7 +427,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
-def targets(plan: Plan, samples: list[Sample], backfill: dict[str, Any] | None) -> list[dict]:
+def targets(plan: Plan, samples: list[Sample], backfill: dict[str, Any] | None,
+            fresh: list[dict[str, Any]] | None = None) -> list[dict]:
     lo, hi = min(plan.points), max(plan.points)
     a = {p: _median(samples, "pipeline", p) for p in plan.points}
     out: list[dict] = []
@@ -418,6 +459,10 @@ def targets(plan: Plan, samples: list[Sample], backfill: dict[str, Any] | None) 
     add("T6", f"peak driver memory (a) at {hi}h / at {lo}h",
         _ratio(_median(samples, "pipeline", hi, "peak_rss_bytes"),
                _median(samples, "pipeline", lo, "peak_rss_bytes")), "<=", 1.2)
+    peak = {f["history"]: f["peak_rss_bytes"] for f in fresh or []}
+    if lo in peak and hi in peak:
+        add("T6f", f"peak memory, fresh driver per run (a rerun) at {hi}h / at {lo}h",
+            _ratio(peak[hi], peak[lo]), "<=", 1.2)
     f_hi = [s for s in samples if s.system == "pipeline_noexp" and s.history in range(hi, hi + 3)]
     f_lo = [s for s in samples if s.system == "pipeline_noexp" and s.history in range(lo, lo + 3)]
     if f_hi and f_lo:
@@ -495,6 +540,17 @@ def plot(samples: list[Sample], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def fresh_text(fresh: list[dict[str, Any]]) -> str:
+    """T6f's measurements, one line per history point."""
+    if not fresh:
+        return ""
+    lines = ["(a) rerun by a fresh `dedup-pipeline run` process (Spark start-up and Dagster "
+             "included):"]
+    lines += [f"  {f['history']:>4}h  {f['hour']}  {f['seconds']:6.1f} s  "
+              f"peak {f['peak_rss_bytes'] / 2**20:5.0f} MiB" for f in fresh]
+    return "\n".join(lines)
+
+
 def results_md(plan: Plan, report: dict[str, Any], tbl: str, io: str, tgt: str,
                png_name: str) -> str:
     m = report["machine"]
@@ -517,6 +573,10 @@ expiry, 1% in-batch duplicates, 10% replays, 1% conflicts, 5% an hour or more la
 day late, 0.4% bad). Times are the median of three consecutive hours at each history length; CPU
 is the driver JVM's (executors are its threads in local mode) plus the Python driver's; memory is
 the peak resident set of both during the hour, in the system's own process for (a) and (d).
+That process has loaded every hour before, so its resident set also carries the JVM's warm-up
+(heap growth, code cache, Spark's status store); T6f measures memory as a Dagster run holds it:
+the first hour of each point rerun by a `dedup-pipeline run` process of its own (same settings
+as (a)'s process), which must leave the same unique rows.
 
 ## Per-hour load time
 
@@ -524,7 +584,7 @@ the peak resident set of both during the hour, in the system's own process for (
 
 {_md_pre(io)}
 
-![load time against history length]({png_name})
+{_fresh_block(report)}![load time against history length]({png_name})
 
 ## Targets
 
@@ -577,7 +637,7 @@ run in the runner's session; (a) and (b) are checked to keep identical unique ro
 
 {_md_pre(io)}
 
-![load time against history length, long run]({png_name})
+{_fresh_block(report)}![load time against history length, long run]({png_name})
 
 {_md_pre(measured_tgts)}
 
@@ -587,6 +647,11 @@ Correctness while measuring: {report["correctness"]}
 
 def _md_pre(text: str) -> str:
     return f"```\n{text}\n```"
+
+
+def _fresh_block(report: dict[str, Any]) -> str:
+    text = fresh_text(report.get("fresh_driver") or [])
+    return _md_pre(text) + "\n\n" if text else ""
 
 
 def targets_text(tgts: list[dict]) -> str:
@@ -619,7 +684,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="shorthand: measure at 24, 72 (168 with --long) and this many hours")
     ap.add_argument("--backfill-hours", type=int, help="hours in the single-run backfill (T5)")
     ap.add_argument("--big-history", type=int, help="history of the 1e6-row scenario (T4)")
-    ap.add_argument("--skip", default="", help="parts to skip: big, backfill (comma-separated)")
+    ap.add_argument("--skip", default="",
+                    help="parts to skip: big, backfill, fresh, or peers: streaming, "
+                         "pipeline_noexp, naive, recompute, floor (comma-separated; a run that "
+                         "skips anything leaves RESULTS.md as it is)")
     ap.add_argument("--long", action="store_true",
                     help="the long run for T2: history up to 720 h, (a) every hour, (b) and (e) "
                          "at 24, 168 and 720 h (about 2 h; its own section of RESULTS.md)")
@@ -639,6 +707,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.big_history is not None:
         plan = replace(plan, big_history=args.big_history)
     skip = {s for s in args.skip.split(",") if s} | (LONG_PARTS if plan.long else set())
+    unknown = skip - PARTS - set(SYSTEMS) | ({"pipeline"} & skip)
+    if unknown:
+        ap.error(f"--skip {','.join(sorted(unknown))}: not a part or peer; parts: "
+                 f"{', '.join(sorted(PARTS))}; peers: "
+                 f"{', '.join(k for k in SYSTEMS if k != 'pipeline')}")
+    plan = replace(plan, every_hour=tuple(x for x in plan.every_hour if x not in skip),
+                   sampled=tuple(x for x in plan.sampled if x not in skip),
+                   fresh=plan.fresh and "fresh" not in skip)
     work = Path(args.work).resolve() / ("long" if plan.long else "")  # keeps the full run's data
     results = Path(args.results).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -661,9 +737,9 @@ def main(argv: list[str] | None = None) -> int:
         bench.run_big(spark)
     backfill = None if "backfill" in skip else bench.run_backfill(config)
 
-    tgts = targets(plan, bench.samples, backfill)
+    tgts = targets(plan, bench.samples, backfill, bench.fresh)
     tbl, io, tgt = table(plan, bench.samples), pipeline_io(plan, bench.samples), targets_text(tgts)
-    print("\n" + tbl + "\n\n" + io + "\n\n" + tgt + "\n")
+    print("\n" + tbl + "\n\n" + io + "\n\n" + fresh_text(bench.fresh) + "\n\n" + tgt + "\n")
     correctness = ("every measured hour: (a) and (b) kept identical unique rows; (a), (b) and (f) "
                    "conserved rows" if not bench.failures else "; ".join(bench.failures))
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
@@ -676,6 +752,7 @@ def main(argv: list[str] | None = None) -> int:
                        **{k: v for k, v in BENCH_CONF.items() if k != "spark.driver.memory"}},
         "worker_conf": WORKER_CONF,
         "samples": [asdict(s) for s in bench.samples], "backfill": backfill,
+        "fresh_driver": bench.fresh,
         "targets": tgts, "correctness": correctness, "failures": bench.failures,
     }
     (results / f"{stamp}.json").write_text(json.dumps(report, indent=1, default=str))

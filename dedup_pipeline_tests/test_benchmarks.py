@@ -58,6 +58,30 @@ def test_full_and_long_runs_each_keep_the_others_part_of_results_md() -> None:
     assert with_long_section(md, None) == md
 
 
+def test_skip_names_parts_and_peers_and_refuses_anything_else(tmp_path: Path, capsys) -> None:
+    for bad in ("pipeline", "bigg", "backfill,stream"):
+        with pytest.raises(SystemExit) as e:
+            main(["--quick", "--work", str(tmp_path), "--skip", bad])
+        assert e.value.code == 2
+        assert "not a part or peer" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # refused before generating anything
+
+
+def test_run_process_reports_the_peak_of_a_process_tree(tmp_path: Path) -> None:
+    """The fresh-driver figure (T6f) counts the process and its largest child (the JVM)."""
+    import sys
+
+    from benchmarks.probe import run_process
+
+    child = "b = bytearray(400 * 2**20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(1)"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}], check=True)"
+    rc, seconds, peak = run_process([sys.executable, "-c", parent], log=str(tmp_path / "log"))
+    assert rc == 0 and seconds >= 1
+    assert 400 * 2**20 < peak < 600 * 2**20
+    rc, _, _ = run_process([sys.executable, "-c", "raise SystemExit(3)"])
+    assert rc == 3
+
+
 @pytest.mark.slow
 def test_quick_benchmark_runs_every_system_and_reports(spark, tmp_path: Path, capsys) -> None:
     results = tmp_path / "results"
@@ -70,9 +94,14 @@ def test_quick_benchmark_runs_every_system_and_reports(spark, tmp_path: Path, ca
     seen = {s["system"] for s in report["samples"]}
     assert seen == {*SYSTEMS, "big_pipeline", "big_floor"}
     assert report["failures"] == []  # (a) == (b) unique rows and conservation at every measured hour
-    assert {t["target"] for t in report["targets"]} == {"T1", "T2", "T3", "T4", "T5", "T6", "T7a", "T7b"}
+    assert {t["target"] for t in report["targets"]} == {"T1", "T2", "T3", "T4", "T5", "T6", "T6f",
+                                                         "T7a", "T7b"}
     assert all(t["value"] is not None for t in report["targets"])
     assert report["backfill"]["separate_run_per_hour"] > 0
+    # T6f: the first hour of each point rerun by a process of its own, which measured a driver
+    # JVM (hundreds of MiB, not just the Python process) and left the same unique rows (failures)
+    assert [f["history"] for f in report["fresh_driver"]] == list(QUICK.points)
+    assert all(f["peak_rss_bytes"] > 300 * 2**20 for f in report["fresh_driver"])
     png = next(results.glob("*.png"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -6,10 +6,10 @@ Loads `--hours` consecutive generated hours into a fresh output directory with `
 reruns the last hour `--rerun-last` times. Per load it prints wall and CPU seconds (driver JVM +
 Python, `probe.measured`), the JVM's JIT compilation time, how many classes Spark's code generator
 compiled (a cache miss each), GC time, memory (the load's peak resident set, JVM + Python; then,
-after a full GC, the heap's live set / committed size and non-heap in use) and the load's own stage
-timings. A rerun of an hour
-generates exactly the code of its first run, so "new hour vs rerun" isolates what per-hour code
-generation costs; JIT and compile counts are far steadier than wall time on a shared machine.
+after a full GC, the heap's live set / committed size and non-heap in use) and the load's own
+stage timings. A rerun of an hour generates exactly the code of its first run, so "new hour vs
+rerun" isolates what per-hour code generation costs; JIT and compile counts are far steadier than
+wall time on a shared machine.
 Nothing is asserted: it reports (a test runs it on tiny data so it never rots).
 """
 

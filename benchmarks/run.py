@@ -739,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tgts = targets(plan, bench.samples, backfill, bench.fresh)
     tbl, io, tgt = table(plan, bench.samples), pipeline_io(plan, bench.samples), targets_text(tgts)
-    print("\n" + tbl + "\n\n" + io + "\n\n" + fresh_text(bench.fresh) + "\n\n" + tgt + "\n")
+    print("\n" + "\n\n".join(b for b in (tbl, io, fresh_text(bench.fresh), tgt) if b) + "\n")
     correctness = ("every measured hour: (a) and (b) kept identical unique rows; (a), (b) and (f) "
                    "conserved rows" if not bench.failures else "; ".join(bench.failures))
     stamp = started.strftime("%Y%m%dT%H%M%SZ")

@@ -1,6 +1,6 @@
 """The benchmark: this pipeline against its peers, side by side in one run (SPEC N1, N2).
 
-    ./scripts/bench.sh            # the full run (1.2-1.75 h on 2 cores; writes RESULTS.md)
+    ./scripts/bench.sh            # the full run (1-1.75 h on 2 cores; writes RESULTS.md)
     ./scripts/bench.sh --quick    # tiny data, a few minutes: what the test suite runs
     ./scripts/bench.sh --long     # T2 at 720 h: (a) every hour, (b) and (e) sampled (~2 h)
 

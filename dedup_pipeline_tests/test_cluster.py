@@ -204,7 +204,6 @@ def test_connect_client_passes_only_settings_a_client_can_set(monkeypatch: pytes
     assert set(session_conf(local)) >= STATIC_CONF  # start-up settings: only where we start Spark
 
 
-
 def test_local_session_runs_the_throughput_collector(spark: SparkSession,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """BASE_CONF's JVM option reaches the JVM that PySpark starts (Parallel GC: 28% faster warm

@@ -52,8 +52,7 @@ BASE_CONF = {
     "spark.executor.extraJavaOptions": PARALLEL_GC,
 }
 # Settings Spark reads only when the session starts: a Spark Connect client cannot set them
-STATIC_CONF = {"spark.sql.codegen.cache.maxEntries", "spark.driver.extraJavaOptions",
-               "spark.executor.extraJavaOptions"}
+STATIC_CONF = {"spark.sql.codegen.cache.maxEntries"}
 CONF_PREFIX = "DEDUP_SPARK_CONF_"
 
 

@@ -2,7 +2,7 @@
 
     ./scripts/bench.sh            # the full run (1-1.75 h on 2 cores; writes RESULTS.md)
     ./scripts/bench.sh --quick    # tiny data, a few minutes: what the test suite runs
-    ./scripts/bench.sh --long     # T2 at 720 h: (a) every hour, (b) and (e) sampled (~2 h)
+    ./scripts/bench.sh --long     # T2 at 720 h: (a) every hour, (b) and (e) sampled (~45 min)
 
 Hours in order, one system computing at a time. (a) this pipeline and (d) Structured Streaming
 each run in a process and Spark session of their own (benchmarks/worker.py: so each has its own

@@ -2,7 +2,7 @@
 # The benchmark (benchmarks/run.py): this pipeline vs naive anti-join, recompute, Structured
 # Streaming and a plain copy, side by side in one run. `--quick` for a minute on tiny data.
 # The full run (--backfill-hours 24) takes 1-1.75 h on 2 cores and ~15 GB in benchmarks/work/;
-# --long (T2 at 720 h) ~2 h and ~25 GB more in benchmarks/work/long/.
+# --long (T2 at 720 h) ~45 min and ~15 GB more in benchmarks/work/long/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh

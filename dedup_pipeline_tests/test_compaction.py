@@ -16,10 +16,11 @@ import pytest
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import compaction
+from dedup_pipeline.engine import commits, compaction, index
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.rebuild import check_index, rebuild_index
 from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.hours import parse_key, to_tag
 from dedup_pipeline_tests.conftest import dataset_config, write_hour
 
 HOURS = [f"2026-11-01-{h:02d}:00" for h in range(6)]
@@ -74,6 +75,16 @@ def _rows(ds: DatasetConfig) -> dict[str, list[tuple]]:
     return out
 
 
+def _entries_read_by(spark: SparkSession, ds: DatasetConfig, hour: str) -> list[dict[str, Any]]:
+    """The index entries a (re)load of `hour` probes, before the expiry filter (every slice)."""
+    st = Storage(ds.output)
+    tag = to_tag(parse_key(hour))
+    readable = {t for t in commits.committed_tags(st) if t < tag}
+    live = index.live_files(ds, check_index(st, ds).files, readable, None)
+    df = index.read_live(spark, ds, st, live, tag)
+    return [] if df is None else sorted((r.asDict() for r in df.collect()), key=repr)
+
+
 @pytest.mark.parametrize("expiry", [False, True], ids=["no_expiry", "expiry"])
 def test_compaction_never_changes_results(spark: SparkSession, tmp_path: Path, expiry: bool) -> None:
     on, off = _datasets(tmp_path, expiry)
@@ -87,6 +98,15 @@ def test_compaction_never_changes_results(spark: SparkSession, tmp_path: Path, e
     assert not compaction.list_compacted(Storage(off.output))
     assert check_index(st, on).ok
     assert _rows(on) == _rows(off)
+    # a (re)load of any hour probes exactly the entries of earlier loads, compacted or not: a
+    # compacted directory also holds the hour's own and later loads, which it must not see (R10)
+    tags = {h: to_tag(parse_key(h)) for h in HOURS[:5]}
+    straddled = [h for h in HOURS[:5] if any(min(c.loads) < tags[h] <= max(c.loads) for c in merged)]
+    assert straddled, "no compacted directory holds both earlier and later loads: nothing tested"
+    for h in HOURS[:5]:
+        seen = _entries_read_by(spark, on, h)
+        assert seen == _entries_read_by(spark, off, h), h
+        assert all(e[index.LOAD_HOUR] < tags[h] for e in seen), h
 
     # a rerun of an hour whose entries are inside a compacted directory
     inside = sorted({t for c in merged for t in c.loads})[1]

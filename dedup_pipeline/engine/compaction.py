@@ -6,8 +6,9 @@ commits, a slice with at least `index.compact_after` per-load directories of com
 them merged into ``index/slice=n/compact=<first>_<last>/`` with a ``_manifest.json`` naming the
 loads and files it holds. Entries keep their `_load_hour`, so nothing about a read changes:
 
-- a load H reads a compacted directory if it holds an earlier load, always with
-  ``_load_hour < H`` (index.read_live), so a rerun still sees only earlier loads;
+- a load H reads a compacted directory if it holds an earlier load, with ``_load_hour < H``
+  when it also holds H or a later load (index.read_live), so a rerun still sees only earlier
+  loads;
 - a per-load directory whose load a compacted directory of the same slice holds is ignored by
   readers and by damage detection (a crash between the compacted directory's rename, which is
   atomic, and the deletion of the merged directories leaves such leftovers; the next compaction

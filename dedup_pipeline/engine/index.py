@@ -115,14 +115,22 @@ def read_live(spark: SparkSession, ds: DatasetConfig, st: Storage, files: list[I
               tag: str) -> DataFrame | None:
     """The entries of loads before `tag` in the given files (`live_files`); None if no files.
 
-    The `_load_hour` filter matters only for compacted files, which may also hold later loads
-    (a rerun of an hour inside a compacted range). Which of them are live (v >= X_H) is decided
-    after the probe (`classify.candidates`), against X_H as data rather than a literal (`expiry`).
+    Only a compacted file can also hold entries of `tag` or later loads (a rerun of an hour inside a
+    compacted range), so only such files are read with ``_load_hour < tag``. Every other file
+    holds one earlier load: filtering it would compare a string on every entry for nothing
+    (measured: 0.7 s of a 3.2 s probe of 19.3M entries). Which entries are live (v >= X_H) is
+    decided after the probe (`classify.candidates`), against X_H as data rather than a literal.
     """
     if not files:
         return None
-    paths = [st.spark_path(INDEX, f.rel) for f in files]
-    return spark.read.schema(entry_schema(ds)).parquet(*paths).filter(F.col(LOAD_HOUR) < F.lit(tag))
+    reads = []
+    for later in (False, True):
+        part = [f for f in files if any(t >= tag for t in f.holds) == later]
+        if not part:
+            continue
+        df = spark.read.schema(entry_schema(ds)).parquet(*[st.spark_path(INDEX, f.rel) for f in part])
+        reads.append(df.filter(F.col(LOAD_HOUR) < F.lit(tag)) if later else df)
+    return reads[0] if len(reads) == 1 else reads[0].unionByName(reads[1])
 
 
 def check_retention(st: Storage, ds: DatasetConfig, x: float | None) -> None:

@@ -99,7 +99,7 @@ def test_compaction_never_changes_results(spark: SparkSession, tmp_path: Path, e
     assert check_index(st, on).ok
     assert _rows(on) == _rows(off)
     # a (re)load of any hour probes exactly the entries of earlier loads, compacted or not: a
-    # compacted directory also holds the hour's own and later loads, which it must not see (R10)
+    # compacted directory can also hold the hour's own and later loads, which it must not see (R10)
     tags = {h: to_tag(parse_key(h)) for h in HOURS[:5]}
     straddled = [h for h in HOURS[:5] if any(min(c.loads) < tags[h] <= max(c.loads) for c in merged)]
     assert straddled, "no compacted directory holds both earlier and later loads: nothing tested"

@@ -123,13 +123,14 @@ def read_live(spark: SparkSession, ds: DatasetConfig, st: Storage, files: list[I
     """
     if not files:
         return None
-    reads = []
-    for later in (False, True):
-        part = [f for f in files if any(t >= tag for t in f.holds) == later]
-        if not part:
-            continue
-        df = spark.read.schema(entry_schema(ds)).parquet(*[st.spark_path(INDEX, f.rel) for f in part])
-        reads.append(df.filter(F.col(LOAD_HOUR) < F.lit(tag)) if later else df)
+
+    def read(part: list[IndexFile]) -> DataFrame:
+        return spark.read.schema(entry_schema(ds)).parquet(*[st.spark_path(INDEX, f.rel) for f in part])
+
+    earlier = [f for f in files if max(f.holds) < tag]
+    mixed = [f for f in files if max(f.holds) >= tag]
+    reads = ([read(earlier)] if earlier else []) + (
+        [read(mixed).filter(F.col(LOAD_HOUR) < F.lit(tag))] if mixed else [])
     return reads[0] if len(reads) == 1 else reads[0].unionByName(reads[1])
 
 

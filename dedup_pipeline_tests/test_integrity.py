@@ -11,8 +11,18 @@ import subprocess
 import time
 from pathlib import Path
 
+import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dedup_pipeline.defs.recovery import build_rebuild_job, build_recovery_sensor
+from dedup_pipeline.engine.commits import CommitRecordError, read_commit
+from dedup_pipeline.engine.load import load_hours
+from dedup_pipeline.engine.rebuild import IndexDamagedError, check_index
 from dedup_pipeline.engine.storage import Lock, Storage
 from dedup_pipeline_tests import lock_worker
+from dedup_pipeline_tests.conftest import dataset_config, read_output, write_hour
 
 
 def _dead_pid() -> int:
@@ -72,3 +82,146 @@ def test_lock_is_exclusive_and_released(tmp_path: Path) -> None:
     (tmp_path / "w" / "_lock").write_text('{"host": "')
     with Lock(st, "c"):
         assert json.loads((tmp_path / "w" / "_lock").read_text())["owner"] == "c"
+
+
+# -- index content, commit records ---------------------------------------------------------------
+H = [f"2026-11-01-{h:02d}:00" for h in range(4)]
+
+
+def _ev(eid: str, h: int, m: int) -> dict:
+    return {"event_id": eid, "user_id": "u", "event_time": f"2026-11-01T{h:02d}:{m:02d}:00Z",
+            "url": f"/{eid}"}
+
+
+def _site(tmp: Path, **extra: object):
+    """Hours 0-2: hour 0 has keys a0..a9; hour 2 repeats all of them (duplicates of hour 0)."""
+    ds = dataset_config(tmp, **extra)
+    write_hour(ds, H[0], [_ev(f"a{i}", 0, i) for i in range(10)])
+    write_hour(ds, H[1], [_ev(f"b{i}", 1, i) for i in range(5)])
+    write_hour(ds, H[2], [_ev(f"a{i}", 2, i) for i in range(10)] + [_ev("c0", 2, 30)])
+    return ds
+
+
+def _hour0_index_files(ds) -> list[Path]:
+    return sorted(Path(ds.output, "index").glob("slice=*/load_hour=2026-11-01-00/*.parquet"))
+
+
+def _flip_h1_same_size(ds, path: Path) -> None:
+    """Flip one bit of every `_h1` in an index file, keep it valid Parquet, and make the commit
+    record's size agree (the damage the size check cannot see); drop the stale .crc."""
+    t = pq.read_table(path)
+    i = t.schema.get_field_index("_h1")
+    flipped = pa.array([v ^ 1 for v in t.column(i).to_pylist()], pa.int64())
+    pq.write_table(t.set_column(i, "_h1", flipped), path)
+    crc = path.with_name(f".{path.name}.crc")
+    crc.unlink(missing_ok=True)
+    rec_file = Path(ds.output, "_commits", "load_hour=2026-11-01-00.json")
+    rec = json.loads(rec_file.read_text())
+    n = int(path.parent.parent.name.split("=")[1])
+    for f in rec["index_files"]:
+        if f["name"] == path.name and f["slice"] == n:
+            f["size"] = path.stat().st_size
+    rec_file.write_text(json.dumps(rec))
+
+
+def _ids(spark, ds, out: str, hour: str) -> set[str]:
+    return {r["event_id"] for r in read_output(spark, ds, out, hour)}
+
+
+def test_flipped_bits_in_index_are_caught_before_a_result_changes(spark, tmp_path: Path) -> None:
+    ds = _site(tmp_path)
+    load_hours(spark, ds, H[:2])
+    for p in _hour0_index_files(ds):
+        _flip_h1_same_size(ds, p)
+    assert check_index(Storage(ds.output), ds).ok  # listing alone cannot see it
+    with pytest.raises(IndexDamagedError, match=r"2026-11-01-00:00.*rebuild-index"):
+        load_hours(spark, ds, [H[2]])
+    st = Storage(ds.output)
+    assert not st.exists(st.path("_commits", "load_hour=2026-11-01-02.json"))
+    damage = check_index(st, ds)  # now every later check (the recovery sensor) reports it
+    assert not damage.ok and damage.damaged_loads == ["2026-11-01-00"]
+    sensor = build_recovery_sensor(ds, build_rebuild_job(ds))
+    res = sensor(dg.build_sensor_context())
+    assert [r.run_config["ops"]["clicks_rebuild_index"]["config"]["hours"]
+            for r in res.run_requests] == [["2026-11-01-00:00"]]
+    # with on_damaged_index: rebuild the load rebuilds first, and the results follow the rules
+    ds_rebuild = dataset_config(tmp_path, on_damaged_index="rebuild")
+    load_hours(spark, ds_rebuild, [H[2]])
+    assert _ids(spark, ds, "duplicates", H[2]) == {f"a{i}" for i in range(10)}
+    assert _ids(spark, ds, "unique", H[2]) == {"c0"}
+    assert {r["_first_load_hour"] for r in read_output(spark, ds, "duplicates", H[2])} == {
+        "2026-11-01-00:00"} or {r["_first_load_hour"] for r in read_output(
+            spark, ds, "duplicates", H[2])} == {"2026-11-01-00"}
+    assert check_index(st, ds).ok
+    assert not (Path(ds.output) / "index" / "_damaged.json").exists()
+
+
+def test_stale_crc_on_a_file_without_a_recorded_hash_is_index_damage(spark, tmp_path: Path) -> None:
+    """Records of earlier versions carry no hashes: a Hadoop ChecksumException is the same damage."""
+    ds = _site(tmp_path)
+    load_hours(spark, ds, H[:2])
+    for rec_file in Path(ds.output, "_commits").glob("*.json"):
+        rec = json.loads(rec_file.read_text())
+        for f in rec["index_files"]:
+            f.pop("sha256", None)
+        rec_file.write_text(json.dumps(rec))
+    for p in _hour0_index_files(ds):  # same-size random bytes, the .crc left as it was
+        data = bytearray(p.read_bytes())
+        data[4:len(data) - 8] = os.urandom(len(data) - 12)
+        p.write_bytes(bytes(data))
+    with pytest.raises(IndexDamagedError, match=r"checksum.*rebuild-index"):
+        load_hours(spark, ds, [H[2]])
+    assert check_index(Storage(ds.output), ds).damaged_loads == ["2026-11-01-00"]
+    load_hours(spark, dataset_config(tmp_path, on_damaged_index="rebuild"), [H[2]])
+    assert _ids(spark, ds, "duplicates", H[2]) == {f"a{i}" for i in range(10)}
+    assert check_index(Storage(ds.output), ds).ok
+
+
+def test_a_damaged_commit_record_names_file_hour_and_fix(spark, tmp_path: Path) -> None:
+    ds = _site(tmp_path)
+    load_hours(spark, ds, H[:2])
+    rec_file = Path(ds.output, "_commits", "load_hour=2026-11-01-01.json")
+    good = rec_file.read_text()
+    for bad in (good[: len(good) // 2], json.dumps({"load_hour": "2026-11-01-01"}), "[]"):
+        rec_file.write_text(bad)
+        with pytest.raises(IndexDamagedError) as ei:
+            load_hours(spark, ds, [H[2]])
+        msg = str(ei.value)
+        assert str(rec_file) in msg and "2026-11-01-01:00" in msg and "Rerun that hour" in msg
+        damage = check_index(Storage(ds.output), ds)
+        assert list(damage.bad_records) == ["2026-11-01-01"] and not damage.ok
+        with pytest.raises(CommitRecordError, match="2026-11-01-01:00"):
+            read_commit(Storage(ds.output), "2026-11-01-01")
+    load_hours(spark, ds, [H[1]])  # the fix the message names: rerun that hour
+    load_hours(spark, ds, [H[2]])
+    assert _ids(spark, ds, "unique", H[1]) == {f"b{i}" for i in range(5)}
+    assert _ids(spark, ds, "duplicates", H[2]) == {f"a{i}" for i in range(10)}
+    assert check_index(Storage(ds.output), ds).ok
+
+
+def test_compacted_index_files_carry_hashes_and_damage_in_them_is_caught(spark,
+                                                                         tmp_path: Path) -> None:
+    ds = _site(tmp_path, index={"compact_after": 2})
+    load_hours(spark, ds, H[:2])
+    compacted = sorted(Path(ds.output, "index").glob("slice=*/compact=*/*.parquet"))
+    assert compacted
+    manifest = json.loads((compacted[0].parent / "_manifest.json").read_text())
+    assert all(len(f["sha256"]) == 64 for f in manifest["files"])
+    for p in compacted:
+        t = pq.read_table(p)
+        i = t.schema.get_field_index("_h1")
+        pq.write_table(t.set_column(i, "_h1", pa.array([v ^ 4 for v in t.column(i).to_pylist()],
+                                                       pa.int64())), p)
+        p.with_name(f".{p.name}.crc").unlink(missing_ok=True)
+        m = json.loads((p.parent / "_manifest.json").read_text())
+        for f in m["files"]:
+            if f["name"] == p.name:
+                f["size"] = p.stat().st_size
+        (p.parent / "_manifest.json").write_text(json.dumps(m))
+    with pytest.raises(IndexDamagedError, match="rebuild-index"):
+        load_hours(spark, ds, [H[2]])
+    load_hours(spark, dataset_config(tmp_path, index={"compact_after": 2},
+                                     on_damaged_index="rebuild"), [H[2]])
+    assert _ids(spark, ds, "duplicates", H[2]) == {f"a{i}" for i in range(10)}
+    assert _ids(spark, ds, "unique", H[2]) == {"c0"}
+    assert check_index(Storage(ds.output), ds, content=True).ok

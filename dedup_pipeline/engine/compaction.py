@@ -63,10 +63,23 @@ def list_compacted(st: Storage) -> list[Compacted]:
                 continue
             try:
                 m = st.read_json(st.path(INDEX, sdir, d, MANIFEST))
-            except (FileNotFoundError, ValueError):
+            except (FileNotFoundError, ValueError, UnicodeDecodeError):
                 m = {}
+            if not _valid_manifest(m):
+                m = {}  # a damaged manifest: the directory is damaged (rebuilt from unique)
             out.append(Compacted(n, d, tuple(m.get("loads", ())), tuple(m.get("files", ()))))
     return out
+
+
+def _valid_manifest(m: object) -> bool:
+    if not isinstance(m, dict):
+        return False
+    loads, files = m.get("loads", []), m.get("files", [])
+    return (isinstance(loads, list) and all(isinstance(t, str) for t in loads)
+            and isinstance(files, list)
+            and all(isinstance(f, dict) and isinstance(f.get("name"), str)
+                    and isinstance(f.get("size"), int) and isinstance(f.get("rows", 0), int | None)
+                    and isinstance(f.get("sha256", ""), str) for f in files))
 
 
 def covered(compacted: list[Compacted]) -> set[tuple[int, str]]:
@@ -85,7 +98,9 @@ def _write(spark: SparkSession, ds: DatasetConfig, st: Storage, n: int, name: st
     (df.coalesce(1).write.mode("overwrite").option("maxRecordsPerFile", ROWS_PER_FILE)
      .parquet(st.spark_path(WORK, f"{SLICE}={n}", name)))
     files = [{"name": p.rsplit("/", 1)[1], "size": int(st.fs.info(p).get("size") or 0),
-              "rows": st.parquet_rows(p)} for p in st.list_files(work, ".parquet")]
+              "rows": st.parquet_rows(p), "sha256": st.sha256(p)}
+             for p in st.list_files(work, ".parquet")]
+    st.sync_tree(work)  # the data is on disk before the manifest that vouches for it
     st.write_json_atomic(f"{work}/{MANIFEST}", {"slice": n, "loads": loads, "files": files})
     return work
 

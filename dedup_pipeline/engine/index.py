@@ -53,6 +53,7 @@ class IndexFile:
     rows: int | None  # None in commit records written before rows were recorded
     dir: str = ""  # directory below the slice: "load_hour=<tag>" (default) or "compact=<a>_<b>"
     loads: tuple[str, ...] = ()  # every load it holds entries of (default: just `tag`)
+    sha256: str | None = None  # content hash recorded when written; None in older records
 
     @property
     def rel(self) -> str:

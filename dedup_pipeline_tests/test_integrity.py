@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -21,6 +22,7 @@ from dedup_pipeline.engine.commits import CommitRecordError, read_commit
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.rebuild import IndexDamagedError, check_index
 from dedup_pipeline.engine.storage import Lock, Storage
+from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline_tests import lock_worker
 from dedup_pipeline_tests.conftest import dataset_config, read_output, write_hour
 
@@ -192,6 +194,10 @@ def test_a_damaged_commit_record_names_file_hour_and_fix(spark, tmp_path: Path) 
         assert list(damage.bad_records) == ["2026-11-01-01"] and not damage.ok
         with pytest.raises(CommitRecordError, match="2026-11-01-01:00"):
             read_commit(Storage(ds.output), "2026-11-01-01")
+    sensor = build_recovery_sensor(ds, build_rebuild_job(ds))
+    res = sensor(dg.build_sensor_context())  # reported, and no rebuild of everything requested
+    assert isinstance(res, dg.SkipReason) and "2026-11-01-01:00" in str(res.skip_message)
+    assert "Rerun that hour" in str(res.skip_message)
     load_hours(spark, ds, [H[1]])  # the fix the message names: rerun that hour
     load_hours(spark, ds, [H[2]])
     assert _ids(spark, ds, "unique", H[1]) == {f"b{i}" for i in range(5)}
@@ -225,3 +231,76 @@ def test_compacted_index_files_carry_hashes_and_damage_in_them_is_caught(spark,
     assert _ids(spark, ds, "duplicates", H[2]) == {f"a{i}" for i in range(10)}
     assert _ids(spark, ds, "unique", H[2]) == {"c0"}
     assert check_index(Storage(ds.output), ds, content=True).ok
+
+
+def test_verify_reports_every_kind_of_warehouse_damage_without_crashing(spark,
+                                                                         tmp_path: Path) -> None:
+    ds = _site(tmp_path)
+    load_hours(spark, ds, H[:3])
+    assert verify_dataset(spark, ds).ok
+    out = Path(ds.output)
+    (out / "unique/load_hour=2026-11-01-00/notes.txt").write_text("operator notes\n")
+    (out / "unique/load_hour=2026-11-01-00/extra").mkdir()
+    (out / "unique/README.md").write_text("hi\n")
+    dup = next((out / "duplicates/load_hour=2026-11-01-02").glob("*.parquet"))
+    shutil.copy(dup, dup.with_name("part-99999-copy.snappy.parquet"))
+    (out / "expired/load_hour=2026-11-01-01/part-broken.parquet").write_bytes(b"PAR1garbagePAR1")
+    orphan = out / "rejected/load_hour=2026-11-01-05"
+    shutil.copytree(out / "rejected/load_hour=2026-11-01-00", orphan)
+    rec = out / "_commits/load_hour=2026-11-01-01.json"
+    rec.write_text(rec.read_text()[:40])
+    for p in _hour0_index_files(ds)[:1]:
+        _flip_h1_same_size(ds, p)
+    idx = _hour0_index_files(ds)[0].relative_to(out)
+
+    rep = verify_dataset(spark, ds)
+    assert not rep.ok
+    text = "\n".join(rep.violations)
+
+    def reported(hour: str, *needles: str) -> bool:
+        return any(v.startswith(hour) and all(n in v for n in needles) for v in rep.violations)
+
+    assert reported("2026-11-01-00:00", "unique/load_hour=2026-11-01-00/notes.txt"), text
+    assert reported("2026-11-01-00:00", "unique/load_hour=2026-11-01-00/extra"), text
+    assert reported("unique/README.md"), text
+    assert reported("2026-11-01-02:00", "part-99999-copy.snappy.parquet", "commit record"), text
+    assert reported("2026-11-01-02:00", "conservation broken"), text
+    assert reported("2026-11-01-01:00", "expired/load_hour=2026-11-01-01/part-broken.parquet",
+                    "not readable"), text
+    assert reported("2026-11-01-05:00", "rejected/load_hour=2026-11-01-05", "no commit record"), text
+    assert reported("2026-11-01-01:00", str(rec), "Rerun that hour"), text
+    assert reported("2026-11-01-00:00", str(idx.relative_to("index")), "SHA-256", "rebuild-index")
+    assert rep.bad_hours == {"2026-11-01-00", "2026-11-01-01", "2026-11-01-02", "2026-11-01-05"}
+
+
+def test_state_files_are_fsynced_before_and_after_the_rename(tmp_path: Path, monkeypatch) -> None:
+    """A commit record (and the lock) reach the disk before the rename, and the rename too."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace, real_link = os.fsync, os.replace, os.link
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src: str, dst: str) -> None:
+        events.append(("rename", str(dst)))
+        real_replace(src, dst)
+
+    def link(src: str, dst: str) -> None:
+        events.append(("rename", str(dst)))
+        real_link(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "link", link)
+    st = Storage(str(tmp_path / "w"))
+    target = st.path("_commits", "load_hour=2026-11-01-00.json")
+    st.write_json_atomic(target, {"x": 1})
+    commits_dir = str(tmp_path / "w" / "_commits")
+    assert [e[0] for e in events] == ["fsync", "rename", "fsync"], events
+    assert ".tmp-" in events[0][1] and events[1][1] == target and events[2][1] == commits_dir
+    events.clear()
+    with Lock(st, "me"):
+        kinds = [e for e in events if e[0] == "rename" or e[1] == str(tmp_path / "w")]
+        assert events[0][0] == "fsync" and ".tmp-" in events[0][1]
+        assert kinds[0] == ("rename", st.path("_lock")) and kinds[1] == ("fsync", st.path())

@@ -2,8 +2,10 @@
 
 - `{ds}_index_rebuild` job: rebuilds index entries from unique, for the given hours or all.
 - `{ds}_index_recovery_sensor`: compares the index files with the commit records (listing only, no
-  data read) and requests a rebuild of exactly the damaged loads; its run key names the damage, so
-  a repeated tick requests nothing new while that rebuild is pending.
+  data read; plus the content damage a load recorded in index/_damaged.json) and
+  requests a rebuild of exactly the damaged loads; its run key names the damage, so a repeated
+  tick requests nothing new while that rebuild is pending. A damaged commit record is reported
+  (skip reason and warning naming file, hour and fix), not rebuilt: rerunning the hour repairs it.
 - `dedup_run_failure_summary`: on any failed run, writes one paragraph (dataset, hours, stage,
   error) into that run's own event log, where the UI shows it next to the failure.
 """
@@ -42,7 +44,7 @@ def build_rebuild_job(ds: DatasetConfig) -> dg.JobDefinition:
             after = check_index(Storage(ds.output), ds)
         context.log.info(f"{ds.name}: rebuilt {res.entries} entries of {res.loads} load(s) in "
                          f"{res.seconds:.1f}s; index now: {after.summary()}")
-        if not after.ok:
+        if not after.index_ok:
             raise RuntimeError(f"{ds.name}: index still damaged after rebuild: {after.summary()}")
         context.log_event(dg.AssetObservation(
             asset_key=dg.AssetKey([ds.name, "index"]),
@@ -67,9 +69,12 @@ def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition) -> dg.Sensor
         damage = check_index(Storage(ds.output), ds)
         if damage.ok:
             return dg.SkipReason(f"{ds.name}: index healthy")
-        hours = [key_of(t) for t in damage.damaged_loads]
-        fingerprint = hashlib.sha256(repr((damage.missing, damage.unexpected)).encode()).hexdigest()
         context.log.warning(f"{ds.name}: {damage.summary()}")
+        hours = [key_of(t) for t in damage.damaged_loads]
+        if not hours:  # only damaged commit records: a rebuild cannot restore them, a rerun does
+            return dg.SkipReason(f"{ds.name}: {damage.summary()}")
+        fingerprint = hashlib.sha256(repr((damage.missing, damage.unexpected, damage.corrupt,
+                                           damage.old_format)).encode()).hexdigest()
         return dg.SensorResult(run_requests=[dg.RunRequest(
             run_key=f"{ds.name}:rebuild:{fingerprint[:16]}",
             run_config={"ops": {f"{ds.name}_rebuild_index": {"config": {"hours": hours}}}},

@@ -23,6 +23,7 @@ and the index entry set with and without it, including a rerun inside a compacte
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
@@ -105,8 +106,13 @@ def _write(spark: SparkSession, ds: DatasetConfig, st: Storage, n: int, name: st
     return work
 
 
-def compact(spark: SparkSession, ds: DatasetConfig, st: Storage, committed: set[str]) -> int:
-    """Merge the per-load directories of every slice that has `compact_after` of them; count."""
+def compact(spark: SparkSession, ds: DatasetConfig, st: Storage, committed: set[str],
+            intact: Callable[[int, list[str]], bool] | None = None) -> int:
+    """Merge the per-load directories of every slice that has `compact_after` of them; count.
+
+    `intact(slice, loads)` checks the sources' content first: merging a damaged file would give
+    its damage a fresh, matching hash. A slice that fails is left for the rebuild.
+    """
     threshold = ds.index.compact_after
     if threshold <= 0:
         return 0
@@ -122,7 +128,7 @@ def compact(spark: SparkSession, ds: DatasetConfig, st: Storage, committed: set[
         for t in leftovers:  # merged before a crash cut the clean-up short
             st.remove(st.path(INDEX, sdir, f"load_hour={t}"))
         loads = sorted(t for t in tags if t in committed and (n, t) not in done)
-        if len(loads) < threshold:
+        if len(loads) < threshold or (intact is not None and not intact(n, loads)):
             continue
         name = f"{COMPACT}={loads[0]}_{loads[-1]}"
         work = _write(spark, ds, st, n, name,

@@ -63,6 +63,7 @@ from dedup_pipeline.engine.rebuild import (
     IndexDamagedError,
     check_index,
     checksum_failure,
+    content_damage,
     damaged_message,
     ensure_healthy,
     ensure_intact,
@@ -257,6 +258,10 @@ def _run_load(
     commits.invalidate(st, tag)
     committed.discard(tag)
     index.clear_load(st, tag)
+    # a compacted file holding this hour is rewritten from its own bytes: check them first
+    if ensure_intact(spark, ds, st, [f for f in health.files.values() if f.loads and tag in f.holds],
+                     say, rerun=tag):
+        health = check_index(st, ds)
     if compaction.remove_load(spark, ds, st, tag):
         health = check_index(st, ds)  # compacted files were rewritten: read the new manifest
     for leftover in st.list_dirs(st.path(TMP)):
@@ -400,7 +405,14 @@ def _run_load(
             result.index_slices_deleted = index.apply_retention(
                 st, ds, floor_rec.get("expiry_point"))
     t = lap("retention", t)
-    compaction.compact(spark, ds, st, committed | {tag})
+    def intact(n: int, loads: list[str]) -> bool:
+        found = content_damage(st, [f for f in health.files.values()
+                                    if f.slice == n and set(f.holds) & set(loads)])
+        if found:
+            record_damage(st, found)
+        return not found
+
+    compaction.compact(spark, ds, st, committed | {tag}, intact)
     lap("compact", t)
     timings["total"] = round(time.perf_counter() - t0, 3)
     result.seconds = timings

@@ -353,7 +353,8 @@ def checksum_failure(error: BaseException) -> str | None:
     text = str(error)
     if "ChecksumException" not in text:
         return None
-    m = _CHECKSUM_PATH.search(text[text.index("ChecksumException"):])
+    m = (_CHECKSUM_PATH.search(text[text.index("ChecksumException"):])
+         or _CHECKSUM_PATH.search(text))
     return m.group(1) if m else None
 
 

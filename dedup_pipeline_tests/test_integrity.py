@@ -20,7 +20,7 @@ import pytest
 from dedup_pipeline.defs.recovery import build_rebuild_job, build_recovery_sensor
 from dedup_pipeline.engine.commits import CommitRecordError, read_commit
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.engine.rebuild import IndexDamagedError, check_index
+from dedup_pipeline.engine.rebuild import IndexDamagedError, check_index, checksum_failure
 from dedup_pipeline.engine.storage import Lock, Storage
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline_tests import lock_worker
@@ -171,6 +171,11 @@ def test_stale_crc_on_a_file_without_a_recorded_hash_is_index_damage(spark, tmp_
         data = bytearray(p.read_bytes())
         data[4:len(data) - 8] = os.urandom(len(data) - 12)
         p.write_bytes(bytes(data))
+    # what Spark itself says reading such a file becomes the same damage report (load.py)
+    damaged = _hour0_index_files(ds)[0]
+    with pytest.raises(Exception, match="ChecksumException") as ei:
+        spark.read.parquet(str(damaged)).collect()
+    assert checksum_failure(ei.value) == str(damaged.relative_to(Path(ds.output, "index")))
     with pytest.raises(IndexDamagedError, match=r"checksum.*rebuild-index"):
         load_hours(spark, ds, [H[2]])
     assert check_index(Storage(ds.output), ds).damaged_loads == ["2026-11-01-00"]
@@ -224,10 +229,12 @@ def test_compacted_index_files_carry_hashes_and_damage_in_them_is_caught(spark,
             if f["name"] == p.name:
                 f["size"] = p.stat().st_size
         (p.parent / "_manifest.json").write_text(json.dumps(m))
+    # a rerun inside the compacted range would rewrite the damaged file with a fresh hash: refused
     with pytest.raises(IndexDamagedError, match="rebuild-index"):
-        load_hours(spark, ds, [H[2]])
-    load_hours(spark, dataset_config(tmp_path, index={"compact_after": 2},
-                                     on_damaged_index="rebuild"), [H[2]])
+        load_hours(spark, ds, [H[1]])
+    rebuilding = dataset_config(tmp_path, index={"compact_after": 2}, on_damaged_index="rebuild")
+    load_hours(spark, rebuilding, [H[1]])  # rebuilds hour 0 first, then reloads hour 1
+    load_hours(spark, ds, [H[2]])
     assert _ids(spark, ds, "duplicates", H[2]) == {f"a{i}" for i in range(10)}
     assert _ids(spark, ds, "unique", H[2]) == {"c0"}
     assert check_index(Storage(ds.output), ds, content=True).ok

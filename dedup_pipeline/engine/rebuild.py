@@ -77,8 +77,9 @@ class IndexDamage:
             parts.append(f"hour {key_of(tag)}: {problem}")
         if self.corrupt:
             first = sorted(self.corrupt)[0]
-            parts.append(f"index files whose content differs from the hash recorded when they were "
-                         f"written, of {len(self.corrupt)} load(s): "
+            parts.append(f"index files whose content differs from what was recorded when they "
+                         f"were written (SHA-256, or the Hadoop checksum of older files), of "
+                         f"{len(self.corrupt)} load(s): "
                          f"{', '.join(key_of(t) for t in sorted(self.corrupt)[:5])}, e.g. "
                          f"index/{self.corrupt[first][0]}")
         if self.missing:
@@ -134,15 +135,19 @@ def _prune_marker(st: Storage, files: dict[str, index.IndexFile]) -> None:
 def content_damage(st: Storage, files: Iterable[index.IndexFile]) -> dict[str, str]:
     """The files (rel -> recorded hash) whose bytes do not hash to the recorded SHA-256.
 
-    Files written before hashes were recorded (sha256 None) are checked by size only (check_index);
-    a Hadoop ChecksumException while reading them is turned into the same damage (load.py).
+    Files written before hashes were recorded (sha256 None) are checked against their Hadoop
+    ``.crc`` sidecar if they have one (what Spark would check when reading them), else by size only
+    (check_index); a ChecksumException while reading them is the same damage (load.py).
     """
-    todo = [f for f in files if f.sha256]
+    todo = list(files)
     root = st.path(index.INDEX)
 
     def bad(f: index.IndexFile) -> bool:
+        path = f"{root}/{f.rel}"
         try:
-            return st.sha256(f"{root}/{f.rel}") != f.sha256
+            if f.sha256:
+                return st.sha256(path) != f.sha256
+            return st.crc_matches(path) is False
         except OSError:
             return True
 

@@ -136,6 +136,10 @@ def test_flipped_bits_in_index_are_caught_before_a_result_changes(spark, tmp_pat
     for p in _hour0_index_files(ds):
         _flip_h1_same_size(ds, p)
     assert check_index(Storage(ds.output), ds).ok  # listing alone cannot see it
+    # the recovery sensor's rolling content check finds it before any load reads it
+    res = build_recovery_sensor(ds, build_rebuild_job(ds))(dg.build_sensor_context())
+    assert [r.run_config["ops"]["clicks_rebuild_index"]["config"]["hours"]
+            for r in res.run_requests] == [["2026-11-01-00:00"]]
     with pytest.raises(IndexDamagedError, match=r"2026-11-01-00:00.*rebuild-index"):
         load_hours(spark, ds, [H[2]])
     st = Storage(ds.output)
@@ -259,6 +263,11 @@ def test_verify_reports_every_kind_of_warehouse_damage_without_crashing(spark,
     for p in _hour0_index_files(ds)[:1]:
         _flip_h1_same_size(ds, p)
     idx = _hour0_index_files(ds)[0].relative_to(out)
+    (out / "_commits/notes.txt").write_text("x")
+    (out / "_commits/load_hour=yesterday.json").write_text("{}")
+    stray = out / "index/slice=abc/load_hour=2026-11-01-00"
+    stray.mkdir(parents=True)
+    shutil.copy(out / idx, stray / "part-0.parquet")
 
     rep = verify_dataset(spark, ds)
     assert not rep.ok
@@ -277,6 +286,9 @@ def test_verify_reports_every_kind_of_warehouse_damage_without_crashing(spark,
     assert reported("2026-11-01-05:00", "rejected/load_hour=2026-11-01-05", "no commit record"), text
     assert reported("2026-11-01-01:00", str(rec), "Rerun that hour"), text
     assert reported("2026-11-01-00:00", str(idx.relative_to("index")), "SHA-256", "rebuild-index")
+    assert reported("_commits/notes.txt", "unexpected"), text
+    assert reported("_commits/load_hour=yesterday.json", "unexpected"), text
+    assert reported("2026-11-01-00:00", "index/slice=abc/load_hour=2026-11-01-00/part-0.parquet"), text
     assert rep.bad_hours == {"2026-11-01-00", "2026-11-01-01", "2026-11-01-02", "2026-11-01-05"}
 
 

@@ -90,8 +90,18 @@ def committed_tags(st: Storage) -> set[str]:
     for n in names:
         base = n.rstrip("/").rsplit("/", 1)[-1]
         if base.startswith(PREFIX) and base.endswith(".json"):
-            out.add(base[len(PREFIX):-len(".json")])
+            tag = base[len(PREFIX):-len(".json")]
+            if is_tag(tag):
+                out.add(tag)
     return out
+
+
+def is_tag(tag: str) -> bool:
+    """Whether `tag` is an hour as load_hour values spell it (2026-11-01-05)."""
+    try:
+        return to_tag(parse_key(tag)) == tag
+    except ValueError:
+        return False
 
 
 def read_commit(st: Storage, tag: str) -> dict[str, Any] | None:

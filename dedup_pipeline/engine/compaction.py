@@ -30,7 +30,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.index import INDEX, LOAD_HOUR, SLICE, entry_schema
+from dedup_pipeline.engine.index import INDEX, LOAD_HOUR, SLICE, entry_schema, slice_number
 from dedup_pipeline.engine.storage import Storage
 
 COMPACT = "compact"
@@ -56,9 +56,9 @@ class Compacted:
 def list_compacted(st: Storage) -> list[Compacted]:
     out = []
     for sdir in st.list_dirs(st.path(INDEX)):
-        if not sdir.startswith(f"{SLICE}="):
+        n = slice_number(sdir)
+        if n is None:
             continue
-        n = int(sdir.split("=", 1)[1])
         for d in st.list_dirs(st.path(INDEX, sdir)):
             if not d.startswith(f"{COMPACT}="):
                 continue
@@ -119,9 +119,9 @@ def compact(spark: SparkSession, ds: DatasetConfig, st: Storage, committed: set[
     done = covered(list_compacted(st))
     merged = 0
     for sdir in st.list_dirs(st.path(INDEX)):
-        if not sdir.startswith(f"{SLICE}="):
+        n = slice_number(sdir)
+        if n is None:
             continue
-        n = int(sdir.split("=", 1)[1])
         tags = [d.split("=", 1)[1] for d in st.list_dirs(st.path(INDEX, sdir))
                 if d.startswith("load_hour=")]
         leftovers = [t for t in tags if (n, t) in done]

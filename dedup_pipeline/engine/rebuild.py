@@ -98,10 +98,13 @@ class IndexDamage:
 
 
 def _kept_from(st: Storage) -> float | None:
+    """What retention deleted below; None if nothing (or unreadable: deleted slices then show as
+    missing files, so a damaged state file is index damage, repaired by a rebuild)."""
     try:
-        return st.read_json(st.path(index.INDEX, index.RETENTION_STATE)).get("kept_from")
-    except FileNotFoundError:
+        v = st.read_json(st.path(index.INDEX, index.RETENTION_STATE)).get("kept_from")
+    except (FileNotFoundError, ValueError, UnicodeDecodeError, AttributeError):
         return None
+    return v if isinstance(v, int | float) else None
 
 
 DAMAGED = "_damaged.json"  # index/_damaged.json: {rel: recorded sha256 or ""} found corrupt
@@ -156,6 +159,28 @@ def content_damage(st: Storage, files: Iterable[index.IndexFile]) -> dict[str, s
     return {f.rel: f.sha256 or "" for f, b in zip(todo, flags, strict=True) if b}
 
 
+def scrub(st: Storage, damage: IndexDamage, cursor: str, budget_bytes: int) -> str:
+    """Hash the next index files after `cursor` (by path, wrapping) up to `budget_bytes`; add what
+    differs to `damage.corrupt`; return the new cursor. The recovery sensor's rolling content
+    check: a bounded cost per tick, the whole index covered over successive ticks."""
+    order = sorted(damage.files)
+    if not order:
+        return ""
+    start = next((i for i, rel in enumerate(order) if rel > cursor), 0)
+    chosen: list[index.IndexFile] = []
+    size = 0
+    for rel in order[start:] + order[:start]:
+        if chosen and size + damage.files[rel].size > budget_bytes:
+            break
+        chosen.append(damage.files[rel])
+        size += damage.files[rel].size
+    for rel in sorted(content_damage(st, chosen)):
+        for t in damage.files[rel].holds:
+            if rel not in damage.corrupt.get(t, []):
+                damage.corrupt.setdefault(t, []).append(rel)
+    return chosen[-1].rel
+
+
 def check_index(st: Storage, ds: DatasetConfig, content: bool = False) -> IndexDamage:
     """Compare the index files on disk with what the commit records and compaction manifests say.
 
@@ -192,8 +217,11 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False) -> IndexD
         rel = path[len(root) + 1:]
         parts = rel.split("/")
         if len(parts) != 3 or not parts[0].startswith(f"{index.SLICE}="):
-            continue  # staging or compaction work areas
-        n, (kind, _, name) = int(parts[0].split("=", 1)[1]), parts[1].partition("=")
+            continue  # staging or compaction work areas (a load reads only listed files)
+        n, (kind, _, name) = index.slice_number(parts[0]), parts[1].partition("=")
+        if n is None:
+            actual[rel] = int(st.fs.info(path).get("size") or 0)  # reported as unexpected
+            continue
         if kind == "load_hour" and (name not in committed or (n, name) in merged
                                     or name in damage.bad_records):
             continue  # leftovers of an interrupted attempt or compaction (their rerun clears them)

@@ -254,6 +254,8 @@ class Storage:
         self.makedirs(dst.rsplit("/", 1)[0])
         if self.local:
             os.rename(src, dst)
+            fsync_dir(dst.rsplit("/", 1)[0])  # the rename itself survives a power loss
+            fsync_dir(src.rsplit("/", 1)[0])
         else:
             self.fs.mv(src, dst, recursive=True)
 
@@ -270,6 +272,7 @@ class Storage:
             rc = _LIBC.renameat2(_AT_FDCWD, new.encode(), _AT_FDCWD, target.encode(),
                                  _RENAME_EXCHANGE)
             if rc == 0:
+                fsync_dir(target.rsplit("/", 1)[0])
                 self.move(new, parked)  # `new` now holds the old contents
                 return
             err = ctypes.get_errno()

@@ -140,6 +140,17 @@ def _frame(spark: SparkSession, st: Storage, name: str, scan: _Output) -> DataFr
 
 
 def _check_records(st: Storage, rep: VerifyReport, committed: list[str]) -> dict[str, dict | None]:
+    try:
+        names = sorted(os.path.basename(n.rstrip("/"))
+                       for n in st.fs.ls(st.path(commits.COMMITS), detail=False))
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        tag = name[len(commits.PREFIX):-len(".json")] if name.endswith(".json") else ""
+        if not name.startswith((".", "_")) and not (name.startswith(commits.PREFIX)
+                                                     and commits.is_tag(tag)):
+            rep.violations.append(f"{commits.COMMITS}/{name}: unexpected file among the commit "
+                                  "records (not a record of any hour; remove it)")
     records: dict[str, dict | None] = {}
     for tag in committed:
         try:

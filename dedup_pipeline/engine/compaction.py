@@ -23,13 +23,14 @@ and the index entry set with and without it, including a rerun inside a compacte
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.index import INDEX, LOAD_HOUR, SLICE, entry_schema
+from dedup_pipeline.engine.index import INDEX, LOAD_HOUR, SLICE, entry_schema, slice_number
 from dedup_pipeline.engine.storage import Storage
 
 COMPACT = "compact"
@@ -55,18 +56,31 @@ class Compacted:
 def list_compacted(st: Storage) -> list[Compacted]:
     out = []
     for sdir in st.list_dirs(st.path(INDEX)):
-        if not sdir.startswith(f"{SLICE}="):
+        n = slice_number(sdir)
+        if n is None:
             continue
-        n = int(sdir.split("=", 1)[1])
         for d in st.list_dirs(st.path(INDEX, sdir)):
             if not d.startswith(f"{COMPACT}="):
                 continue
             try:
                 m = st.read_json(st.path(INDEX, sdir, d, MANIFEST))
-            except (FileNotFoundError, ValueError):
+            except (FileNotFoundError, ValueError, UnicodeDecodeError):
                 m = {}
+            if not _valid_manifest(m):
+                m = {}  # a damaged manifest: the directory is damaged (rebuilt from unique)
             out.append(Compacted(n, d, tuple(m.get("loads", ())), tuple(m.get("files", ()))))
     return out
+
+
+def _valid_manifest(m: object) -> bool:
+    if not isinstance(m, dict):
+        return False
+    loads, files = m.get("loads", []), m.get("files", [])
+    return (isinstance(loads, list) and all(isinstance(t, str) for t in loads)
+            and isinstance(files, list)
+            and all(isinstance(f, dict) and isinstance(f.get("name"), str)
+                    and isinstance(f.get("size"), int) and isinstance(f.get("rows", 0), int | None)
+                    and isinstance(f.get("sha256", ""), str) for f in files))
 
 
 def covered(compacted: list[Compacted]) -> set[tuple[int, str]]:
@@ -85,29 +99,36 @@ def _write(spark: SparkSession, ds: DatasetConfig, st: Storage, n: int, name: st
     (df.coalesce(1).write.mode("overwrite").option("maxRecordsPerFile", ROWS_PER_FILE)
      .parquet(st.spark_path(WORK, f"{SLICE}={n}", name)))
     files = [{"name": p.rsplit("/", 1)[1], "size": int(st.fs.info(p).get("size") or 0),
-              "rows": st.parquet_rows(p)} for p in st.list_files(work, ".parquet")]
+              "rows": st.parquet_rows(p), "sha256": st.sha256(p)}
+             for p in st.list_files(work, ".parquet")]
+    st.sync_tree(work)  # the data is on disk before the manifest that vouches for it
     st.write_json_atomic(f"{work}/{MANIFEST}", {"slice": n, "loads": loads, "files": files})
     return work
 
 
-def compact(spark: SparkSession, ds: DatasetConfig, st: Storage, committed: set[str]) -> int:
-    """Merge the per-load directories of every slice that has `compact_after` of them; count."""
+def compact(spark: SparkSession, ds: DatasetConfig, st: Storage, committed: set[str],
+            intact: Callable[[int, list[str]], bool] | None = None) -> int:
+    """Merge the per-load directories of every slice that has `compact_after` of them; count.
+
+    `intact(slice, loads)` checks the sources' content first: merging a damaged file would give
+    its damage a fresh, matching hash. A slice that fails is left for the rebuild.
+    """
     threshold = ds.index.compact_after
     if threshold <= 0:
         return 0
     done = covered(list_compacted(st))
     merged = 0
     for sdir in st.list_dirs(st.path(INDEX)):
-        if not sdir.startswith(f"{SLICE}="):
+        n = slice_number(sdir)
+        if n is None:
             continue
-        n = int(sdir.split("=", 1)[1])
         tags = [d.split("=", 1)[1] for d in st.list_dirs(st.path(INDEX, sdir))
                 if d.startswith("load_hour=")]
         leftovers = [t for t in tags if (n, t) in done]
         for t in leftovers:  # merged before a crash cut the clean-up short
             st.remove(st.path(INDEX, sdir, f"load_hour={t}"))
         loads = sorted(t for t in tags if t in committed and (n, t) not in done)
-        if len(loads) < threshold:
+        if len(loads) < threshold or (intact is not None and not intact(n, loads)):
             continue
         name = f"{COMPACT}={loads[0]}_{loads[-1]}"
         work = _write(spark, ds, st, n, name,

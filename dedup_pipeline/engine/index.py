@@ -53,6 +53,7 @@ class IndexFile:
     rows: int | None  # None in commit records written before rows were recorded
     dir: str = ""  # directory below the slice: "load_hour=<tag>" (default) or "compact=<a>_<b>"
     loads: tuple[str, ...] = ()  # every load it holds entries of (default: just `tag`)
+    sha256: str | None = None  # content hash recorded when written; None in older records
 
     @property
     def rel(self) -> str:
@@ -62,6 +63,16 @@ class IndexFile:
     @property
     def holds(self) -> tuple[str, ...]:
         return self.loads or (self.tag,)
+
+
+def slice_number(name: str) -> int | None:
+    """n of a ``slice=n`` directory name; None for anything else (a stray directory)."""
+    if not name.startswith(f"{SLICE}="):
+        return None
+    try:
+        return int(name.split("=", 1)[1])
+    except ValueError:
+        return None
 
 
 class IndexRetentionError(RuntimeError):
@@ -138,9 +149,11 @@ def check_retention(st: Storage, ds: DatasetConfig, x: float | None) -> None:
     """Fail clearly if entries this load needs (v >= X_H) were already deleted by retention."""
     try:
         state = st.read_json(st.path(INDEX, RETENTION_STATE))
-    except FileNotFoundError:
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        return  # unreadable: the slices it deleted show as missing files (index damage) instead
+    kept_from = state.get("kept_from") if isinstance(state, dict) else None
+    if not isinstance(kept_from, int | float):
         return
-    kept_from = state.get("kept_from")
     if kept_from is not None and (x is None or x < kept_from):
         raise IndexRetentionError(
             f"dataset {ds.name!r}: this load needs index entries with expiry value >= {x}, but "
@@ -192,7 +205,8 @@ def apply_retention(st: Storage, ds: DatasetConfig, floor_x: float | None) -> in
     assert lo is not None
     deleted = 0
     for sdir in st.list_dirs(st.path(INDEX)):
-        if sdir.startswith(f"{SLICE}=") and int(sdir.split("=", 1)[1]) < lo:
+        n = slice_number(sdir)
+        if n is not None and n < lo:
             st.remove(st.path(INDEX, sdir))
             deleted += 1
     if deleted:

@@ -59,7 +59,17 @@ from dedup_pipeline.engine.parse import (
     read_text_batch,
     type_and_reject,
 )
-from dedup_pipeline.engine.rebuild import check_index, ensure_healthy, index_file_manifest
+from dedup_pipeline.engine.rebuild import (
+    IndexDamagedError,
+    check_index,
+    checksum_failure,
+    content_damage,
+    damaged_message,
+    ensure_healthy,
+    ensure_intact,
+    index_file_manifest,
+    record_damage,
+)
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 
@@ -200,7 +210,34 @@ def run_load(
     partition_key: str,
     progress: Progress | None = None,
 ) -> LoadResult:
-    """Load one hour. The caller holds the dataset lock (see `load_hours`)."""
+    """Load one hour. The caller holds the dataset lock (see `load_hours`).
+
+    A Hadoop ChecksumException on an index file (a file written before content hashes were
+    recorded, damaged with a stale ``.crc``) is index damage like any other: it is recorded, and the
+    load fails with the rebuild hint or, with `on_damaged_index: rebuild`, is redone after the
+    rebuild (nothing of the failed attempt was committed).
+    """
+    try:
+        return _run_load(spark, ds, partition_key, progress)
+    except Exception as e:  # noqa: BLE001 - only a checksum failure on an index file is handled
+        rel = checksum_failure(e)
+        if rel is None:
+            raise
+        st = Storage(ds.output)
+        f = check_index(st, ds).files.get(rel)
+        record_damage(st, {rel: (f.sha256 or "") if f else ""})
+        if ds.on_damaged_index != "rebuild":
+            raise IndexDamagedError(damaged_message(
+                ds, f"index/{rel} fails its checksum when read")) from None
+    return _run_load(spark, ds, partition_key, progress)
+
+
+def _run_load(
+    spark: SparkSession,
+    ds: DatasetConfig,
+    partition_key: str,
+    progress: Progress | None = None,
+) -> LoadResult:
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -215,12 +252,16 @@ def run_load(
     st = Storage(ds.output)
     committed = commits.committed_tags(st)
     commits.check_order(ds, hour, committed)
-    health = ensure_healthy(spark, ds, st, say)
+    health = ensure_healthy(spark, ds, st, say, rerun=tag)
 
     # 2. forget any earlier attempt of this hour
     commits.invalidate(st, tag)
     committed.discard(tag)
     index.clear_load(st, tag)
+    # a compacted file holding this hour is rewritten from its own bytes: check them first
+    if ensure_intact(spark, ds, st, [f for f in health.files.values() if f.loads and tag in f.holds],
+                     say, rerun=tag):
+        health = check_index(st, ds)
     if compaction.remove_load(spark, ds, st, tag):
         health = check_index(st, ds)  # compacted files were rewritten: read the new manifest
     for leftover in st.list_dirs(st.path(TMP)):
@@ -247,6 +288,9 @@ def run_load(
     index.check_retention(st, ds, x)
     readable = {c for c in committed if c < tag}
     live = index.live_files(ds, health.files, readable, x)
+    # content: exactly the files the probe will read are hashed (one pass over what Spark reads)
+    if ensure_intact(spark, ds, st, live, say, rerun=tag):
+        live = index.live_files(ds, check_index(st, ds).files, readable, x)
     idx_rows = sum(f.rows if f.rows is not None else st.parquet_rows(st.path(index.INDEX, f.rel))
                    for f in live)
     idx_bytes = sum(f.size for f in live)
@@ -334,7 +378,11 @@ def run_load(
         files_written=files_written,
         check_figures=figures.as_metadata(),
     )
-    # 7. commit
+    # 7. commit: what the record vouches for is on disk first (local file systems)
+    for name in OUTPUTS:
+        st.sync_tree(st.path(name, f"load_hour={tag}"))
+    for n in slices:
+        st.sync_tree(st.path(index.INDEX, f"{index.SLICE}={n}", f"load_hour={tag}"))
     result.seconds = {**timings, "total": round(time.perf_counter() - t0, 3)}
     record = result.as_record()
     record.update(
@@ -343,6 +391,9 @@ def run_load(
         inputs=[{"path": f.path, "size": f.size, "mtime": f.mtime} for f in inputs],
         index_files=index_file_manifest(st, tag, slices),
         index_format=index.INDEX_FORMAT,
+        output_files={name: [{"name": p.rsplit("/", 1)[1], "size": int(st.fs.info(p)["size"])}
+                             for p in st.list_files(st.path(name, f"load_hour={tag}"), ".parquet")]
+                      for name in OUTPUTS},
     )
     commits.write_commit(st, tag, record)
     t = lap("commit", t)
@@ -354,7 +405,14 @@ def run_load(
             result.index_slices_deleted = index.apply_retention(
                 st, ds, floor_rec.get("expiry_point"))
     t = lap("retention", t)
-    compaction.compact(spark, ds, st, committed | {tag})
+    def intact(n: int, loads: list[str]) -> bool:
+        found = content_damage(st, [f for f in health.files.values()
+                                    if f.slice == n and set(f.holds) & set(loads)])
+        if found:
+            record_damage(st, found)
+        return not found
+
+    compaction.compact(spark, ds, st, committed | {tag}, intact)
     lap("compact", t)
     timings["total"] = round(time.perf_counter() - t0, 3)
     result.seconds = timings

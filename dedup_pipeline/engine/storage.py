@@ -14,14 +14,20 @@ atomic at all (see deploy/README.md, "Where data lives").
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
+import fcntl
+import hashlib
 import json
 import os
 import socket
+import struct
 import time
 import uuid
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +49,21 @@ def _libc() -> Any | None:
 
 
 _LIBC = _libc()
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a local directory, so a rename or create inside it is durable (POSIX)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:  # some file systems refuse fsync on a directory
+        if e.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
 
 
 def normalize_uri(uri: str) -> str:
@@ -151,16 +172,79 @@ class Storage:
             pass
 
     def write_text_atomic(self, path: str, text: str) -> None:
-        """Write via a temp file and a rename, so readers never see half a file."""
+        """Write via a temp file and a rename, so readers never see half a file.
+
+        Locally the file is fsynced before the rename and its directory after it, so once this
+        returns the new content survives a power loss (a rename of an unsynced file can leave an
+        empty file under the new name). Elsewhere the store's own write semantics apply.
+        """
         parent = path.rsplit("/", 1)[0]
         self.makedirs(parent)
         tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
+        if self.local:
+            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            fsync_dir(parent)
+            return
         with self.fs.open(tmp, "w") as f:
             f.write(text)
-        if self.local:
-            os.replace(tmp, path)
-        else:
-            self.fs.mv(tmp, path)
+        self.fs.mv(tmp, path)
+
+    def sync_tree(self, path: str) -> None:
+        """fsync every file and directory below `path` and `path`'s parent (local only).
+
+        Spark's writers do not fsync; a load calls this on what it wrote before its commit record,
+        so a committed hour's files are on disk before the record that says they are.
+        """
+        if not self.local or not os.path.exists(path):
+            return
+        for dirpath, _dirs, files in os.walk(path):
+            for name in files:
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            fsync_dir(dirpath)
+        fsync_dir(os.path.dirname(path.rstrip("/")))
+
+    def crc_matches(self, path: str) -> bool | None:
+        """Whether a file agrees with its Hadoop ``.crc`` sidecar; None if it has none.
+
+        Format (ChecksumFileSystem): ``crc\\0``, a big-endian int32 bytes-per-checksum, then one
+        big-endian CRC-32 (zlib's) per chunk. Used for index files whose records predate hashes.
+        """
+        d, name = path.rsplit("/", 1)
+        try:
+            with self.fs.open(f"{d}/.{name}.crc", "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return None
+        if len(raw) < 8 or raw[:4] != b"crc\0":
+            return False
+        step = struct.unpack(">i", raw[4:8])[0]
+        if step <= 0:
+            return False
+        sums = raw[8:]
+        i = 0
+        with self.fs.open(path, "rb") as f:
+            while chunk := f.read(step):
+                if sums[4 * i:4 * i + 4] != struct.pack(">I", zlib.crc32(chunk)):
+                    return False
+                i += 1
+        return len(sums) == 4 * i
+
+    def sha256(self, path: str) -> str:
+        """Hex SHA-256 of a file's bytes (read as stored: no Hadoop .crc is consulted)."""
+        h = hashlib.sha256()
+        with self.fs.open(path, "rb") as f:
+            while chunk := f.read(4 << 20):
+                h.update(chunk)
+        return h.hexdigest()
 
     def write_json_atomic(self, path: str, obj: Any) -> None:
         self.write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True))
@@ -170,6 +254,8 @@ class Storage:
         self.makedirs(dst.rsplit("/", 1)[0])
         if self.local:
             os.rename(src, dst)
+            fsync_dir(dst.rsplit("/", 1)[0])  # the rename itself survives a power loss
+            fsync_dir(src.rsplit("/", 1)[0])
         else:
             self.fs.mv(src, dst, recursive=True)
 
@@ -186,6 +272,7 @@ class Storage:
             rc = _LIBC.renameat2(_AT_FDCWD, new.encode(), _AT_FDCWD, target.encode(),
                                  _RENAME_EXCHANGE)
             if rc == 0:
+                fsync_dir(target.rsplit("/", 1)[0])
                 self.move(new, parked)  # `new` now holds the old contents
                 return
             err = ctypes.get_errno()
@@ -217,34 +304,52 @@ class Lock:
 
     A lock whose owner process is gone (same host, dead pid) is stale and taken over, so a killed
     run needs no manual clean-up. Locks from other hosts are honoured until removed.
+
+    Local POSIX file system: every acquire and release runs under an OS lock (``flock``) on the
+    guard file ``_lock.guard``, so "read the lock, see it stale, replace it" is one step that no
+    other process can interleave with; the OS drops the guard when its holder dies. A new lock is
+    written to a temp file, fsynced, and linked (create) or renamed (take-over) into ``_lock``, the
+    directory fsynced, and the lock read back to confirm this run owns it. Object stores have no
+    create-if-absent: there the lock is best effort (see README "One run at a time").
     """
 
     storage: Storage
     owner: str
     path: str = ""
+    token: str = ""
 
     def acquire(self) -> Lock:
         self.path = self.storage.path("_lock")
+        self.token = uuid.uuid4().hex
         me = {"host": socket.gethostname(), "pid": os.getpid(), "owner": self.owner,
-              "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        for _ in range(2):
-            if self._try_create(json.dumps(me)):
-                return self
-            held = self._read()
-            if held is not None and self._is_stale(held):
-                self.storage.remove(self.path)
-                continue
-            who = (f"{held.get('owner')} (pid {held.get('pid')} on {held.get('host')}, since "
-                   f"{held.get('since')})" if held else "another run")
-            raise DatasetLockedError(
-                f"dataset at {self.storage.uri_root} is locked by {who}; two loads of one dataset "
-                f"never run at once. If that run is dead on another host, delete {self.path}."
-            )
-        raise DatasetLockedError(f"could not acquire {self.path}")
+              "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "token": self.token}
+        self.storage.makedirs(self.storage.root)
+        if self.storage.local:
+            with self._guard():
+                held = self._acquire_local(json.dumps(me))
+        else:
+            held = self._acquire_remote(json.dumps(me))
+        if held is None:
+            return self
+        who = (f"{held.get('owner')} (pid {held.get('pid')} on {held.get('host')}, since "
+               f"{held.get('since')})" if held else "another run")
+        raise DatasetLockedError(
+            f"dataset at {self.storage.uri_root} is locked by {who}; two loads of one dataset "
+            f"never run at once. If that run is dead on another host, delete {self.path}."
+        )
 
     def release(self) -> None:
+        if not self.path:
+            return
+        if self.storage.local:
+            with self._guard():
+                held = self._read()
+                if held and held.get("token") == self.token:
+                    os.remove(self.path)
+                    fsync_dir(self.storage.root)
+            return
         held = self._read()
-        if held and held.get("pid") == os.getpid() and held.get("host") == socket.gethostname():
+        if held and held.get("token") == self.token:
             self.storage.remove(self.path)
 
     def __enter__(self) -> Lock:
@@ -253,27 +358,61 @@ class Lock:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-    def _try_create(self, text: str) -> bool:
-        self.storage.makedirs(self.storage.root)
-        if self.storage.local:
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            return True
-        if self.storage.exists(self.path):
-            return False
-        with self.storage.fs.open(self.path, "w") as f:  # best effort on object stores
+    # -- local: under the guard -----------------------------------------------------------------
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        fd = os.open(self.path + ".guard", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing drops the flock
+
+    def _acquire_local(self, text: str) -> dict | None:
+        """Create or take over `_lock`; None on success, else what holds it ({} if unreadable)."""
+        tmp = f"{self.path}.tmp-{self.token}"
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        with os.fdopen(fd, "w") as f:
             f.write(text)
-        return True
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            try:
+                os.link(tmp, self.path)  # atomic create-if-absent, with the whole content
+            except FileExistsError:
+                held = self._read()
+                # under the guard a lock is written whole, so an unreadable one is a dead write
+                if held is not None and not self._is_stale(held):
+                    return held
+                os.replace(tmp, self.path)  # take-over: nobody else can act between read and this
+            fsync_dir(self.storage.root)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+        mine = self._read()
+        if not mine or mine.get("token") != self.token:  # cannot happen under the guard; be sure
+            return mine or {}
+        return None
+
+    # -- elsewhere: best effort -----------------------------------------------------------------
+    def _acquire_remote(self, text: str) -> dict | None:
+        held = self._read() if self.storage.exists(self.path) else None
+        if held is not None and not self._is_stale(held):
+            return held
+        with self.storage.fs.open(self.path, "w") as f:
+            f.write(text)
+        time.sleep(0.2)  # a racing writer's object would now be visible: re-read to confirm
+        mine = self._read()
+        if not mine or mine.get("token") != self.token:
+            return mine or {}
+        return None
 
     def _read(self) -> dict | None:
         try:
-            return json.loads(self.storage.read_text(self.path))
-        except (FileNotFoundError, json.JSONDecodeError):
+            held = json.loads(self.storage.read_text(self.path))
+        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
             return None
+        return held if isinstance(held, dict) else None
 
     @staticmethod
     def _is_stale(held: dict) -> bool:

@@ -6,18 +6,25 @@
   one's load; X_H is recomputed from the outputs (running max of the expiry value over non-rejected
   rows), not read from commit records. Without expiry, no key is in unique twice.
 - Completeness: every committed hour has all four output partitions; output partitions of hours
-  that are not committed (an interrupted load) are reported as warnings.
+  that are not committed (an interrupted load) are violations.
+- The warehouse's own state (issue 22), never crashing on it: commit records that do not parse,
+  files or directories inside partitions that no load writes, Parquet files that cannot be read,
+  files missing from or added to what the commit record lists (a duplicated file), and the index:
+  every index file hashed against the hash recorded when it was written (`check_index(content=
+  True)`). Each is reported with its path and hour.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits
+from dedup_pipeline.engine import commits, rebuild
 from dedup_pipeline.engine.classify import DUPLICATES, EXPIRED, OUTPUTS, UNIQUE
 from dedup_pipeline.engine.expiry import expiry_point, latest_point
 from dedup_pipeline.engine.parse import V, expiry_value, list_input_files
@@ -54,11 +61,135 @@ def _landing_count(spark: SparkSession, ds: DatasetConfig, tag: str) -> int:
     return n
 
 
-def _read(spark: SparkSession, st: Storage, name: str) -> DataFrame | None:
-    path = st.path(name)
-    if not st.exists(path) or not st.list_dirs(path):
+@dataclass
+class _Output:
+    """What one output directory holds: readable Parquet files per hour, their rows."""
+
+    files: dict[str, list[str]] = field(default_factory=dict)  # tag -> readable parquet paths
+    rows: dict[str, int] = field(default_factory=dict)  # tag -> rows (footers)
+
+
+def _hour(tag: str) -> str:
+    try:
+        return to_key(parse_key(tag))
+    except ValueError:
+        return tag
+
+
+def _scan(st: Storage, name: str, rep: VerifyReport,
+          records: dict[str, dict | None]) -> _Output:
+    """List an output directory file by file; report what no load writes; read the footers."""
+    out = _Output()
+    base = st.path(name)
+    try:
+        entries = st.fs.ls(base, detail=True)
+    except FileNotFoundError:
+        return out
+    for e in sorted(entries, key=lambda e: e["name"]):
+        entry = os.path.basename(e["name"].rstrip("/"))
+        if entry.startswith((".", "_")):
+            continue
+        if e["type"] != "directory" or not entry.startswith("load_hour="):
+            rep.violations.append(f"{name}/{entry}: unexpected {e['type']} in the {name} output "
+                                  "(no load writes it; remove it)")
+            continue
+        tag = entry.split("=", 1)[1]
+        out.files[tag], out.rows[tag] = [], 0
+        rec = records.get(tag)
+        listed = ({f["name"] for f in rec["output_files"].get(name, [])}
+                  if rec and "output_files" in rec else None)
+        seen = set()
+        for f in sorted(st.fs.ls(e["name"], detail=True), key=lambda f: f["name"]):
+            fname = os.path.basename(f["name"].rstrip("/"))
+            where = f"{name}/{entry}/{fname}"
+            if fname.startswith((".", "_")):
+                continue
+            if f["type"] == "directory" or not fname.endswith(".parquet"):
+                rep.violations.append(f"{_hour(tag)}: unexpected {f['type']} {where} inside a "
+                                      "partition (no load writes it; remove it)")
+                rep.bad_hours.add(tag)
+                continue
+            if listed is not None and fname not in listed:
+                rep.violations.append(f"{_hour(tag)}: {where} is not among the files the hour's "
+                                      "commit record lists (a copied or added file; remove it)")
+                rep.bad_hours.add(tag)
+            seen.add(fname)
+            try:
+                with st.fs.open(f["name"], "rb") as fh:
+                    n = pq.ParquetFile(fh).metadata.num_rows
+            except Exception as err:  # noqa: BLE001 - any unreadable file is reported, not raised
+                rep.violations.append(f"{_hour(tag)}: {where} is not readable Parquet "
+                                      f"({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
+                                      "rerun that hour")
+                rep.bad_hours.add(tag)
+                continue
+            out.files[tag].append(f["name"])
+            out.rows[tag] += n
+        for fname in sorted((listed or set()) - seen):
+            rep.violations.append(f"{_hour(tag)}: {name}/{entry}/{fname}, listed in the hour's "
+                                  "commit record, is missing; rerun that hour")
+            rep.bad_hours.add(tag)
+    return out
+
+
+def _frame(spark: SparkSession, st: Storage, name: str, scan: _Output) -> DataFrame | None:
+    files = [st.to_uri(p) for fs in scan.files.values() for p in fs]
+    if not files:
         return None
-    return spark.read.option("basePath", st.spark_path(name)).parquet(st.spark_path(name))
+    return spark.read.option("basePath", st.spark_path(name)).parquet(*files)
+
+
+def _check_records(st: Storage, rep: VerifyReport, committed: list[str]) -> dict[str, dict | None]:
+    try:
+        names = sorted(os.path.basename(n.rstrip("/"))
+                       for n in st.fs.ls(st.path(commits.COMMITS), detail=False))
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        tag = name[len(commits.PREFIX):-len(".json")] if name.endswith(".json") else ""
+        if not name.startswith((".", "_")) and not (name.startswith(commits.PREFIX)
+                                                     and commits.is_tag(tag)):
+            rep.violations.append(f"{commits.COMMITS}/{name}: unexpected file among the commit "
+                                  "records (not a record of any hour; remove it)")
+    records: dict[str, dict | None] = {}
+    for tag in committed:
+        try:
+            records[tag] = commits.read_commit(st, tag)
+        except commits.CommitRecordError as e:
+            rep.violations.append(f"{_hour(tag)}: {e}")
+            rep.bad_hours.add(tag)
+            records[tag] = None
+    return records
+
+
+def _check_index(st: Storage, ds: DatasetConfig, rep: VerifyReport) -> None:
+    """Every index file against the commit records and manifests, by listing and by content."""
+    try:
+        damage = rebuild.check_index(st, ds, content=True)
+    except Exception as e:  # noqa: BLE001 - report, never crash
+        rep.violations.append(f"index: could not be checked ({type(e).__name__}: {e})")
+        return
+    fix = f"rebuild it: dedup-pipeline rebuild-index --config <file> --dataset {ds.name}"
+    for tag, rels in sorted(damage.missing.items()):
+        for rel in rels:
+            rep.violations.append(f"{_hour(tag)}: index file index/{rel} is missing or has "
+                                  f"another size than recorded; {fix}")
+        rep.bad_hours.add(tag)
+    for tag, rels in sorted(damage.corrupt.items()):
+        for rel in rels:
+            rep.violations.append(f"{_hour(tag)}: index file index/{rel} has other content than "
+                                  f"when it was written (its SHA-256 differs); {fix}")
+        rep.bad_hours.add(tag)
+    for rel in damage.unexpected:
+        parts = rel.split("/")
+        tag = parts[1].split("=", 1)[1] if parts[1].startswith("load_hour=") else ""
+        rep.violations.append(f"{_hour(tag) if tag else 'index'}: index file index/{rel} was not "
+                              f"written by its load (an added or copied file); {fix}")
+        if tag:
+            rep.bad_hours.add(tag)
+    for tag in damage.old_format:
+        rep.violations.append(f"{_hour(tag)}: index entries in an older layout; {fix}")
+        rep.bad_hours.add(tag)
 
 
 def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
@@ -66,23 +197,24 @@ def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
     rep = VerifyReport(ds.name)
     committed = sorted(commits.committed_tags(st))
     rep.hours_checked = len(committed)
-    frames = {name: _read(spark, st, name) for name in OUTPUTS}
+    records = _check_records(st, rep, committed)
+    scans = {name: _scan(st, name, rep, records) for name in OUTPUTS}
+    _check_index(st, ds, rep)
 
     # Completeness and conservation
     per_hour: dict[str, dict[str, int]] = {}
     present: dict[str, set[str]] = {}
     for name in OUTPUTS:
-        present[name] = {d.split("=", 1)[1] for d in st.list_dirs(st.path(name))
-                         if d.startswith("load_hour=")}
-        df = frames[name]
-        if df is None:
-            continue
-        for row in df.groupBy("load_hour").count().collect():
-            per_hour.setdefault(row["load_hour"], {})[name] = int(row["count"])
+        present[name] = set(scans[name].files)
+        for tag, n in scans[name].rows.items():
+            per_hour.setdefault(tag, {})[name] = n
     for name in OUTPUTS:
         for tag in sorted(present[name] - set(committed)):
-            rep.warnings.append(f"{to_key(parse_key(tag))}: {name} partition exists but the hour "
-                                "is not committed (an interrupted load; rerun that hour)")
+            rep.violations.append(f"{_hour(tag)}: partition {name}/load_hour={tag} exists but "
+                                  "the hour has no commit record (an interrupted load; rerun "
+                                  "that hour)")
+            rep.bad_hours.add(tag)
+    frames = {name: _frame(spark, st, name, scans[name]) for name in OUTPUTS}
     for tag in committed:
         missing = [n for n in OUTPUTS if tag not in present[n]]
         if missing:
@@ -100,6 +232,16 @@ def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
             rep.bad_hours.add(tag)
 
     # Uniqueness within the expiry window
+    try:
+        _check_uniqueness(spark, ds, frames, committed, rep)
+    except Exception as e:  # noqa: BLE001 - e.g. a data page that fails to decode: report it
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        rep.violations.append(f"the outputs could not be read for the uniqueness check: {first}")
+    return rep
+
+
+def _check_uniqueness(spark: SparkSession, ds: DatasetConfig, frames: dict[str, DataFrame | None],
+                      committed: list[str], rep: VerifyReport) -> None:
     uniq = frames[UNIQUE]
     if uniq is not None:
         uniq = uniq.filter(F.col("load_hour").isin(committed))
@@ -121,7 +263,6 @@ def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
             rep.violations.append(f"{to_key(parse_key(row['load_hour']))}: a key in unique is "
                                   "also unique in an earlier hour within the expiry window")
             rep.bad_hours.add(row["load_hour"])
-    return rep
 
 
 def _expiry_points(spark: SparkSession, ds: DatasetConfig, frames: dict[str, DataFrame | None],

@@ -331,3 +331,57 @@ def test_non_utf8_config_and_duplicate_keys(tmp_path: Path) -> None:
                  "  source: {path: l, format: jsonl, schema: {k: string}}\n  key: [j]\n")
     with pytest.raises(ConfigError, match=r"dataset 'a', field 'key': given twice"):
         load_config(p)
+
+
+# --- 6. infrastructure errors name their cause (item 7) -------------------------------------------
+def test_cause_is_found_deep_in_a_java_trace() -> None:
+    from dedup_pipeline.engine.errors import infrastructure_cause
+
+    trace = ("An error occurred while calling o6206.parquet.\n"
+             ": org.apache.spark.SparkException: [TASK_WRITE_FAILED] Task failed while writing "
+             "rows to file:/mnt/full/warehouse/_tmp/2026-11-01-00-ab/unique.\n"
+             "\tat org.apache.spark.sql.errors.QueryExecutionErrors$.taskFailedWhileWritingRowsError\n"
+             "Caused by: java.io.IOException: No space left on device\n"
+             "\tat java.base/java.io.FileOutputStream.writeBytes(Native Method)\n")
+    assert infrastructure_cause(trace) == \
+        "No space left on device: /mnt/full/warehouse/_tmp/2026-11-01-00-ab/unique"
+    assert infrastructure_cause("OSError: [Errno 30] Read-only file system: '/ro/w/_lock'") == \
+        "Read-only file system: /ro/w/_lock"
+    assert infrastructure_cause("ValueError: something else") is None
+
+
+def _mount_tmpfs(where: Path, opts: str) -> bool:
+    import subprocess
+    where.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)],
+                          capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("opts,cause", [("size=64k", "No space left on device"),
+                                        ("size=1m,ro", "Read-only file system")])
+def test_full_or_read_only_output_is_named_in_one_line(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        opts: str, cause: str) -> None:
+    import subprocess
+    mnt = tmp_path / "mnt"
+    if not _mount_tmpfs(mnt, opts):
+        pytest.skip("cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)")
+    try:
+        d = hour_dir(tmp_path)
+        d.mkdir(parents=True)
+        (d / "big.jsonl").write_bytes(b"".join(line(f"r{i:06d}", n=i) for i in range(20000)))
+        cfg = {"datasets": [{"name": "hostile", "start": H0, "key": ["k"],
+                             "source": {"path": "landing", "format": "jsonl",
+                                        "schema": JSONL_SCHEMA},
+                             "output": str(mnt / "warehouse")}]}
+        cfg_path = tmp_path / "dedup.yaml"
+        cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+        monkeypatch.chdir(tmp_path)
+        r = CliRunner().invoke(main, ["run", "--config", str(cfg_path), "--from", H0, "--to", H0])
+        assert r.exit_code == 1
+        err = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+        assert len(err) == 1 and cause in err[0] and str(mnt) in err[0], r.output
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

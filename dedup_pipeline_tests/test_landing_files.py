@@ -10,6 +10,7 @@ unreadable file by its name. Outputs are read with pyarrow (item 5: every output
 from __future__ import annotations
 
 import base64
+import bz2
 import gzip
 import json
 import re
@@ -30,12 +31,15 @@ from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.parse import LandingMissingError, list_input_files
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline.hours import parse_key
+from dedup_pipeline_tests.reference import Reference
+from dedup_pipeline_tests.test_reference import read_engine
 
 H0 = "2026-11-01-00:00"
 TAG = "2026-11-01-00"
 OUTPUTS = ("unique", "duplicates", "expired", "rejected")
 JSONL_SCHEMA = {"id": "string", "k": "string", "n": "long", "tier": "string"}
 EXPIRY = {"column": "tier", "categories": ["gold", "silver"], "period": 1}
+EXPIRY_OLD = {"column": "tier", "categories": ["old", "gold", "silver"], "period": 1}
 
 
 def line(rid: str, k: str | None = "same", **extra: Any) -> bytes:
@@ -64,10 +68,17 @@ BAD_BYTES = {
 }
 
 
-def jsonl_corpus(hour_dir: Path) -> dict[str, tuple[str, str | None]]:
-    """Write the corpus; returns id -> (output, reject reason) per the SPEC and README rules."""
+def jsonl_corpus(hour_dir: Path, expiring: bool = False) -> dict[str, tuple[str, str | None]]:
+    """Write the corpus; returns id -> (output, reject reason) per the SPEC and README rules.
+
+    `expiring`: for EXPIRY_OLD (categories old < gold < silver, period 1), one more file whose
+    `silver` record moves the latest point to silver, so the `old` record expires (R6).
+    """
     hour_dir.mkdir(parents=True, exist_ok=True)
     expect: dict[str, tuple[str, str | None]] = {}
+    if expiring:
+        (hour_dir / "exp.jsonl").write_bytes(line("s1", tier="silver") + line("o1", tier="old"))
+        expect.update({"s1": ("unique", None), "o1": ("expired", None)})
     for name, rid in NAMED.items():
         (hour_dir / name).write_bytes(line(rid))
         expect[rid] = ("unique", None)
@@ -217,9 +228,8 @@ def test_names_under_a_file_uri_root(spark: SparkSession, tmp_path: Path) -> Non
 CSV_SCHEMA = {"id": "string", "k": "string", "n": "long"}
 
 
-def test_csv_multiline_records_and_bad_bytes(spark: SparkSession, tmp_path: Path) -> None:
-    d = hour_dir(tmp_path)
-    d.mkdir(parents=True)
+def csv_corpus(d: Path) -> dict[str, tuple[str, str | None]]:
+    d.mkdir(parents=True, exist_ok=True)
     (d / "a.csv").write_bytes(
         b'id,k,n\n'
         b'c1,"line1\nline2",5\n'             # a quoted newline: one record
@@ -230,20 +240,28 @@ def test_csv_multiline_records_and_bad_bytes(spark: SparkSession, tmp_path: Path
         b'c6,z\xfe,1\n'                      # bad bytes: bad_encoding, never merged
         b'\n'
         b'c7,"line1\nline2",8\n'             # same key as c1: a duplicate
+        b'c9,"x\ny"\n'                       # two fields over two lines: malformed, whole text
     )
     (d / "b.csv.gz").write_bytes(b"id,k,n\nc8,zz,1\n")  # not gzip
+    (d / "c.csv.bz2").write_bytes(bz2.compress(b'id,k,n\nc10,"bz\n2",3\n'))
+    return {"c1": ("unique", None), "c2": ("unique", None), "c3": ("rejected", "malformed"),
+            "c4": ("rejected", "bad_value:n"), "c5": ("rejected", "bad_encoding"),
+            "c6": ("rejected", "bad_encoding"), "c7": ("duplicates", None),
+            "c9": ("rejected", "malformed"), "c10": ("unique", None),
+            "FILE:b.csv.gz": ("rejected", "unreadable_file")}
+
+
+def test_csv_multiline_records_and_bad_bytes(spark: SparkSession, tmp_path: Path) -> None:
+    expect = csv_corpus(hour_dir(tmp_path))
     ds = make_ds(tmp_path, "csv", CSV_SCHEMA)
     load_hours(spark, ds, [H0])
-    expect = {"c1": ("unique", None), "c2": ("unique", None), "c3": ("rejected", "malformed"),
-              "c4": ("rejected", "bad_value:n"), "c5": ("rejected", "bad_encoding"),
-              "c6": ("rejected", "bad_encoding"), "c7": ("duplicates", None),
-              "FILE:b.csv.gz": ("rejected", "unreadable_file")}
     assert placement(ds) == expect
     assert_conserved(ds, expect)
     uniq = {r["id"]: (r["k"], r["n"]) for r in output_rows(ds, "unique")}
-    assert uniq == {"c1": ("line1\nline2", 5), "c2": ('a,"b"', 6)}
+    assert uniq == {"c1": ("line1\nline2", 5), "c2": ('a,"b"', 6), "c10": ("bz\n2", 3)}
     raws = {rejected_id(r): r["_raw"] for r in output_rows(ds, "rejected")}
     assert raws["c3"] == "c3,only-two"
+    assert raws["c9"] == 'c9,"x\ny"'  # a malformed record: its whole text, both lines
     assert raws["c4"] == 'c4,"m\nl",zz'  # the whole record, both lines
     assert base64.b64decode(raws["c5"]) == b"c5,z\xff,1"
     assert verify_dataset(spark, ds).ok
@@ -253,9 +271,8 @@ def test_csv_multiline_records_and_bad_bytes(spark: SparkSession, tmp_path: Path
 PQ_SCHEMA = {"id": "string", "k": "string", "n": "long", "x": "double"}
 
 
-def test_parquet_schema_drift_per_file(spark: SparkSession, tmp_path: Path) -> None:
-    d = hour_dir(tmp_path)
-    d.mkdir(parents=True)
+def parquet_corpus(d: Path) -> dict[str, tuple[str, str | None]]:
+    d.mkdir(parents=True, exist_ok=True)
 
     def write(name: str, cols: dict[str, pa.Array]) -> None:
         pq.write_table(pa.table(cols), d / name)
@@ -270,24 +287,77 @@ def test_parquet_schema_drift_per_file(spark: SparkSession, tmp_path: Path) -> N
     write("f5.parquet", {"id": pa.array(["p6"]), "n": pa.array([3], pa.int64())})  # no key
     write("f6.parquet", {"id": pa.array(["p7"]), "k": pa.array(["k7"]),
                          "n": pa.array([1.5])})                 # a double does not fit a long
+    write("f7.parquet", {"ID": pa.array(["p8", "p9"]), "k": pa.array(["k1", "k8"]),
+                         "x": pa.array([3, 4], pa.int16())})    # same key as p1: a duplicate
     (d / "text.parquet").write_bytes(b"id,k\nq1,k\n")
     good = (d / "f1.parquet").read_bytes()
     (d / "trunc.parquet").write_bytes(good[: len(good) // 2])
+    (d / "empty.parquet").write_bytes(b"")                      # zero records
+    return {"p1": ("unique", None), "p2": ("unique", None), "p3": ("unique", None),
+            "p4": ("rejected", "bad_value:n"), "p5": ("unique", None),
+            "p6": ("rejected", "null_key"), "p7": ("rejected", "bad_value:n"),
+            "p8": ("duplicates", None), "p9": ("unique", None),
+            "FILE:text.parquet": ("rejected", "unreadable_file"),
+            "FILE:trunc.parquet": ("rejected", "unreadable_file")}
+
+
+def test_parquet_schema_drift_per_file(spark: SparkSession, tmp_path: Path) -> None:
+    expect = parquet_corpus(hour_dir(tmp_path))
     ds = make_ds(tmp_path, "parquet", PQ_SCHEMA)
     load_hours(spark, ds, [H0])
-    expect = {"p1": ("unique", None), "p2": ("unique", None), "p3": ("unique", None),
-              "p4": ("rejected", "bad_value:n"), "p5": ("unique", None),
-              "p6": ("rejected", "null_key"), "p7": ("rejected", "bad_value:n"),
-              "FILE:text.parquet": ("rejected", "unreadable_file"),
-              "FILE:trunc.parquet": ("rejected", "unreadable_file")}
     assert placement(ds) == expect
     assert_conserved(ds, expect)
     vals = {r["id"]: (r["n"], r["x"]) for r in output_rows(ds, "unique")}
-    assert vals == {"p1": (1, 0.5), "p2": (2**40, 1.25), "p3": (7, None), "p5": (None, None)}
+    assert vals == {"p1": (1, 0.5), "p2": (2**40, 1.25), "p3": (7, None), "p5": (None, None),
+                    "p9": (None, 4.0)}
     assert verify_dataset(spark, ds).ok
 
 
-# --- 5. config and landing-root mistakes (item 6) -------------------------------------------------
+# --- 5. the reference model agrees with the engine on the whole corpus --------------------------
+def reference_placement(ref: Reference) -> dict[str, tuple[str, str | None]]:
+    """id -> (output, reason) from the reference's own account of every record it read."""
+    seen: dict[str, tuple[str, str | None]] = {}
+    for _tag, out, rec in ref.placed:
+        rid = rec.values["id"] if out != "rejected" else rejected_id(
+            {"_reject_reason": rec.reason, "_raw": rec.raw, "_source_file": rec.path})
+        assert rid not in seen, f"reference: {rid} placed twice"
+        seen[rid] = (out, rec.reason)
+    return seen
+
+
+CORPORA = {  # kind -> (format, schema, extra config, corpus writer)
+    "jsonl": ("jsonl", JSONL_SCHEMA, {"expiry": EXPIRY_OLD},
+              lambda d: jsonl_corpus(d, expiring=True)),
+    "csv": ("csv", CSV_SCHEMA, {}, csv_corpus),
+    "parquet": ("parquet", PQ_SCHEMA, {}, parquet_corpus),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(CORPORA))
+def test_reference_agrees_with_the_engine_on_the_corpus(
+        spark: SparkSession, tmp_path: Path, kind: str) -> None:
+    fmt, schema, extra, write = CORPORA[kind]
+    expect = write(hour_dir(tmp_path))
+    ds = make_ds(tmp_path, fmt, schema, **extra)
+    ref = Reference(ds)
+    res = ref.load(parse_key(H0))
+    [got] = load_hours(spark, ds, [H0])
+    engine = placement(ds)
+    # the same place for every record id (whole sets), and both as the rules say
+    assert engine == reference_placement(ref)
+    assert engine == expect
+    # R8: the same rows in, all of them out, in the same outputs
+    assert got.rows_in == res.rows_in == len(expect)
+    assert (got.unique, got.duplicates, got.expired, got.rejected) == tuple(
+        sum(res.rows[o].values()) for o in OUTPUTS)
+    assert (got.latest_point, got.expiry_point) == (res.latest, res.expiry_point)
+    # and the same rows: typed values, origin, duplicate kinds, expiry point, reasons and `_raw`
+    for o in OUTPUTS:
+        assert read_engine(ds, o, TAG) == res.rows[o], o
+
+
+# --- 6. config and landing-root mistakes (item 6) -------------------------------------------------
 def test_missing_landing_root_fails_the_load_naming_dataset_and_path(
         spark: SparkSession, tmp_path: Path) -> None:
     ds = make_ds(tmp_path, "jsonl", JSONL_SCHEMA)
@@ -333,7 +403,7 @@ def test_non_utf8_config_and_duplicate_keys(tmp_path: Path) -> None:
         load_config(p)
 
 
-# --- 6. infrastructure errors name their cause (item 7) -------------------------------------------
+# --- 7. infrastructure errors name their cause (item 7) -------------------------------------------
 def test_cause_is_found_deep_in_a_java_trace() -> None:
     from dedup_pipeline.engine.errors import infrastructure_cause
 

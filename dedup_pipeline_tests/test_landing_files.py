@@ -455,3 +455,62 @@ def test_full_or_read_only_output_is_named_in_one_line(
         assert len(err) == 1 and cause in err[0] and str(mnt) in err[0], r.output
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.mark.slow
+def test_lock_release_failure_never_masks_the_loads_error(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The output's file system turns read-only once the run holds the dataset lock: the load's
+    first write fails (its own error) and so does the lock's release (the same cause, `_lock`).
+    The one-line error must be the load's; the lock file left behind proves the release failed."""
+    import subprocess
+    import threading
+    import time
+
+    mnt = tmp_path / "mnt"
+    if not _mount_tmpfs(mnt, "size=64m"):
+        pytest.skip("cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)")
+    lock = mnt / "warehouse" / "_lock"
+    done = threading.Event()
+    remounted: list[bool] = []
+
+    def turn_read_only() -> None:  # a real second actor: the disk goes read-only mid-run
+        while not done.is_set():
+            try:
+                json.loads(lock.read_text())
+            except (OSError, ValueError):
+                time.sleep(0.005)
+                continue
+            r = subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True)
+            if r.returncode == 0:
+                remounted.append(True)
+                return
+            time.sleep(0.005)  # EBUSY while a file is open for writing: try again
+
+    try:
+        d = hour_dir(tmp_path)
+        d.mkdir(parents=True)
+        (d / "part-0.jsonl").write_bytes(b"".join(line(f"r{i}") for i in range(100)))
+        cfg = {"datasets": [{"name": "hostile", "start": H0, "key": ["k"],
+                             "source": {"path": "landing", "format": "jsonl",
+                                        "schema": JSONL_SCHEMA},
+                             "output": str(mnt / "warehouse")}]}
+        cfg_path = tmp_path / "dedup.yaml"
+        cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+        monkeypatch.chdir(tmp_path)
+        watcher = threading.Thread(target=turn_read_only, daemon=True)
+        watcher.start()
+        r = CliRunner().invoke(main, ["run", "--config", str(cfg_path), "--from", H0, "--to", H0])
+        done.set()
+        watcher.join(10)
+        assert remounted, "the file system never turned read-only while the run held the lock"
+        assert r.exit_code == 1, r.output
+        err = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+        assert len(err) == 1, r.output
+        assert "Read-only file system" in err[0] and str(mnt / "warehouse") in err[0], err[0]
+        assert str(lock) not in err[0], err[0]  # the load's error (a write), not the release's
+        assert lock.exists()  # the release did fail (read-only), and was not what was reported
+    finally:
+        done.set()
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

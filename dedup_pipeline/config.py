@@ -386,6 +386,7 @@ def _parse_dataset(src: str, base: Path | None, raw: Any, i: int) -> DatasetConf
     index = _parse_index(ctx, raw.get("index"), expiry, ctype)
     if not isinstance(raw["output"], str):
         raise ctx.fail("output", "expected a path")
+    _check_output_not_a_file(ctx, _resolve_path(base, raw["output"]))
     on_damaged = raw.get("on_damaged_index", "fail")
     if on_damaged not in ("fail", "rebuild"):
         raise ctx.fail("on_damaged_index", f"must be 'fail' or 'rebuild', got {on_damaged!r}")
@@ -464,19 +465,106 @@ def parse_config(data: Any, source: str, base_dir: Path | None) -> PipelineConfi
         if d.name in seen:
             raise _Ctx(source, d.name).fail("name", "two datasets share this name")
         seen.add(d.name)
-    outputs = [d.output for d in datasets]
-    if len(set(outputs)) != len(outputs):
-        raise ctx.fail("datasets", "two datasets write to the same output path")
+    _check_outputs_apart(source, datasets)
     return PipelineConfig(datasets, _parse_spark(ctx, data.get("spark")), source)
+
+
+def _local_path(uri: str) -> str | None:
+    """The local path a dataset path names, or None for a non-local URI."""
+    if uri.startswith("file:"):
+        rest = uri[len("file:"):]
+        if rest.startswith("//"):
+            rest = rest[2:]
+            host, _, tail = rest.partition("/")
+            rest = "/" + tail if host in ("", "localhost") else ""
+        return os.path.normpath(rest) if rest else None
+    if "://" in uri:
+        return None
+    return os.path.normpath(uri)
+
+
+def _check_output_not_a_file(ctx: _Ctx, output: str) -> None:
+    """An output root (or one of its parents) that is a file would fail at the first write."""
+    local = _local_path(output)
+    if local is None:
+        return
+    p = Path(local)
+    for q in (p, *p.parents):
+        if q.exists():
+            if not q.is_dir():
+                what = "is a file" if q == p else f"lies under {q}, which is a file"
+                raise ctx.fail("output", f"{output} {what}, not a directory")
+            return
+
+
+def _comparable_root(uri: str) -> str:
+    local = _local_path(uri)
+    return (local if local is not None else uri).rstrip("/") + "/"
+
+
+def _check_outputs_apart(source: str, datasets: tuple[DatasetConfig, ...]) -> None:
+    """C2: each dataset owns its output tree; one output equal to or inside another corrupts it."""
+    roots = [(d, _comparable_root(d.output)) for d in datasets]
+    for d, root in roots:
+        for other, other_root in roots:
+            if other is d:
+                continue
+            if root == other_root:
+                raise _Ctx(source, d.name).fail(
+                    "output", f"{d.output} is also the output of dataset {other.name!r}")
+            if root.startswith(other_root):
+                raise _Ctx(source, d.name).fail(
+                    "output", f"{d.output} lies inside the output of dataset {other.name!r} "
+                    f"({other.output}); each dataset needs its own directory")
+
+
+def _check_duplicate_keys(node: yaml.Node | None, src: str, fld: str = "",
+                          dataset: str | None = None) -> None:
+    """YAML keeps the last of two equal keys silently; a config that says a thing twice is refused.
+
+    `fld` is the field path inside the dataset (or the file, outside any dataset).
+    """
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for k, v in node.value:
+            name = str(k.value) if isinstance(k, yaml.ScalarNode) else "?"
+            here = f"{fld}.{name}" if fld else name
+            if name in seen:
+                raise _Ctx(src, dataset).fail(
+                    here, f"given twice (lines {seen[name] + 1} and {k.start_mark.line + 1}); "
+                    "YAML would silently keep the last")
+            seen[name] = k.start_mark.line
+            if fld == "" and dataset is None and name == "datasets" \
+                    and isinstance(v, yaml.SequenceNode):
+                for i, item in enumerate(v.value):
+                    ds_name = f"#{i + 1}"
+                    if isinstance(item, yaml.MappingNode):
+                        for dk, dv in item.value:
+                            if getattr(dk, "value", None) == "name" \
+                                    and isinstance(dv, yaml.ScalarNode):
+                                ds_name = dv.value
+                    _check_duplicate_keys(item, src, "", ds_name)
+                continue
+            _check_duplicate_keys(v, src, here, dataset)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_duplicate_keys(item, src, f"{fld}[{i}]", dataset)
 
 
 def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as e:
         raise ConfigError(f"config error: cannot read {p}: {e.strerror}") from None
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ConfigError(f"config error in {p}: not UTF-8 text (byte 0x{raw[e.start]:02x} on "
+                          f"line {line}); save the file as UTF-8") from None
+    try:
+        _check_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), str(p))
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"config error in {p}: not valid YAML: {e}") from None

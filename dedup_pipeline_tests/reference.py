@@ -1,4 +1,5 @@
-"""A pure-Python reference implementation of SPEC R1-R8: the independent oracle of test_reference.
+"""A pure-Python reference implementation of SPEC R1-R9a: the independent oracle of test_reference
+and of the hostile landing corpus (test_landing_files).
 
 No Spark, nothing from `dedup_pipeline.engine`: the rules are implemented directly from the SPEC,
 the simple way (dicts and sorted lists), so that the Spark engine can be checked against it.
@@ -15,14 +16,27 @@ timestamp -> epoch microseconds (int), date -> days since the epoch (int). `_exp
 the expiry column's form (micros, the number, or the category name). `raw` is the original line,
 except for a CSV row that parsed into the right number of fields but was rejected for its values:
 there the engine re-serializes the row, so raw is the tuple of its fields ("" for null) — see
-`normalise_raw`.
+`normalise_raw` (which also covers bad_encoding, Parquet rows and unreadable files).
+
+Which files are read and how (R9a, README "Landing files"):
+- Data files are the regular files directly in the hour's directory whose names do not start
+  with `.` or `_`; subdirectories are not read; an empty file is zero records. Files are read by
+  their listed path, so any name is one file.
+- `.gz` / `.bz2` are decompressed; a file that does not decompress, or a `.parquet` that pyarrow
+  cannot read, is ONE rejected row `unreadable_file` (its `_raw` is an error message).
+- Input is UTF-8: a JSONL line or CSV record whose bytes are not valid UTF-8 is `bad_encoding`
+  (before any other reason), `_raw` the base64 of its bytes.
+- Parquet: each file on its own against the declared schema; integers widen to long/double,
+  floats to double, text is cast like text; any other value (1.5 for a long, a boolean for a
+  long, ...) is `bad_value:<col>`; a column the file lacks is null for its rows.
 
 Interpretations of the SPEC made here (the engine agrees):
 - JSONL: a line that is empty or only spaces is not a record; any other line that is not a JSON
   object is `malformed`; a field that is absent or JSON null is null; a JSON scalar given for a
   string column is taken as its JSON text.
-- CSV (RFC 4180, `csv` module): the first line of each file is the header; empty lines are not
-  records; a row with the wrong number of fields is `malformed`; an empty field is null.
+- CSV (RFC 4180): records are split where a newline stands outside quotes (so a record may
+  span lines), fields by the `csv` module; the first record of each file is the header; empty
+  records are not records; a row with the wrong number of fields is `malformed`; an empty field is null.
 - A value for a non-string column that is empty (or only spaces) is null, not a bad value.
 - Types accept the plain spellings only (integers, decimals, ISO-8601 timestamps with optional
   fraction and zone, `true`/`false`-like booleans); anything else does not cast.
@@ -30,11 +44,17 @@ Interpretations of the SPEC made here (the engine agrees):
 
 from __future__ import annotations
 
+import base64
+import bz2
 import csv
+import gzip
+import io
 import json
 import math
 import re
+import zlib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -139,7 +159,7 @@ class Record:
 
     path: str  # absolute path of its file
     pos: int  # position of the record in its file
-    raw: str  # the original line
+    raw: str  # the original text (base64 of the bytes for bad_encoding; the error if unreadable)
     fields: list[str | None] | None = None  # CSV: the row's fields (None = null)
     values: dict[str, Any] = field(default_factory=dict)
     reason: str | None = None
@@ -151,57 +171,193 @@ class Record:
         return Path(self.path).name
 
 
-def _parse_jsonl(path: Path) -> list[tuple[str, dict[str, str | None] | None, None]]:
-    out: list[tuple[str, dict[str, str | None] | None, None]] = []
-    for line in path.read_text(encoding="utf-8").split("\n"):
-        if line.strip(" ") == "":
+# A record as read, before typing: its raw text, a way to get each column's typed value (None
+# when the record did not parse: malformed), its CSV fields, and a reason decided while reading.
+Getter = Callable[[str, str], Any]  # (column, declared type) -> value; raises BadCast
+
+
+@dataclass
+class Item:
+    raw: str
+    get: Getter | None
+    fields: list[str | None] | None = None
+    pre: str | None = None  # bad_encoding
+
+
+class Unreadable(Exception):
+    """The file cannot be read as its format (R9a): one `unreadable_file` row."""
+
+
+def _utf8(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _file_bytes(path: Path) -> bytes:
+    """The file's content, decompressed by its extension (.gz, .bz2); Unreadable if it cannot be."""
+    data = path.read_bytes()
+    name = path.name.lower()
+    try:
+        if name.endswith(".gz"):
+            return gzip.decompress(data)
+        if name.endswith(".bz2"):
+            return bz2.decompress(data)
+    except (OSError, EOFError, ValueError, zlib.error) as e:
+        raise Unreadable(f"{type(e).__name__}: {e}") from None
+    return data
+
+
+def _text_getter(texts: dict[str, str | None]) -> Getter:
+    return lambda col, typ: cast_text(texts.get(col), typ)
+
+
+def _parse_jsonl(data: bytes) -> list[Item]:
+    out: list[Item] = []
+    for bline in data.split(b"\n"):
+        if bline.strip(b" ") == b"":
+            continue
+        line = _utf8(bline)
+        if line is None:
+            out.append(Item(_b64(bline), None, pre="bad_encoding"))
             continue
         try:
             obj = json.loads(line)
         except ValueError:
             obj = None
         if not isinstance(obj, dict):
-            out.append((line, None, None))
+            out.append(Item(line, None))
             continue
-        out.append((line, {k: _json_text(v) for k, v in obj.items()}, None))
+        out.append(Item(line, _text_getter({k: _json_text(v) for k, v in obj.items()})))
     return out
 
 
-def _parse_csv(path: Path, ds: DatasetConfig) -> list[tuple[str, Any, list[str | None] | None]]:
+def csv_records(text: str) -> list[str]:
+    """RFC 4180: the file's records, each its whole text (a quoted field may span lines)."""
+    records, start, quoted = [], 0, False
+    for i, ch in enumerate(text):
+        if ch == '"':
+            quoted = not quoted  # a doubled quote toggles twice
+        elif ch == "\n" and not quoted:
+            records.append(text[start:i])
+            start = i + 1
+    if start < len(text):
+        records.append(text[start:])
+    return records
+
+
+def csv_fields(record: str, delimiter: str) -> list[str]:
+    return next(csv.reader(io.StringIO(record, newline=""), delimiter=delimiter), [])
+
+
+def _parse_csv(data: bytes, ds: DatasetConfig) -> list[Item]:
+    """Records split on the bytes (as ISO-8859-1, one char per byte), then checked for UTF-8."""
     names = list(ds.source.schema)
-    lines = path.read_text(encoding="utf-8").split("\n")
-    if ds.source.csv_header and lines:
-        lines = lines[1:]
-    out: list[tuple[str, Any, list[str | None] | None]] = []
-    for line in lines:
-        if line == "":
+    records = csv_records(data.decode("latin-1"))
+    if ds.source.csv_header and records:
+        records = records[1:]
+    out: list[Item] = []
+    for rec in records:
+        if rec == "":
             continue
-        row = next(csv.reader([line], delimiter=ds.source.csv_delimiter))
+        text = _utf8(rec.encode("latin-1"))
+        if text is None:
+            out.append(Item(_b64(rec.encode("latin-1")), None, pre="bad_encoding"))
+            continue
+        row = csv_fields(text, ds.source.csv_delimiter)
         if len(row) != len(names):
-            out.append((line, None, None))
+            out.append(Item(text, None))
             continue
         fields: list[str | None] = [f if f != "" else None for f in row]
-        out.append((line, dict(zip(names, fields, strict=True)), fields))
+        out.append(Item(text, _text_getter(dict(zip(names, fields, strict=True))), fields))
+    return out
+
+
+def _parquet_value(value: Any, arrow_type: Any, typ: str) -> Any:
+    """A Parquet value as the declared type: safe widening is kept, text is cast like text, a
+    value that does not fit (1.5 for a long, a number for a timestamp...) is a BadCast."""
+    import pyarrow as pa
+
+    if value is None:
+        return None
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return cast_text(value, typ)
+    if typ == "string":
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, int):
+            return str(value)
+        raise BadCast(repr(value))  # not in the corpus; how to spell other types is not decided
+    if typ == "long" and pa.types.is_integer(arrow_type):
+        if not -(2**63) <= value < 2**63:
+            raise BadCast(repr(value))
+        return value
+    if typ == "double" and (pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)):
+        return float(value)
+    if typ == "boolean" and pa.types.is_boolean(arrow_type):
+        return value
+    if typ == "timestamp" and pa.types.is_timestamp(arrow_type):
+        return micros(value if value.tzinfo else value.replace(tzinfo=UTC))
+    if typ == "date" and pa.types.is_date(arrow_type):
+        return (value - date(1970, 1, 1)).days
+    raise BadCast(repr(value))
+
+
+def _parse_parquet(path: Path, ds: DatasetConfig) -> list[Item]:
+    """Each file against the declared schema, on its own (a column it lacks is null here only);
+    column names match case-insensitively, as Spark matches them."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # noqa: BLE001 - any failure to read the file makes it unreadable
+        raise Unreadable(f"{type(e).__name__}: {e}") from None
+    types = {f.name.lower(): (f.name, f.type) for f in table.schema}
+    out: list[Item] = []
+    for row in table.to_pylist():
+        raw = json.dumps({k: v for k, v in row.items() if v is not None}, default=str)
+
+        def get(col: str, typ: str, row: dict[str, Any] = row) -> Any:
+            if col.lower() not in types:
+                return None
+            name, arrow_type = types[col.lower()]
+            return _parquet_value(row[name], arrow_type, typ)
+
+        out.append(Item(raw, get))
     return out
 
 
 def parse_file(ds: DatasetConfig, path: Path) -> list[Record]:
-    """Every record of one landing file, typed, with its reject reason (R1, R6, R9)."""
+    """Every record of one landing file, typed, with its reject reason (R1, R6, R9, R9a)."""
     schema = ds.source.schema
     exp = ds.expiry
-    parsed = _parse_jsonl(path) if ds.source.format == "jsonl" else _parse_csv(path, ds)
+    if path.stat().st_size == 0:
+        return []  # an empty file is zero records, whatever its format
+    try:
+        if ds.source.format == "parquet":
+            items = _parse_parquet(path, ds)
+        else:
+            data = _file_bytes(path)
+            items = _parse_jsonl(data) if ds.source.format == "jsonl" else _parse_csv(data, ds)
+    except Unreadable as e:
+        return [Record(str(path), 0, str(e), reason="unreadable_file", faults=1)]
     records = []
-    for pos, (line, texts, fields) in enumerate(parsed):
-        rec = Record(str(path), pos, line, fields)
+    for pos, item in enumerate(items):
+        rec = Record(str(path), pos, item.raw, item.fields)
         records.append(rec)
-        if texts is None:
-            rec.reason = "malformed"
+        if item.pre is not None or item.get is None:
+            rec.reason = item.pre or "malformed"
             continue
         bad_value = None
         exp_bad = False
         for col, typ in schema.items():
             try:
-                rec.values[col] = cast_text(texts.get(col), typ)
+                rec.values[col] = item.get(col, typ)
             except BadCast:
                 rec.values[col] = None
                 if exp is not None and col == exp.column:
@@ -235,18 +391,38 @@ def hour_dir(ds: DatasetConfig, hour: datetime) -> Path:
 
 
 def read_hour(ds: DatasetConfig, hour: datetime) -> list[Record]:
+    """The hour's data files: regular files directly in its directory, not `.`/`_`-prefixed."""
     d = hour_dir(ds, hour)
     if not d.is_dir():
         return []
-    files = sorted(p for p in d.iterdir()
-                   if p.is_file() and not p.name.startswith(("_", ".")))
+    files = sorted((p for p in d.iterdir()
+                    if p.is_file() and not p.name.startswith(("_", "."))), key=str)
     return [r for p in files for r in parse_file(ds, p)]
 
 
 def normalise_raw(ds: DatasetConfig, reason: str, raw: str) -> Any:
-    """The comparable form of `_raw`: the line, or for a re-serialized CSV row its fields."""
+    """The comparable form of `_raw`.
+
+    The line / record text; for a CSV row that parsed into the right number of fields and was
+    rejected for its values, its fields (the engine re-serializes such a row); for bad_encoding
+    the original bytes (base64 in `_raw`), as fields likewise for such a CSV row; for a Parquet
+    row, its non-null values (the engine writes them as JSON); nothing for an unreadable file
+    (`_raw` is an error message).
+    """
+    if reason == "unreadable_file":
+        return None
+    if ds.source.format == "parquet":
+        obj = json.loads(raw)
+        return json.dumps({k: v for k, v in obj.items() if v is not None}, sort_keys=True)
+    if reason == "bad_encoding":
+        data = base64.b64decode(raw)
+        if ds.source.format == "csv":
+            row = csv_fields(data.decode("latin-1"), ds.source.csv_delimiter)
+            if len(row) == len(ds.source.schema):
+                return tuple(f.encode("latin-1") for f in row)
+        return data
     if ds.source.format == "csv" and reason != "malformed":
-        return tuple(next(csv.reader([raw], delimiter=ds.source.csv_delimiter)))
+        return tuple(csv_fields(raw, ds.source.csv_delimiter))
     return raw
 
 
@@ -279,6 +455,7 @@ class Reference:
         self.latest: int | float | None = None
         self.index: dict[tuple, list[_Entry]] = {}
         self.results: dict[str, HourResult] = {}
+        self.placed: list[tuple[str, str, Record]] = []  # (tag, output, record), every record
 
     def _src(self, rec: Record) -> tuple:
         return tuple(rec.values[c] for c in self.ds.source.schema)
@@ -314,6 +491,7 @@ class Reference:
         valid = [r for r in recs if r.reason is None]
         for r in rejected:
             out["rejected"][(r.basename, r.reason, normalise_raw_from_record(ds, r))] += 1
+            self.placed.append((tag, "rejected", r))
             stats[f"rejected:{r.reason.split(':')[0]}"] += 1
             if r.faults > 1:
                 stats[f"precedence:{r.reason.split(':')[0]}"] += 1
@@ -333,6 +511,7 @@ class Reference:
         for r in valid:
             if x is not None and r.v is not None and r.v < x:
                 out["expired"][(*self._src(r), r.basename, self._expiry_point_value(x))] += 1
+                self.placed.append((tag, "expired", r))
                 stats["expired"] += 1
             else:
                 if x is not None and r.v == x:
@@ -355,6 +534,7 @@ class Reference:
             else:
                 head = group[0]
                 out["unique"][(*self._src(head), head.basename)] += 1
+                self.placed.append((tag, "unique", head))
                 self.index.setdefault(key, []).append(_Entry(tag, head.v, self._fp(head)))
                 first_tag, kept_fp, dups = tag, self._fp(head), group[1:]
                 stats["in_batch_duplicates"] += len(dups)
@@ -363,6 +543,7 @@ class Reference:
             for d in dups:
                 kind = "natural" if not ds.fingerprint or self._fp(d) == kept_fp else "conflict"
                 out["duplicates"][(*self._src(d), d.basename, kind, first_tag)] += 1
+                self.placed.append((tag, "duplicates", d))
                 stats[kind] += 1
             if len(group) > 1 and ds.order_by:
                 heads = [self._order(r)[0] for r in group]
@@ -383,7 +564,4 @@ class Reference:
 def normalise_raw_from_record(ds: DatasetConfig, rec: Record) -> Any:
     """The comparable `_raw` of a rejected record (see `normalise_raw`)."""
     assert rec.reason is not None
-    if ds.source.format == "csv" and rec.reason != "malformed":
-        assert rec.fields is not None
-        return tuple("" if f is None else f for f in rec.fields)
-    return rec.raw
+    return normalise_raw(ds, rec.reason, rec.raw)

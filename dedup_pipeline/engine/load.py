@@ -54,8 +54,12 @@ from dedup_pipeline.engine.expiry import Number, expiry_point, expiry_point_fram
 from dedup_pipeline.engine.parse import (
     REASON,
     SPARK_TYPES,
+    BatchPlan,
     V,
+    check_landing_root,
+    failed_file,
     list_input_files,
+    plan_batch,
     read_text_batch,
     type_and_reject,
 )
@@ -181,9 +185,10 @@ def _select_output(df: DataFrame, ds: DatasetConfig, name: str) -> DataFrame:
     return df.filter(F.col(OUT) == name).select(*cols)
 
 
-def prepare_batch(spark: SparkSession, ds: DatasetConfig, paths: list[str]) -> DataFrame:
+def prepare_batch(spark: SparkSession, ds: DatasetConfig,
+                  plan: BatchPlan | list[str]) -> DataFrame:
     """Parse, type, reject, digest: everything a load needs from the landing files."""
-    df = type_and_reject(read_text_batch(spark, ds, paths), ds)
+    df = type_and_reject(read_text_batch(spark, ds, plan), ds)
     h1, h2 = digest_columns(ds.key, ds.source.schema)
     ok = F.col(REASON).isNull()
     # the original text is kept only where an output needs it (rejected rows): half the cache
@@ -249,6 +254,7 @@ def _run_load(
 
     hour = parse_key(partition_key)
     tag = to_tag(hour)
+    check_landing_root(ds)
     st = Storage(ds.output)
     committed = commits.committed_tags(st)
     commits.check_order(ds, hour, committed)
@@ -274,10 +280,21 @@ def _run_load(
 
     # 3. parse once: one job caches the batch and yields rows in and its max expiry value
     inputs = list_input_files(ds, hour)
-    batch = prepare_batch(spark, ds, [f.path for f in inputs]).persist(CACHE)
-    cached = [batch]
+    plan = plan_batch(ds, inputs)
     vmax = F.max(F.when(F.col(REASON).isNull(), F.col(V))) if ds.expiry else F.lit(None)
-    first = batch.agg(F.count(F.lit(1)).alias("n"), vmax.alias("vmax")).collect()[0]
+    while True:  # a file Spark fails to read is set aside as unreadable and the batch re-read
+        batch = prepare_batch(spark, ds, plan).persist(CACHE)
+        try:
+            first = batch.agg(F.count(F.lit(1)).alias("n"), vmax.alias("vmax")).collect()[0]
+            break
+        except Exception as e:  # noqa: BLE001 - only a read failure naming a file is absorbed
+            batch.unpersist()
+            bad = failed_file(e, plan)
+            if bad is None:
+                raise
+            say(f"{ds.name} {partition_key}: {bad.path} is unreadable ({bad.error}); rejected")
+            plan = plan.without(bad)
+    cached = [batch]
     rows_in = int(first["n"])
     t = lap("parse", t0)
 
@@ -436,6 +453,8 @@ def load_hours(
 
     keys = sorted(partition_keys, key=parse_key)
     results = []
+    # Lock.__exit__ never lets a failing release (the same full or read-only disk) replace the
+    # load's own error
     with Lock(Storage(ds.output), owner):
         for key in keys:
             results.append(run_load(spark, ds, key, progress))

@@ -5,8 +5,18 @@ otherwise raise on a bad value and stop the load). Every row keeps its origin
 (`_source_file`, and `_blk`/`_rid`, which order rows exactly as they stand in the file, whatever
 the file splitting) and its original text in `_raw`.
 
+Which files are read (README, "Landing files"): the regular files directly in the hour's
+directory whose names do not start with `.` or `_` (markers, hidden and temporary files);
+subdirectories are never read. Each listed file is read exactly once, whatever its name holds:
+names are escaped for Hadoop's glob syntax, local files are read through Hadoop's raw local file
+system (its checksum wrapper cannot open a name with a `:`), and `_source_file` is the path
+exactly as `list_input_files` lists it (and the commit record's `inputs` record it).
+
 Reject reasons (short codes, in order of precedence):
-  malformed           the line/row does not parse (bad JSON, not an object, wrong CSV field count)
+  unreadable_file     the whole file cannot be read as its format (not gzip, truncated, not
+                      Parquet); one row per file, `_raw` says why
+  bad_encoding        the record's bytes are not valid UTF-8; `_raw` is the base64 of its bytes
+  malformed           the line/record does not parse (bad JSON, not an object, wrong CSV field count)
   bad_value:<col>     a non-empty value that does not cast to the column's declared type
   null_key            a key column is null (missing, JSON null, or an empty CSV field)
   unknown_category    a categorical expiry value not in the declared categories
@@ -15,9 +25,16 @@ Reject reasons (short codes, in order of precedence):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bz2
+import gzip
+import os
+import re
+import zlib
+from dataclasses import dataclass, replace
 from datetime import datetime
+from urllib.parse import unquote
 
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -36,7 +53,17 @@ SPARK_TYPES: dict[str, T.DataType] = {
 CORRUPT = "_corrupt_record"
 V = "_v"
 REASON = "_reject_reason"
+PRE = "_read_reason"  # a reason decided while reading (unreadable_file, bad_encoding)
+UNREADABLE = "unreadable_file"
+BAD_ENCODING = "bad_encoding"
 META_COLS = ["_source_file", "_blk", "_rid", "_raw"]
+# Hadoop's checksum wrapper of the local file system builds a `.name.crc` Path from the leaf name,
+# which fails on a `:` (URISyntaxException); the raw local file system reads the file itself.
+READ_OPTIONS = {"fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+                "fs.file.impl.disable.cache": "true"}
+_GLOB_CHARS = re.compile(r"([\\\[\]*?{}])")
+_OBJECT_STORES = ("s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "az", "adl", "wasb", "wasbs")
+_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -46,23 +73,153 @@ class InputFile:
     mtime: float
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """A landing file that cannot be read as its format: one `unreadable_file` row."""
+
+    path: str
+    error: str
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What to read of one hour: readable files (Parquet ones grouped by physical schema)."""
+
+    files: tuple[InputFile, ...]
+    unreadable: tuple[Unreadable, ...] = ()
+    parquet_groups: tuple[tuple[str, ...], ...] = ()
+    base: str = ""  # the hour directory as listed: every `_source_file` is base/<name>
+
+    @property
+    def paths(self) -> list[str]:
+        return [f.path for f in self.files]
+
+    def without(self, bad: Unreadable) -> BatchPlan:
+        """This plan with one more file set aside as unreadable (a read failed on it)."""
+        files = tuple(f for f in self.files if f.path != bad.path)
+        groups = tuple(g for g in (tuple(p for p in grp if p != bad.path)
+                                   for grp in self.parquet_groups) if g)
+        return replace(self, files=files, unreadable=(*self.unreadable, bad),
+                       parquet_groups=groups)
+
+
+class LandingMissingError(RuntimeError):
+    """The dataset's landing root does not exist: a config or mount problem, not an empty hour."""
+
+
 def hour_dir(ds: DatasetConfig, hour: datetime) -> str:
     return f"{ds.source.path.rstrip('/')}/date={hour:%Y-%m-%d}/hour={hour:%H}"
 
 
-def list_input_files(ds: DatasetConfig, hour: datetime) -> list[InputFile]:
-    """The hour's data files (no markers, no hidden files); [] if the directory is absent.
+def check_landing_root(ds: DatasetConfig) -> None:
+    """Fail the load if `source.path` does not exist (a missing hour directory is a 0-row hour).
 
-    Paths are what Spark reads: plain on a local file system, full URIs (the source's own
-    scheme and authority) elsewhere.
+    Object stores have no directories (an empty prefix does not exist), so there it is not checked.
+    """
+    st = Storage(ds.source.path)
+    protocol = st.fs.protocol if isinstance(st.fs.protocol, str) else st.fs.protocol[0]
+    if protocol in _OBJECT_STORES:
+        return
+    if not st.fs.isdir(st.root):
+        what = "is not a directory" if st.exists(st.root) else "does not exist"
+        raise LandingMissingError(
+            f"dataset {ds.name!r}: landing path {ds.source.path} (source.path) {what}; "
+            "fix the config or mount the landing zone (an hour with no files needs only its root)")
+
+
+def list_input_files(ds: DatasetConfig, hour: datetime) -> list[InputFile]:
+    """The hour's data files; [] if the hour's directory is absent.
+
+    Data files are the regular files directly in the directory whose names do not start with
+    `.` or `_` (markers such as `_SUCCESS`, hidden and temporary files); subdirectories
+    (`_temporary/`, `.hidden/`, any other) are not read. Paths are plain on a local file
+    system, full URIs (the source's own scheme and authority) elsewhere.
     """
     st = Storage(hour_dir(ds, hour))
+    try:
+        entries = st.fs.ls(st.root, detail=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
     out = []
-    for p in st.list_files(st.root):
-        info = st.fs.info(p)
-        out.append(InputFile(st.to_uri(p), int(info.get("size") or 0),
-                             float(info.get("mtime") or 0.0)))
-    return out
+    for e in entries:
+        name = os.path.basename(str(e["name"]).rstrip("/"))
+        if e.get("type") != "file" or name.startswith((".", "_")):
+            continue
+        out.append(InputFile(st.to_uri(str(e["name"])), int(e.get("size") or 0),
+                             float(e.get("mtime") or 0.0)))
+    return sorted(out, key=lambda f: f.path)
+
+
+def spark_path(path: str) -> str:
+    """`path` as a Hadoop glob that matches only itself (`[`, `*`, `{`... escaped)."""
+    return _GLOB_CHARS.sub(r"\\\1", path)
+
+
+def _check_stream(fh: object, opener: object) -> None:
+    with opener(fh) as z:  # type: ignore[operator]
+        while z.read(_CHUNK):
+            pass
+
+
+def _vet(ds: DatasetConfig, st: Storage, f: InputFile) -> tuple[str, ...] | Unreadable | None:
+    """Check one file cheaply on the driver: its Parquet schema, or a full decompression pass.
+
+    Returns the Parquet schema key, an `Unreadable`, or None (a text file that looks fine).
+    """
+    name = f.path.rsplit("/", 1)[-1].lower()
+    try:
+        with st.fs.open(f.path, "rb") as fh:
+            if ds.source.format == "parquet":
+                schema = pq.ParquetFile(fh).schema_arrow
+                return tuple(f"{fld.name}:{fld.type}" for fld in schema)
+            if name.endswith(".gz"):
+                _check_stream(fh, lambda x: gzip.GzipFile(fileobj=x))
+            elif name.endswith(".bz2"):
+                _check_stream(fh, lambda x: bz2.BZ2File(x))
+    except (OSError, EOFError, zlib.error, ValueError) as e:  # pyarrow's errors are these too
+        what = "Parquet" if ds.source.format == "parquet" else name.rsplit(".", 1)[-1]
+        return Unreadable(f.path, f"not a readable {what} file: {type(e).__name__}: {e}"[:500])
+    return None
+
+
+def plan_batch(ds: DatasetConfig, files: list[InputFile], base: str = "") -> BatchPlan:
+    """Vet the hour's files: empty files hold no records, unreadable ones are set aside."""
+    if not files:
+        return BatchPlan((), base=base)
+    base = base or files[0].path.rsplit("/", 1)[0]
+    st = Storage(base)
+    keep: list[InputFile] = []
+    bad: list[Unreadable] = []
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for f in files:
+        if f.size == 0:
+            continue  # an empty file is zero records, whatever its format
+        verdict = _vet(ds, st, f)
+        if isinstance(verdict, Unreadable):
+            bad.append(verdict)
+            continue
+        keep.append(f)
+        if verdict is not None:
+            groups.setdefault(verdict, []).append(f.path)
+    return BatchPlan(tuple(keep), tuple(bad), tuple(tuple(g) for g in groups.values()), base)
+
+
+_FAILED_FILE = re.compile(r"reading file (\S+?)\.?\s+SQLSTATE")
+
+
+def failed_file(exc: BaseException, plan: BatchPlan) -> Unreadable | None:
+    """The file a Spark read failure names (FAILED_READ_FILE), as an `Unreadable`, or None."""
+    text = str(exc)
+    m = _FAILED_FILE.search(text)
+    if m is None:
+        return None
+    name = unquote(m.group(1).rsplit("/", 1)[-1])
+    for f in plan.files:
+        if f.path.rsplit("/", 1)[-1] == name:
+            causes = re.findall(r"Caused by: ([^\n]+)", text)
+            why = causes[-1] if causes else text.strip().splitlines()[0]
+            return Unreadable(f.path, f"Spark could not read the file: {why}"[:500])
+    return None
 
 
 def _string_schema(ds: DatasetConfig) -> T.StructType:
@@ -70,69 +227,132 @@ def _string_schema(ds: DatasetConfig) -> T.StructType:
     return T.StructType([*fields, T.StructField(CORRUPT, T.StringType())])
 
 
-def _origin() -> list[Column]:
+def _source_file(base: str) -> Column:
+    """The listed path of a row's file, from Spark's URI form of it.
+
+    Spark gives `file:/dir/a%5B1%5D.jsonl`; every file of a batch is in `base`, so the decoded
+    leaf name appended to `base` is exactly the path `list_input_files` listed (`+` is literal
+    in a URI path, so it is protected from `url_decode`, which would read it as a space).
+    """
+    uri = F.replace(F.col("_metadata.file_path"), F.lit("+"), F.lit("%2B"))
+    return F.concat(F.lit(base.rstrip("/") + "/"), F.substring_index(F.url_decode(uri), "/", -1))
+
+
+def _origin(base: str) -> list[Column]:
     return [
-        F.col("_metadata.file_path").alias("_source_file"),
+        _source_file(base).alias("_source_file"),
         F.col("_metadata.file_block_start").alias("_blk"),
         F.monotonically_increasing_id().alias("_rid"),
     ]
 
 
-def _read_jsonl(spark: SparkSession, ds: DatasetConfig, paths: list[str]) -> DataFrame:
-    txt = spark.read.text(paths).select(F.col("value").alias("_raw"), *_origin())
+def _with_encoding_check(df: DataFrame, ds: DatasetConfig) -> DataFrame:
+    """`bad_encoding` for a record whose bytes are not UTF-8; its `_raw` becomes their base64."""
+    checks = [F.col("_raw"), *[F.col(c) for c in ds.source.schema]]
+    bad = F.lit(False)
+    for c in checks:
+        bad = bad | ~F.coalesce(F.is_valid_utf8(c), F.lit(True))
+    return df.withColumns({
+        PRE: F.when(bad, F.lit(BAD_ENCODING)),
+        "_raw": F.when(bad, F.base64(F.col("_raw").cast("binary"))).otherwise(F.col("_raw")),
+    })
+
+
+def _read_jsonl(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> DataFrame:
+    paths = [spark_path(p) for p in plan.paths]
+    txt = (spark.read.options(**READ_OPTIONS).text(paths)
+           .select(F.col("value").alias("_raw"), *_origin(plan.base)))
     txt = txt.filter(F.trim(F.col("_raw")) != "")  # blank lines are not records
     opts = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
     parsed = txt.withColumn("_j", F.from_json(F.col("_raw"), _string_schema(ds), opts))
     cols = [F.col(f"_j.{c}").alias(c) for c in ds.source.schema]
     malformed = F.col(f"_j.{CORRUPT}").isNotNull() | F.col("_j").isNull()
-    return parsed.select(*cols, *META_COLS, malformed.alias("_malformed"))
+    df = parsed.select(*cols, *META_COLS, malformed.alias("_malformed"))
+    return _with_encoding_check(df, ds)
 
 
-def _read_csv(spark: SparkSession, ds: DatasetConfig, paths: list[str]) -> DataFrame:
+def _read_csv(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> DataFrame:
+    """RFC 4180 records (a quoted field may span lines), bytes kept exactly.
+
+    With an ASCII delimiter the file is decoded as ISO-8859-1 (one char per byte, so quotes and
+    delimiters are found exactly as in UTF-8) and each field is turned back into its original
+    bytes; invalid UTF-8 is then seen, not replaced by U+FFFD.
+    """
+    lossless = ds.source.csv_delimiter.isascii()
     reader = (
-        spark.read.schema(_string_schema(ds))
+        spark.read.options(**READ_OPTIONS).schema(_string_schema(ds))
         .option("header", str(ds.source.csv_header).lower())
         .option("sep", ds.source.csv_delimiter)
         .option("escape", '"')  # RFC 4180: a quote inside a quoted field is doubled ("")
+        .option("multiLine", "true")
+        .option("encoding", "ISO-8859-1" if lossless else "UTF-8")
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", CORRUPT)
         .option("enforceSchema", "true")
     )
-    df = reader.csv(paths)
+    df = reader.csv([spark_path(p) for p in plan.paths])
+
+    def original(c: str) -> Column:
+        return F.encode(F.col(c), "ISO-8859-1").cast("string") if lossless else F.col(c)
+
     names = list(ds.source.schema)
+    # re-serialized before the bytes are restored: to_csv would mangle invalid UTF-8
     as_text = F.to_csv(F.struct(*[F.col(c) for c in names]),
                        {"sep": ds.source.csv_delimiter, "escape": '"'})
-    return df.select(
-        *names,
-        *_origin()[:3],
-        F.coalesce(F.col(CORRUPT), as_text).alias("_raw"),
-        F.col(CORRUPT).isNotNull().alias("_malformed"),
-    )
+    df = df.select(*names, F.coalesce(F.col(CORRUPT), as_text).alias("_raw"),
+                   F.col(CORRUPT).isNotNull().alias("_malformed"), *_origin(plan.base))
+    df = df.select(*[original(c).alias(c) for c in names], "_source_file", "_blk", "_rid",
+                   original("_raw").alias("_raw"), "_malformed")
+    return _with_encoding_check(df, ds)
 
 
-def _read_parquet(spark: SparkSession, ds: DatasetConfig, paths: list[str]) -> DataFrame:
-    df = spark.read.parquet(*paths)
-    present = set(df.columns)
+_WIDENS = {
+    "long": (T.ByteType, T.ShortType, T.IntegerType, T.LongType),
+    "double": (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType),
+}
+
+
+def _parquet_group(spark: SparkSession, ds: DatasetConfig, paths: tuple[str, ...],
+                   base: str) -> DataFrame:
+    """Files of one physical schema, cast per column to the declared type (as text).
+
+    A safe widening (int32 -> long, float -> double) is a cast; anything else goes through text
+    and `try_cast` later, so a value that does not fit is `bad_value:<col>` for its row only. A
+    declared column the files lack is null for these files' rows only.
+    """
+    df = spark.read.options(**READ_OPTIONS).parquet(*[spark_path(p) for p in paths])
+    present = {f.name.lower(): f for f in df.schema.fields}
     cols = []
-    for c in ds.source.schema:
-        if c in present:
-            # Keep the value; strings go through try_cast below like the text formats do.
-            cols.append(F.col(c).cast("string").alias(c))
-        else:
+    for c, decl in ds.source.schema.items():
+        fld = present.get(c.lower())
+        if fld is None:
             cols.append(F.lit(None).cast("string").alias(c))
-    raw = F.to_json(F.struct(*[F.col(c) for c in df.columns]))
-    return df.select(
+        elif isinstance(fld.dataType, _WIDENS.get(decl, ())):
+            cols.append(F.col(fld.name).cast(SPARK_TYPES[decl]).cast("string").alias(c))
+        else:
+            cols.append(F.col(fld.name).cast("string").alias(c))
+    raw = F.to_json(F.struct(*[F.col(f.name) for f in df.schema.fields]))
+    out = df.select(
         *cols,
-        F.col("_metadata.file_path").alias("_source_file"),
+        _source_file(base).alias("_source_file"),
         F.lit(0).cast("long").alias("_blk"),
         F.col("_metadata.row_index").alias("_rid"),
         raw.alias("_raw"),
         F.lit(False).alias("_malformed"),
     )
+    return _with_encoding_check(out, ds)
 
 
-def empty_batch(spark: SparkSession, ds: DatasetConfig) -> DataFrame:
-    """A zero-row batch with the parsed schema (an hour with no input is a zero-row load)."""
+def _read_parquet(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> DataFrame:
+    groups = plan.parquet_groups or (tuple(plan.paths),)
+    frames = [_parquet_group(spark, ds, g, plan.base) for g in groups]
+    out = frames[0]
+    for f in frames[1:]:
+        out = out.unionByName(f)
+    return out
+
+
+def _batch_schema(ds: DatasetConfig) -> T.StructType:
     fields = [T.StructField(c, T.StringType()) for c in ds.source.schema]
     fields += [
         T.StructField("_source_file", T.StringType()),
@@ -140,16 +360,37 @@ def empty_batch(spark: SparkSession, ds: DatasetConfig) -> DataFrame:
         T.StructField("_rid", T.LongType()),
         T.StructField("_raw", T.StringType()),
         T.StructField("_malformed", T.BooleanType()),
+        T.StructField(PRE, T.StringType()),
     ]
-    return spark.createDataFrame([], T.StructType(fields))
+    return T.StructType(fields)
 
 
-def read_text_batch(spark: SparkSession, ds: DatasetConfig, paths: list[str]) -> DataFrame:
-    """All columns still as text, plus origin and `_malformed`."""
-    if not paths:
-        return empty_batch(spark, ds)
-    reader = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}[ds.source.format]
-    return reader(spark, ds, paths)
+def empty_batch(spark: SparkSession, ds: DatasetConfig) -> DataFrame:
+    """A zero-row batch with the parsed schema (an hour with no input is a zero-row load)."""
+    return spark.createDataFrame([], _batch_schema(ds))
+
+
+def _unreadable_rows(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> DataFrame:
+    nulls = [None] * len(ds.source.schema)
+    rows = [(*nulls, u.path, 0, i, u.error, False, UNREADABLE)
+            for i, u in enumerate(plan.unreadable)]
+    return spark.createDataFrame(rows, _batch_schema(ds))
+
+
+def read_text_batch(spark: SparkSession, ds: DatasetConfig,
+                    plan: BatchPlan | list[str]) -> DataFrame:
+    """All columns still as text, plus origin, `_malformed` and the read-time reason."""
+    if not isinstance(plan, BatchPlan):  # plain paths (benchmarks): vet them here
+        sizes = [InputFile(p, 1, 0.0) for p in plan]
+        plan = plan_batch(ds, sizes)
+    if not plan.files:
+        df = empty_batch(spark, ds)
+    else:
+        reader = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}
+        df = reader[ds.source.format](spark, ds, plan).select(*_batch_schema(ds).names)
+    if plan.unreadable:
+        df = df.unionByName(_unreadable_rows(spark, ds, plan))
+    return df
 
 
 def expiry_value(ds: DatasetConfig) -> Column:
@@ -171,7 +412,8 @@ def type_and_reject(raw: DataFrame, ds: DatasetConfig) -> DataFrame:
     """Cast text columns to declared types and decide `_reject_reason`; adds `_v` with expiry."""
     schema = ds.source.schema
     exp_col = ds.expiry.column if ds.expiry else None
-    reason = F.when(F.col("_malformed"), F.lit("malformed"))
+    reason = (F.when(F.col(PRE).isNotNull(), F.col(PRE))
+              .when(F.col("_malformed"), F.lit("malformed")))
     casted: dict[str, Column] = {}
     for c, typ in schema.items():
         text = F.col(c)

@@ -355,8 +355,14 @@ class Lock:
     def __enter__(self) -> Lock:
         return self.acquire()
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            self.release()
+            return
+        try:  # the body's own error is the one to report, never the release's (issue 21)
+            self.release()
+        except Exception as e:  # noqa: BLE001 - e.g. the same full or read-only disk
+            exc.add_note(f"the dataset lock {self.path} could not be released either: {e}")
 
     # -- local: under the guard -----------------------------------------------------------------
     @contextlib.contextmanager

@@ -27,7 +27,14 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits, rebuild
 from dedup_pipeline.engine.classify import DUPLICATES, EXPIRED, OUTPUTS, UNIQUE
 from dedup_pipeline.engine.expiry import expiry_point, latest_point
-from dedup_pipeline.engine.parse import V, expiry_value, list_input_files
+from dedup_pipeline.engine.parse import (
+    V,
+    expiry_value,
+    failed_file,
+    list_input_files,
+    plan_batch,
+    read_text_batch,
+)
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import parse_key, to_key
 
@@ -48,17 +55,19 @@ class VerifyReport:
 
 
 def _landing_count(spark: SparkSession, ds: DatasetConfig, tag: str) -> int:
-    files = [f.path for f in list_input_files(ds, parse_key(tag))]
-    if not files:
-        return 0
-    if ds.source.format == "parquet":
-        return spark.read.parquet(*files).count()
-    lines = spark.read.text(files).select(F.col("value"), F.col("_metadata.file_path").alias("f"))
-    lines = lines.filter(F.trim("value") != "")
-    n = lines.count()
-    if ds.source.format == "csv" and ds.source.csv_header:
-        n -= lines.select("f").distinct().count()  # one header line per non-empty file
-    return n
+    """Records in the hour's landing files, listed and read exactly as the load reads them.
+
+    An unreadable file counts as the one `rejected` row the load makes of it (R8).
+    """
+    plan = plan_batch(ds, list_input_files(ds, parse_key(tag)))
+    while True:
+        try:
+            return read_text_batch(spark, ds, plan).count()
+        except Exception as e:  # noqa: BLE001 - the same read failures the load absorbs
+            bad = failed_file(e, plan)
+            if bad is None:
+                raise
+            plan = plan.without(bad)
 
 
 @dataclass
@@ -222,7 +231,14 @@ def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
                                   f"{', '.join(missing)}")
             rep.bad_hours.add(tag)
             continue
-        n_in = _landing_count(spark, ds, tag)
+        try:
+            n_in = _landing_count(spark, ds, tag)
+        except Exception as e:  # noqa: BLE001 - verify reports what it cannot read, never crashes
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            rep.violations.append(f"{to_key(parse_key(tag))}: cannot read the landing files "
+                                  f"({type(e).__name__}: {first})")
+            rep.bad_hours.add(tag)
+            continue
         n_out = sum(per_hour.get(tag, {}).values())
         rep.rows_in += n_in
         rep.rows_out += n_out

@@ -167,19 +167,20 @@ def test_spark_server_command_serves_clients_with_the_start_up_settings(
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
+    java_options = got.pop("spark.driver.extraJavaOptions")  # Spark adds its own to ours
+    assert PARALLEL_GC in java_options.split(), java_options
     assert got == {
         "spark.sql.codegen.cache.maxEntries": BASE_CONF["spark.sql.codegen.cache.maxEntries"],
         "spark.sql.session.timeZone": "UTC",
         "spark.connect.session.manager.defaultSessionTimeout":
             SERVER_CONF["spark.connect.session.manager.defaultSessionTimeout"],
         "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
-        "spark.driver.extraJavaOptions": PARALLEL_GC,
         "spark.sql.shuffle.partitions": "4",  # --conf wins over BASE_CONF
         "n": 10,
     }
     # the JVM (a child in the command's process group) was started with the collector
     assert server.service is not None
-    jvm_args = subprocess.run(["ps", "-o", "args=", "-g", str(server.service.proc.pid)],
+    jvm_args = subprocess.run(["ps", "-ww", "-o", "args=", "-g", str(server.service.proc.pid)],
                               capture_output=True, text=True).stdout
     assert "SparkConnectServer" in jvm_args and PARALLEL_GC in jvm_args
 

@@ -74,8 +74,10 @@ class WarmServer:
     def wait_ready(self, timeout: float = 180) -> None:
         assert self.service is not None
         svc = self.service
+        ready = f"export SPARK_REMOTE={self.url}"
+        # the line is near the top of the log; the server's INFO lines follow it
         wait_until(f"`dedup-pipeline spark-server` on port {self.port}",
-                   lambda: f"export SPARK_REMOTE={self.url}" in svc.tail(200_000), timeout, [svc])
+                   lambda: ready in svc.log.read_text(errors="replace"), timeout, [svc])
 
     def kill(self) -> None:
         """The server dies at once (SIGKILL to its process group: no shutdown hooks)."""
@@ -128,14 +130,15 @@ def last_hour(hours: int) -> str:
     return to_key(parse_key(FIRST) + (hours - 1) * HOUR)
 
 
-def start_run(root: Path, label: str, hours: int, remote: str) -> tuple[Service, Path]:
+def start_run(root: Path, label: str, hours: int, remote: str,
+              log: str | None = None) -> tuple[Service, Path]:
     """A fresh `dedup-pipeline run` process over every hour, a client of the server."""
     config = write_config(root, label)
     env = clean_env(SPARK_REMOTE=remote, DEDUP_SPARK_CONF_spark__sql__shuffle__partitions="4")
     svc = start(f"dedup-pipeline run ({label})",
                 [str(VENV_BIN / "dedup-pipeline"), "run", "--config", str(config),
                  "--from", FIRST, "--to", last_hour(hours)],
-                root / f"{label}.log", env=env, cwd=root)
+                root / f"{log or label}.log", env=env, cwd=root)
     return svc, config
 
 
@@ -227,7 +230,7 @@ def test_server_restart_mid_run_fails_the_run_and_the_rerun_is_exact(
     root = make_landing(tmp_path_factory.mktemp(name), name, seed, hours, rows)
     reference = local_reference(spark, root, hours)
     server.wait_ready()
-    run, config = start_run(root, "warm", hours, server.url)
+    run, config = start_run(root, "warm", hours, server.url, log="interrupted")
     ds = load_config(config).datasets[0]
     commits = Path(ds.output) / "_commits"
     # restart the server while the run is between its first and last committed hour
@@ -242,6 +245,7 @@ def test_server_restart_mid_run_fails_the_run_and_the_rerun_is_exact(
     error = out.strip().splitlines()[-1]
     assert error.startswith("error: run ") and f"Spark Connect server {server.url}" in error, error
     assert "\n" not in error and len(error) < 400, error
+    print(f"the interrupted run ({committed_at_kill} of {hours} hours committed): {error}")
 
     server.wait_ready()
     rerun, _ = start_run(root, "warm", hours, server.url)
@@ -249,3 +253,23 @@ def test_server_restart_mid_run_fails_the_run_and_the_rerun_is_exact(
     assert rc == 0, out[-6000:]
     assert_same_loads(snapshot(ds.output), reference,
                       "the rerun after a server restart (R10)")
+
+
+def test_only_a_lost_server_becomes_a_spark_server_error() -> None:
+    """A query or storage error surfaces as it is, even if its text looks like a network error;
+    only the Connect client's own errors about the server are turned into SparkServerError."""
+    from pyspark.errors.exceptions.connect import AnalysisException, SparkConnectException
+
+    from dedup_pipeline.engine.session import SparkServerError, connect_errors, lost_server_reason
+
+    assert lost_server_reason(OSError("Connection reset by peer")) is None
+    assert lost_server_reason(AnalysisException("[UNRESOLVED_COLUMN] x")) is None
+    closed = SparkConnectException(errorClass="NO_ACTIVE_SESSION", messageParameters={})
+    assert "NO_ACTIVE_SESSION" in (lost_server_reason(closed) or "")
+    with pytest.raises(SparkServerError) as err, connect_errors("sc://h:1"):
+        raise closed
+    assert str(err.value).startswith("Spark Connect server sc://h:1 was restarted")
+    with pytest.raises(SparkConnectException), connect_errors(None):  # local mode: untouched
+        raise closed
+    with pytest.raises(OSError), connect_errors("sc://h:1"):
+        raise OSError("Connection refused")

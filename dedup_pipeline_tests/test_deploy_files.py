@@ -157,7 +157,7 @@ def test_compose_runs_are_clients_of_the_warm_spark_connect_server(compose: dict
 
     uc = _env(services[user_code])
     assert uc["SPARK_REMOTE"] == f"sc://{hostname}:{port}"
-    # one topology at a time: a client-mode driver's settings would be refused by the server
+    # one topology at a time: no client-mode driver settings on a Connect client
     assert not [k for k in uc if k == "SPARK_MASTER_URL" or k.startswith("DEDUP_SPARK_CONF_")]
     assert services[user_code]["depends_on"][connect]["condition"] == "service_healthy"
     assert "15002" in " ".join(_command({"command": services[connect]["healthcheck"]["test"]}))
@@ -316,7 +316,7 @@ def test_helm_values_match_the_instance_and_the_images() -> None:
 
     launcher = values["runLauncher"]
     assert launcher["type"] == "K8sRunLauncher"
-    # run pods are Connect clients: no driver settings (the server would refuse them)
+    # run pods are Connect clients: no client-mode driver settings
     run_env = launcher["config"]["k8sRunLauncher"]["runK8sConfig"]["containerConfig"].get("env", [])
     assert not [e for e in run_env if e["name"].startswith("DEDUP_SPARK_CONF_spark__driver")]
     assert values["dagsterWebserver"]["service"]["type"] == "ClusterIP"

@@ -12,6 +12,8 @@ the module's server with a new one on the same port.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -31,6 +33,7 @@ from dedup_pipeline_tests.spark_services import (
     LOOPBACK,
     VENV_BIN,
     Service,
+    _group_alive,
     assert_same_loads,
     clean_env,
     free_port,
@@ -253,6 +256,22 @@ def test_server_restart_mid_run_fails_the_run_and_the_rerun_is_exact(
     assert rc == 0, out[-6000:]
     assert_same_loads(snapshot(ds.output), reference,
                       "the rerun after a server restart (R10)")
+
+
+
+def test_spark_server_stops_cleanly_on_ctrl_c(server: WarmServer) -> None:
+    """SIGINT to the command alone (what Ctrl-C delivers to it) stops the JVM through its
+    shutdown hooks: the command exits 0 and nothing of its process group is left."""
+    server.wait_ready()
+    assert server.service is not None
+    svc = server.service
+    os.kill(svc.proc.pid, signal.SIGINT)
+    rc = svc.proc.wait(timeout=60)
+    log = svc.log.read_text(errors="replace")
+    assert rc == 0, log[-3000:]
+    assert "Successfully stopped SparkContext" in log
+    assert log.rstrip().endswith("stopped")
+    wait_until("the server's process group to be gone", lambda: not _group_alive(svc.proc.pid), 30)
 
 
 def test_only_a_lost_server_becomes_a_spark_server_error() -> None:

@@ -1,4 +1,4 @@
-"""`dedup-pipeline`: demo, run, verify, generate (SPEC K1, K2, K4, K5)."""
+"""`dedup-pipeline`: demo, run, verify, generate, spark-server (SPEC K1, K2, K4, K5, N5)."""
 
 from __future__ import annotations
 
@@ -242,6 +242,90 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
                f" DEDUP_CONFIG={stats.config} .venv/bin/dagster dev")
     click.echo(f"Recheck everything:  .venv/bin/dedup-pipeline verify --config {stats.config}")
     del results
+
+
+def _die_with_parent() -> None:
+    """In the server's child before exec: SIGTERM when this command's process dies (Linux)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@main.command("spark-server")
+@click.option("--port", default=None, type=click.IntRange(1, 65535),
+              help="gRPC port  [default: 15002]")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="address to listen on (0.0.0.0: every interface; Spark Connect has no "
+              "authentication, keep it private)")
+@click.option("--master", default=None, help="where the server's jobs run: local[*], "
+              "spark://host:7077, k8s://…  [default: SPARK_MASTER_URL, else local[*]]")
+@click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE",
+              help="a Spark setting for the server (repeatable), e.g. spark.driver.memory=4g")
+def spark_server(port: int | None, host: str, master: str | None,
+                 confs: tuple[str, ...]) -> None:
+    """Run a warm Spark Connect server in the foreground, with this package's start-up settings;
+    point runs at it with SPARK_REMOTE (printed when it is ready). Ctrl-C stops it."""
+    import signal
+    import socket
+    import subprocess
+
+    from dedup_pipeline.engine.session import CONNECT_PORT, DEFAULT_MASTER, server_command
+
+    port = port or CONNECT_PORT
+    conf = {}
+    for c in confs:
+        k, sep, v = c.partition("=")
+        if not sep or not k.strip():
+            _fail(f"--conf {c!r}: expected KEY=VALUE")
+        conf[k.strip()] = v
+    master = master or os.environ.get("SPARK_MASTER_URL") or DEFAULT_MASTER
+    probe = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+    def listening() -> bool:
+        with contextlib.suppress(OSError), socket.create_connection((probe, port), timeout=1):
+            return True
+        return False
+
+    if listening():
+        _fail(f"{probe}:{port} is already in use (another Spark Connect server?); "
+              f"pick another --port")
+    cmd = server_command(master, host, port, conf)
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE")}
+    env["SPARK_CONNECT_MODE"] = "0"  # start a classic JVM server, not a client of one
+    click.echo(f"starting a Spark Connect server on {host}:{port}, master {master} "
+               f"(10-30 s)...")
+    # Same process group as this command, so a supervisor that kills the group (or a terminal's
+    # Ctrl-C) reaches the JVM too; it also gets SIGTERM if this process dies (Linux).
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, stop)  # also when started with SIGINT ignored (`cmd &`)
+    signal.signal(signal.SIGTERM, stop)
+    url = f"sc://{probe}:{port}"
+    try:
+        while proc.poll() is None and not listening():
+            time.sleep(0.5)
+        if proc.poll() is None:
+            click.echo(f"Spark Connect server ready. Point runs (and `dagster dev`) at it:\n"
+                       f"  export SPARK_REMOTE={url}\n(Ctrl-C stops it)")
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan the JVM
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        click.echo("stopping the Spark Connect server...")
+        proc.terminate()  # the JVM (spark-submit execs it): its shutdown hooks stop Spark
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        click.echo("stopped")
+        return
+    _fail(f"the Spark Connect server {url} exited with code {rc} (its log is above)")
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ def test_compose_has_every_service_and_builds_images_from_this_repo(compose: dic
     workers = _role(services, "org.apache.spark.deploy.worker.Worker")
     assert workers, "no Spark worker service"
     user_code = _one(services, "code-server")
+    connect = _one(services, "spark-server")
     webserver = _one(services, "dagster-webserver")
     daemon = _one(services, "dagster-daemon")
     postgres = [n for n, s in services.items() if str(s.get("image", "")).startswith("postgres:")]
@@ -93,6 +94,7 @@ def test_compose_has_every_service_and_builds_images_from_this_repo(compose: dic
     uc_image = services[user_code]["image"]
     assert services[master]["image"] == uc_image
     assert all(services[w]["image"] == uc_image for w in workers)
+    assert services[connect]["image"] == uc_image
     assert built[uc_image.split(":")[0]].name == "Dockerfile.user-code"
     assert built[services[webserver]["image"].split(":")[0]].name == "Dockerfile.dagster"
     assert services[daemon]["image"] == services[webserver]["image"]
@@ -120,13 +122,66 @@ def test_compose_environment_wires_postgres_spark_and_the_code_server(compose: d
 
     uc = _env(services[user_code])
     cmd = _command(services[master])
-    assert uc["SPARK_MASTER_URL"] == f"spark://{cmd[cmd.index('--host') + 1]}:{cmd[cmd.index('--port') + 1]}"
-    # executors reach the driver (a run process in this container) by the container's name
-    assert uc["DEDUP_SPARK_CONF_spark__driver__host"] in (user_code, services[user_code].get("hostname"))
-    assert uc["DEDUP_SPARK_CONF_spark__driver__bindAddress"] == "0.0.0.0"
+    master_url = f"spark://{cmd[cmd.index('--host') + 1]}:{cmd[cmd.index('--port') + 1]}"
     assert "DEDUP_CONFIG" in uc
     for w in _role(services, "org.apache.spark.deploy.worker.Worker"):
-        assert _command(services[w])[2] == uc["SPARK_MASTER_URL"]
+        assert _command(services[w])[2] == master_url
+
+
+def _confs(cmd: list[str]) -> dict[str, str]:
+    return dict(cmd[i + 1].split("=", 1) for i, c in enumerate(cmd) if c == "--conf")
+
+
+def test_compose_runs_are_clients_of_the_warm_spark_connect_server(compose: dict[str, Any]) -> None:
+    """SPEC N5: the code server's runs use one warm Connect server (SPARK_REMOTE), started by
+    `dedup-pipeline spark-server` (the package's start-up settings, no copy of them here), which
+    is the driver of the standalone cluster: executors reach it by its hostname."""
+    services = compose["services"]
+    master = _one(services, "org.apache.spark.deploy.master.Master")
+    connect = _one(services, "spark-server")
+    user_code = _one(services, "code-server")
+    cmd = _command(services[connect])
+    assert cmd[:2] == ["dedup-pipeline", "spark-server"]
+    mcmd = _command(services[master])
+    assert cmd[cmd.index("--master") + 1] == \
+        f"spark://{mcmd[mcmd.index('--host') + 1]}:{mcmd[mcmd.index('--port') + 1]}"
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"  # reachable from the other containers
+    port = cmd[cmd.index("--port") + 1]
+    hostname = services[connect].get("hostname", connect)
+    conf = _confs(cmd)
+    assert conf["spark.driver.host"] in (connect, hostname)
+    assert conf["spark.driver.bindAddress"] == "0.0.0.0"
+    # the start-up settings come from engine/session.py through the command, not copied here
+    from dedup_pipeline.engine.session import BASE_CONF
+    assert not set(conf) & set(BASE_CONF), set(conf) & set(BASE_CONF)
+
+    uc = _env(services[user_code])
+    assert uc["SPARK_REMOTE"] == f"sc://{hostname}:{port}"
+    # one topology at a time: no client-mode driver settings on a Connect client
+    assert not [k for k in uc if k == "SPARK_MASTER_URL" or k.startswith("DEDUP_SPARK_CONF_")]
+    assert services[user_code]["depends_on"][connect]["condition"] == "service_healthy"
+    assert "15002" in " ".join(_command({"command": services[connect]["healthcheck"]["test"]}))
+    assert not services[connect].get("ports"), "the Connect port has no authentication"
+
+
+def test_helm_runs_use_the_warm_spark_connect_server() -> None:
+    values = _yaml("helm/values.yaml")
+    docs = list(yaml.safe_load_all((DEPLOY / "helm" / "spark-connect.yaml").read_text()))
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    service = next(d for d in docs if d["kind"] == "Service")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = [str(a) for a in container["args"]]
+    assert args[:2] == ["dedup-pipeline", "spark-server"]
+    port = int(args[args.index("--port") + 1])
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert port in [p["targetPort"] for p in service["spec"]["ports"]]
+    (dep,) = values["dagster-user-deployments"]["deployments"]
+    env = {e["name"]: e.get("value") for e in dep["env"]}
+    name = service["metadata"]["name"]
+    assert re.fullmatch(rf"sc://{name}(\.[a-z0-9-]+)*:{port}", env["SPARK_REMOTE"]), env
+    assert container["image"].split(":")[0] == dep["image"]["repository"]
+    assert _confs(args)["spark.driver.host"] == "$(POD_IP)"
 
 
 def test_compose_shares_storage_and_publishes_only_on_loopback(compose: dict[str, Any]) -> None:
@@ -138,7 +193,8 @@ def test_compose_shares_storage_and_publishes_only_on_loopback(compose: dict[str
 
     lake = mounts(user_code)
     assert "/data" in lake and lake["/data"] in compose["volumes"]
-    for w in _role(services, "org.apache.spark.deploy.worker.Worker"):
+    for w in [*_role(services, "org.apache.spark.deploy.worker.Worker"),
+              _one(services, "spark-server")]:
         assert mounts(w).get("/data") == lake["/data"], f"{w} does not see the driver's /data"
     example = yaml.safe_load((DEPLOY / "config" / "dedup.yaml").read_text())
     for ds in example["datasets"]:
@@ -162,6 +218,9 @@ def test_dockerfiles_install_java_17_and_copy_only_repo_files() -> None:
     uc = (DEPLOY / "Dockerfile.user-code").read_text()
     assert re.search(r"apt-get install[^\n]*openjdk-17-jre-headless", uc)
     assert "SPARK_HOME" in uc and "PYSPARK_PYTHON" in uc
+    # runs are Spark Connect clients (grpcio, pandas): the image installs the `connect` extra
+    extras = re.search(r'pip install [^\n]*"\.\[([a-z,]+)\]"', uc).group(1).split(",")
+    assert "connect" in extras, extras
     for name in ("Dockerfile.user-code", "Dockerfile.dagster"):
         text = (DEPLOY / name).read_text()
         assert re.search(r"^USER \S+", text, re.M), f"{name} runs as root"
@@ -233,7 +292,7 @@ def test_helm_values_match_the_instance_and_the_images() -> None:
     args = dep["codeServerArgs"]
     assert args[args.index("-m") + 1] == "dedup_pipeline.definitions"
     env = {e["name"]: e for e in dep["env"]}
-    assert {"DEDUP_CONFIG", "SPARK_MASTER_URL"} <= set(env)
+    assert {"DEDUP_CONFIG", "SPARK_REMOTE"} <= set(env)
 
     pg = values["postgresql"]
     assert pg["enabled"] is False and pg["postgresqlHost"] and pg["postgresqlUsername"]
@@ -255,13 +314,11 @@ def test_helm_values_match_the_instance_and_the_images() -> None:
     assert (conc["pools"]["defaultLimit"], conc["pools"]["granularity"]) == (
         inst_conc["pools"]["default_limit"], inst_conc["pools"]["granularity"])
 
-    # each run pod is a Spark driver: executors connect to the pod's IP
     launcher = values["runLauncher"]
     assert launcher["type"] == "K8sRunLauncher"
-    run_env = {e["name"]: e for e in
-               launcher["config"]["k8sRunLauncher"]["runK8sConfig"]["containerConfig"]["env"]}
-    host = run_env["DEDUP_SPARK_CONF_spark__driver__host"]
-    assert host["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    # run pods are Connect clients: no client-mode driver settings
+    run_env = launcher["config"]["k8sRunLauncher"]["runK8sConfig"]["containerConfig"].get("env", [])
+    assert not [e for e in run_env if e["name"].startswith("DEDUP_SPARK_CONF_spark__driver")]
     assert values["dagsterWebserver"]["service"]["type"] == "ClusterIP"
 
 

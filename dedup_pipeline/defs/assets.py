@@ -29,6 +29,7 @@ from dedup_pipeline.defs.resources import SparkResource
 from dedup_pipeline.engine.checks import LoadCheckError
 from dedup_pipeline.engine.classify import OUTPUTS
 from dedup_pipeline.engine.load import LoadResult, output_columns, run_load
+from dedup_pipeline.engine.session import connect_errors
 from dedup_pipeline.engine.storage import Lock, Storage
 
 PROGRESS_LOGGER = logging.getLogger("dedup_pipeline.progress")
@@ -156,7 +157,8 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
 
         session = spark.get_session()
         results: list[LoadResult] = []
-        with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id}"):
+        with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id}"), \
+                connect_errors(spark.remote_url()):
             for pk in partition_keys:
                 try:
                     r = run_load(session, ds, pk, progress)

@@ -99,6 +99,7 @@ def _stage_of(error_cls: str) -> str:
         "IndexRetentionError": "index retention",
         "DatasetLockedError": "dataset lock (another run holds it)",
         "ConfigError": "configuration",
+        "SparkServerError": "Spark Connect server (restarted or unreachable)",
     }.get(error_cls, "Spark or storage (infrastructure)")
 
 

@@ -28,3 +28,7 @@ class SparkResource(dg.ConfigurableResource):
 
     def get_session(self) -> SparkSession:
         return get_session(SparkSettings(self.master, self.remote, dict(self.conf)))
+
+    def remote_url(self) -> str | None:
+        """The Spark Connect server runs use (environment first), None without one."""
+        return SparkSettings(self.master, self.remote, dict(self.conf)).resolved().remote

@@ -13,8 +13,11 @@ settings can be set from this side; settings Spark reads at start-up (`spark.had
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -54,6 +57,17 @@ BASE_CONF = {
 # Settings Spark reads only when the session starts: a Spark Connect client cannot set them
 STATIC_CONF = {"spark.sql.codegen.cache.maxEntries"}
 CONF_PREFIX = "DEDUP_SPARK_CONF_"
+
+# The warm Spark Connect server (SPEC N5; `dedup-pipeline spark-server`, deploy/).
+CONNECT_PORT = 15002
+CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+# Settings only the server takes, on top of BASE_CONF (which it gets whole: its start-up part
+# can be set nowhere else, its SQL part is the default of every client session).
+SERVER_CONF = {
+    # a run that dies (killed pod, restarted code server) never closes its session; its cached
+    # batch stays on the server until the session expires: 15 minutes instead of Spark's 60
+    "spark.connect.session.manager.defaultSessionTimeout": "15min",
+}
 
 
 @dataclass(frozen=True)
@@ -99,3 +113,80 @@ def get_session(settings: SparkSettings) -> SparkSession:
     for k in ("spark.sql.session.timeZone", "spark.sql.parquet.outputTimestampType"):
         spark.conf.set(k, s.conf[k])  # runtime settings also apply to a reused session
     return spark
+
+
+def server_conf(host: str, port: int, conf: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The Connect server's settings: BASE_CONF, SERVER_CONF, the gRPC address, then `conf` and
+    DEDUP_SPARK_CONF_* from the environment (same precedence as a run's own settings)."""
+    mine = {**SERVER_CONF, "spark.connect.grpc.binding.address": host,
+            "spark.connect.grpc.binding.port": str(port), **(conf or {})}
+    return SparkSettings(conf=mine).resolved().conf
+
+
+def spark_home() -> Path:
+    """The Spark distribution the server starts from: SPARK_HOME, else the pyspark wheel."""
+    import pyspark
+
+    return Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).resolve().parent)
+
+
+def server_command(master: str, host: str, port: int,
+                   conf: Mapping[str, str] | None = None) -> list[str]:
+    """`spark-submit` of the Connect server in the foreground (what the wheel's
+    sbin/start-connect-server.sh runs, without its daemon wrapper, log and pid files)."""
+    cmd = [str(spark_home() / "bin" / "spark-submit"), "--class", CONNECT_CLASS,
+           "--name", "Spark Connect server (dedup_pipeline)", "--master", master]
+    for k, v in server_conf(host, port, conf).items():
+        cmd += ["--conf", f"{k}={v}"]
+    return cmd
+
+
+class SparkServerError(RuntimeError):
+    """The Spark Connect server went away or was replaced while a run used it: its session (cached
+    batch, settings) is gone, so the run stops instead of going on with a different server."""
+
+
+# What a Connect client raises when the server it talks to restarted or cannot be reached.
+_RESTARTED = ("INVALID_HANDLE.SESSION_CHANGED", "INVALID_HANDLE.SESSION_NOT_FOUND",
+              "INVALID_HANDLE.SESSION_CLOSED", "INVALID_HANDLE.OPERATION_NOT_FOUND",
+              "server side session identifier")
+_UNREACHABLE = ("failed to connect to all addresses", "Connection refused", "Socket closed",
+                "Connection reset")
+
+
+def lost_server_reason(exc: BaseException) -> str | None:
+    """Why `exc` means the Connect server was lost (restarted, unreachable), or None if it is an
+    ordinary error (a bad query, a storage error) that must surface as it is."""
+    fallback = None
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        # the client's own errors only: a storage error saying "Connection reset" is not ours
+        if type(e).__module__.startswith(("pyspark", "grpc")):
+            text = f"{getattr(e, 'getCondition', lambda: None)()} {e}"
+            for t in _RESTARTED:
+                if t in text:
+                    return f"was restarted ({t})"
+            for t in _UNREACHABLE:
+                if t in text:
+                    return f"became unreachable ({t})"
+            # after SESSION_CHANGED the client closes itself and then fails to fetch the error's
+            # details: NO_ACTIVE_SESSION is all that is left (a load never closes its session)
+            if "NO_ACTIVE_SESSION" in text:
+                fallback = "was restarted (the client lost its session: NO_ACTIVE_SESSION)"
+        e = e.__cause__ or e.__context__
+    return fallback
+
+
+@contextlib.contextmanager
+def connect_errors(remote: str | None) -> Iterator[None]:
+    """Turn a lost Spark Connect server into one line naming it (SparkServerError)."""
+    try:
+        yield
+    except Exception as e:
+        why = remote and lost_server_reason(e)
+        if not why:
+            raise
+        raise SparkServerError(f"Spark Connect server {remote} {why} during the run; rerun the "
+                               "hours that did not commit (loads are idempotent, R10)") from e

@@ -1,0 +1,183 @@
+"""T8 (SPEC N5): what one hour costs as Dagster runs it, a fresh run process per hour.
+
+    .venv/bin/python -m benchmarks.warm [--rows 100000] [--hours 3] [--warmup 2]
+
+Generates a landing zone, starts `dedup-pipeline spark-server` (the warm Spark Connect server,
+local[*]) and loads the same hours three ways into three output directories, interleaved hour by
+hour so a busy machine slows all three alike:
+
+- warm server: a fresh `dedup-pipeline run --from H --to H` process with SPARK_REMOTE;
+- local mode: the same process without it (its own JVM per run, today's default);
+- in-process: `run_load` in this process's local Spark session, warm from the earlier hours
+  (what the main benchmark measures).
+
+The first `--warmup` hours warm each up (the server's JIT, this process's JVM) and are not
+measured. Prints wall time per run and engine time (the commit record's `total`), min / median /
+max per way, and T8 = median(warm-server run wall / in-process load wall of the same hour); the
+target is <= 2.0 (stretch 1.5). Writes benchmarks/results/warm-<stamp>.json. Not part of
+`./scripts/bench.sh`: run it on its own (a few minutes at 1e5 rows per hour).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.generate import generate_landing
+from dedup_pipeline.engine.load import run_load
+from dedup_pipeline.engine.session import SparkSettings, get_session
+from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+START = "2026-11-01-00:00"
+WAYS = ("warm_server", "local_mode", "in_process")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SPARK_REMOTE", "SPARK_MASTER_URL", "DAGSTER_HOME", "DEDUP_CONFIG")}
+    env.update(PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1", **extra)
+    return env
+
+
+def _config(root: Path, way: str) -> Path:
+    raw = yaml.safe_load((root / "dedup.yaml").read_text())
+    ds = raw["datasets"][0]
+    ds["source"]["path"] = str(root / "landing" / "clicks")
+    ds["output"] = str(root / "warehouse" / way)
+    path = root / f"{way}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _engine_seconds(output: str, hour: str) -> float:
+    rec = commits.read_commit(Storage(output), to_tag(parse_key(hour)))
+    assert rec is not None, f"hour {hour} was not committed in {output}"
+    return float(rec["seconds"]["total"])
+
+
+def _fresh_run(config: Path, hour: str, env: dict[str, str], log: Path) -> float:
+    """Wall time of a `dedup-pipeline run` process for one hour (as a Dagster run process)."""
+    t0 = time.perf_counter()
+    with open(log, "ab") as out:
+        rc = subprocess.run([str(BIN / "dedup-pipeline"), "run", "--config", str(config),
+                             "--from", hour, "--to", hour], env=env, stdout=out,
+                            stderr=subprocess.STDOUT, timeout=1200).returncode
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        raise SystemExit(f"dedup-pipeline run of {hour} failed ({rc}); see {log}")
+    return wall
+
+
+def _start_server(port: int, log: Path) -> subprocess.Popen[bytes]:
+    cmd = [str(BIN / "dedup-pipeline"), "spark-server", "--port", str(port),
+           "--conf", "spark.ui.enabled=false"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=_env(), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    deadline = time.monotonic() + 300
+    while "export SPARK_REMOTE=" not in log.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the Spark Connect server did not start; see {log}")
+        time.sleep(0.5)
+    return proc
+
+
+def _summary(xs: list[float]) -> dict[str, float]:
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=100_000, help="rows per hour")
+    ap.add_argument("--hours", type=int, default=3, help="measured hours")
+    ap.add_argument("--warmup", type=int, default=2, help="hours loaded first, not measured")
+    ap.add_argument("--work", type=Path, default=HERE / "work" / "warm")
+    ap.add_argument("--skip-local", action="store_true", help="no fresh local-mode runs")
+    args = ap.parse_args(argv)
+
+    root: Path = args.work
+    shutil.rmtree(root, ignore_errors=True)
+    total = args.warmup + args.hours
+    generate_landing(root, hours=total, rows_per_hour=args.rows, seed=7, start=START)
+    hours = [to_key(parse_key(START) + i * HOUR) for i in range(total)]
+    ways = [w for w in WAYS if not (args.skip_local and w == "local_mode")]
+    configs = {w: _config(root, w) for w in ways}
+    outputs = {w: yaml.safe_load(configs[w].read_text())["datasets"][0]["output"] for w in ways}
+    port = _free_port()
+    server = _start_server(port, root / "server.log")
+    remote = f"sc://127.0.0.1:{port}"
+    from dedup_pipeline.config import load_config
+
+    ds = load_config(configs["in_process"]).datasets[0]
+    spark = get_session(SparkSettings(master="local[*]",
+                                      conf={"spark.ui.enabled": "false"}))
+    spark.sparkContext.setLogLevel("ERROR")
+    rows: list[dict[str, Any]] = []
+    try:
+        for i, hour in enumerate(hours):
+            row: dict[str, Any] = {"hour": hour, "measured": i >= args.warmup}
+            for way in ways:
+                if way == "in_process":
+                    t0 = time.perf_counter()
+                    run_load(spark, ds, hour)
+                    wall = time.perf_counter() - t0
+                else:
+                    env = _env(SPARK_REMOTE=remote) if way == "warm_server" else _env()
+                    wall = _fresh_run(configs[way], hour, env, root / f"{way}.log")
+                row[way] = {"wall": round(wall, 2),
+                            "engine": round(_engine_seconds(outputs[way], hour), 2)}
+            if "warm_server" in row and "in_process" in row:
+                row["t8"] = round(row["warm_server"]["wall"] / row["in_process"]["wall"], 2)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+    measured = [r for r in rows if r["measured"]]
+    report: dict[str, Any] = {"rows_per_hour": args.rows, "hours": [r["hour"] for r in measured],
+                              "load_avg_1m": os.getloadavg()[0], "per_hour": rows}
+    print(f"\n{args.rows} rows per hour, {len(measured)} measured hours "
+          f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores):")
+    for way in ways:
+        walls = _summary([r[way]["wall"] for r in measured])
+        engine = _summary([r[way]["engine"] for r in measured])
+        report[way] = {"wall": walls, "engine": engine}
+        print(f"  {way:<12} wall min/median/max {walls['min']:.1f} / {walls['median']:.1f} / "
+              f"{walls['max']:.1f} s   engine {engine['min']:.1f} / {engine['median']:.1f} / "
+              f"{engine['max']:.1f} s")
+    t8 = statistics.median(r["t8"] for r in measured)
+    report["t8"] = t8
+    print(f"  T8 = fresh run process against the warm server / warm in-process load of the same "
+          f"hour: {t8:.2f}x (target <= 2.0, stretch 1.5)")
+    out = HERE / "results" / f"warm-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"  written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

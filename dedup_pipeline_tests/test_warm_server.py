@@ -1,0 +1,294 @@
+"""The warm Spark topology (SPEC N5, issue 25 item 1): one Spark Connect server started by
+`dedup-pipeline spark-server`, fresh `dedup-pipeline run` processes as its clients.
+
+One server is started for the module with the command users run (its own process group, killed
+at the end, also on failure). Against it: the server carries the package's start-up settings;
+two runs of different datasets at the same time give exactly the rows, index and commit figures
+of local-mode loads of the same data; a server restart in the middle of a run fails that run with
+one line naming the server, and the rerun is exact (R10). The restart test goes last: it replaces
+the module's server with a new one on the same port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pyspark.sql import SparkSession
+
+from dedup_pipeline.config import load_config
+from dedup_pipeline.engine.generate import generate_landing
+from dedup_pipeline.engine.load import load_hours
+from dedup_pipeline.engine.session import BASE_CONF, PARALLEL_GC, SERVER_CONF
+from dedup_pipeline.hours import HOUR, hour_range, parse_key, to_key
+from dedup_pipeline_tests.spark_services import (
+    LOOPBACK,
+    VENV_BIN,
+    Service,
+    _group_alive,
+    assert_same_loads,
+    clean_env,
+    free_port,
+    snapshot,
+    start,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+
+FIRST = "2026-11-01-00:00"
+# (dataset name, seed, hours, rows per hour) of the landing zones the tests load
+CONCURRENT = (("clicks", 21, 2, 300), ("views", 22, 2, 300))
+RESTART = ("orders", 23, 3, 2000)
+# a setting of the test server: small shuffles for small batches (the runs set 4 as well)
+SERVER_TEST_CONF = ("spark.ui.enabled=false", "spark.sql.shuffle.partitions=4")
+
+
+class WarmServer:
+    """`dedup-pipeline spark-server` on a fixed port; can be replaced by a new one (restart)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.service: Service | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"sc://{LOOPBACK}:{self.port}"
+
+    def start(self) -> None:
+        self.starts += 1
+        cmd = [str(VENV_BIN / "dedup-pipeline"), "spark-server", "--port", str(self.port),
+               "--master", "local[2]"]
+        for c in SERVER_TEST_CONF:
+            cmd += ["--conf", c]
+        self.service = start("dedup-pipeline spark-server", cmd,
+                             self.root / f"server-{self.starts}.log", env=clean_env(), cwd=self.root)
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        assert self.service is not None
+        svc = self.service
+        ready = f"export SPARK_REMOTE={self.url}"
+        # the line is near the top of the log; the server's INFO lines follow it
+        wait_until(f"`dedup-pipeline spark-server` on port {self.port}",
+                   lambda: ready in svc.log.read_text(errors="replace"), timeout, [svc])
+
+    def kill(self) -> None:
+        """The server dies at once (SIGKILL to its process group: no shutdown hooks)."""
+        if self.service is not None:
+            self.service.stop(timeout=0.1)
+
+    def executions(self) -> int:
+        assert self.service is not None
+        return self.service.tail(10**8).count("ExecuteHolder ExecuteKey(")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmServer]:
+    srv = WarmServer(tmp_path_factory.mktemp("warm_server"))
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.kill()
+
+
+def make_landing(root: Path, name: str, seed: int, hours: int, rows: int) -> Path:
+    """A generated landing zone whose dataset is called `name`."""
+    generate_landing(root, hours=hours, rows_per_hour=rows, seed=seed, start=FIRST)
+    raw = yaml.safe_load((root / "dedup.yaml").read_text())
+    raw["datasets"][0]["name"] = name
+    (root / "dedup.yaml").write_text(yaml.safe_dump(raw))
+    return root
+
+
+def write_config(root: Path, label: str) -> Path:
+    """The landing zone's config with absolute paths and its own output directory."""
+    raw = yaml.safe_load((root / "dedup.yaml").read_text())
+    ds = raw["datasets"][0]
+    ds["source"]["path"] = str(root / "landing" / "clicks")
+    ds["output"] = str(root / "warehouse" / label)
+    path = root / f"{label}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def local_reference(spark: SparkSession, root: Path, hours: int) -> dict[str, Any]:
+    """A local-mode load of every hour of the landing zone, in this process."""
+    ds = load_config(write_config(root, "local")).datasets[0]
+    load_hours(spark, ds, [to_key(h) for h in hour_range(FIRST, last_hour(hours))])
+    return snapshot(ds.output)
+
+
+def last_hour(hours: int) -> str:
+    return to_key(parse_key(FIRST) + (hours - 1) * HOUR)
+
+
+def start_run(root: Path, label: str, hours: int, remote: str,
+              log: str | None = None) -> tuple[Service, Path]:
+    """A fresh `dedup-pipeline run` process over every hour, a client of the server."""
+    config = write_config(root, label)
+    env = clean_env(SPARK_REMOTE=remote, DEDUP_SPARK_CONF_spark__sql__shuffle__partitions="4")
+    svc = start(f"dedup-pipeline run ({label})",
+                [str(VENV_BIN / "dedup-pipeline"), "run", "--config", str(config),
+                 "--from", FIRST, "--to", last_hour(hours)],
+                root / f"{log or label}.log", env=env, cwd=root)
+    return svc, config
+
+
+def finish(svc: Service, timeout: float = 600) -> tuple[int, str]:
+    try:
+        rc = svc.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        rc = -1
+    finally:
+        svc.stop()
+    return rc, svc.tail(10**7)
+
+
+def test_spark_server_command_serves_clients_with_the_start_up_settings(
+        server: WarmServer) -> None:
+    """The command prints the SPARK_REMOTE to export; a client process reads through it the
+    settings only the server can take; the server's JVM runs the Parallel collector."""
+    server.wait_ready()
+    probe = (
+        "import json; from pyspark.sql import SparkSession\n"
+        f"s = SparkSession.builder.remote({server.url!r}).getOrCreate()\n"
+        "keys = ['spark.sql.codegen.cache.maxEntries', 'spark.sql.session.timeZone',\n"
+        "        'spark.connect.session.manager.defaultSessionTimeout',\n"
+        "        'spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs',\n"
+        "        'spark.driver.extraJavaOptions', 'spark.sql.shuffle.partitions']\n"
+        "print(json.dumps({k: s.conf.get(k) for k in keys} | {'n': s.range(10).count()}))\n"
+    )
+    out = subprocess.run([str(VENV_BIN / "python"), "-c", probe], env=clean_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    java_options = got.pop("spark.driver.extraJavaOptions")  # Spark adds its own to ours
+    assert PARALLEL_GC in java_options.split(), java_options
+    assert got == {
+        "spark.sql.codegen.cache.maxEntries": BASE_CONF["spark.sql.codegen.cache.maxEntries"],
+        "spark.sql.session.timeZone": "UTC",
+        "spark.connect.session.manager.defaultSessionTimeout":
+            SERVER_CONF["spark.connect.session.manager.defaultSessionTimeout"],
+        "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+        "spark.sql.shuffle.partitions": "4",  # --conf wins over BASE_CONF
+        "n": 10,
+    }
+    # the JVM (a child in the command's process group) was started with the collector
+    assert server.service is not None
+    jvm_args = subprocess.run(["ps", "-ww", "-o", "args=", "-g", str(server.service.proc.pid)],
+                              capture_output=True, text=True).stdout
+    assert "SparkConnectServer" in jvm_args and PARALLEL_GC in jvm_args
+
+
+def test_spark_server_refuses_a_port_in_use(server: WarmServer, tmp_path: Path) -> None:
+    server.wait_ready()
+    out = subprocess.run([str(VENV_BIN / "dedup-pipeline"), "spark-server", "--port",
+                          str(server.port)], env=clean_env(), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.strip() == (f"error: {LOOPBACK}:{server.port} is already in use (another "
+                                  "Spark Connect server?); pick another --port")
+
+
+def test_concurrent_runs_of_two_datasets_on_one_server_equal_local_mode(
+        spark: SparkSession, server: WarmServer, tmp_path_factory: pytest.TempPathFactory) -> None:
+    roots = {name: make_landing(tmp_path_factory.mktemp(name), name, seed, hours, rows)
+             for name, seed, hours, rows in CONCURRENT}
+    references = {name: local_reference(spark, roots[name], hours)
+                  for name, _, hours, _ in CONCURRENT}
+    server.wait_ready()
+    before = server.executions()
+    t0 = time.monotonic()
+    runs = {name: start_run(roots[name], "warm", hours, server.url)
+            for name, _, hours, _ in CONCURRENT}
+    # both run processes are alive at the same time, each loading through the server
+    wait_until("both runs to be running together",
+               lambda: all(svc.alive() for svc, _ in runs.values()), 30)
+    outcomes = {name: finish(svc) for name, (svc, _) in runs.items()}
+    print(f"two concurrent runs of 2 hours each: {time.monotonic() - t0:.1f}s")
+    for name, (rc, out) in outcomes.items():
+        assert rc == 0, f"the run of {name} failed ({rc}):\n{out[-6000:]}"
+        ds = load_config(runs[name][1]).datasets[0]
+        assert ds.name == name
+        assert_same_loads(snapshot(ds.output), references[name],
+                          f"the {name} run against the warm server")
+    assert references["clicks"]["unique"] != references["views"]["unique"]
+    assert server.executions() - before > 2 * 10 * 2  # the plans ran on the server
+
+
+def test_server_restart_mid_run_fails_the_run_and_the_rerun_is_exact(
+        spark: SparkSession, server: WarmServer, tmp_path_factory: pytest.TempPathFactory) -> None:
+    name, seed, hours, rows = RESTART
+    root = make_landing(tmp_path_factory.mktemp(name), name, seed, hours, rows)
+    reference = local_reference(spark, root, hours)
+    server.wait_ready()
+    run, config = start_run(root, "warm", hours, server.url, log="interrupted")
+    ds = load_config(config).datasets[0]
+    commits = Path(ds.output) / "_commits"
+    # restart the server while the run is between its first and last committed hour
+    wait_until("the run's first committed hour",
+               lambda: len(list(commits.glob("*.json"))) >= 1, 300, [run])
+    server.kill()
+    committed_at_kill = len(list(commits.glob("*.json")))
+    server.start()
+    rc, out = finish(run)
+    assert committed_at_kill < hours, "the run finished before the server was killed"
+    assert rc == 1, out[-6000:]
+    error = out.strip().splitlines()[-1]
+    assert error.startswith("error: run ") and f"Spark Connect server {server.url}" in error, error
+    assert "\n" not in error and len(error) < 400, error
+    print(f"the interrupted run ({committed_at_kill} of {hours} hours committed): {error}")
+
+    server.wait_ready()
+    rerun, _ = start_run(root, "warm", hours, server.url)
+    rc, out = finish(rerun)
+    assert rc == 0, out[-6000:]
+    assert_same_loads(snapshot(ds.output), reference,
+                      "the rerun after a server restart (R10)")
+
+
+
+def test_spark_server_stops_cleanly_on_ctrl_c(server: WarmServer) -> None:
+    """SIGINT to the command alone (what Ctrl-C delivers to it) stops the JVM through its
+    shutdown hooks: the command exits 0 and nothing of its process group is left."""
+    server.wait_ready()
+    assert server.service is not None
+    svc = server.service
+    os.kill(svc.proc.pid, signal.SIGINT)
+    rc = svc.proc.wait(timeout=60)
+    log = svc.log.read_text(errors="replace")
+    assert rc == 0, log[-3000:]
+    assert "Successfully stopped SparkContext" in log
+    assert log.rstrip().endswith("stopped")
+    wait_until("the server's process group to be gone", lambda: not _group_alive(svc.proc.pid), 30)
+
+
+def test_only_a_lost_server_becomes_a_spark_server_error() -> None:
+    """A query or storage error surfaces as it is, even if its text looks like a network error;
+    only the Connect client's own errors about the server are turned into SparkServerError."""
+    from pyspark.errors.exceptions.connect import AnalysisException, SparkConnectException
+
+    from dedup_pipeline.engine.session import SparkServerError, connect_errors, lost_server_reason
+
+    assert lost_server_reason(OSError("Connection reset by peer")) is None
+    assert lost_server_reason(AnalysisException("[UNRESOLVED_COLUMN] x")) is None
+    closed = SparkConnectException(errorClass="NO_ACTIVE_SESSION", messageParameters={})
+    assert "NO_ACTIVE_SESSION" in (lost_server_reason(closed) or "")
+    with pytest.raises(SparkServerError) as err, connect_errors("sc://h:1"):
+        raise closed
+    assert str(err.value).startswith("Spark Connect server sc://h:1 was restarted")
+    with pytest.raises(SparkConnectException), connect_errors(None):  # local mode: untouched
+        raise closed
+    with pytest.raises(OSError), connect_errors("sc://h:1"):
+        raise OSError("Connection refused")

@@ -48,12 +48,25 @@ def _instance() -> Iterator[object]:
             yield inst
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stdout` is at emit time (a runner or a test may swap it)."""
+
+    _dedup = True
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: ANN201 - logging's own attribute
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
 def _progress_to_stdout() -> None:
     log = logging.getLogger("dedup_pipeline.progress")
     if not any(getattr(h, "_dedup", False) for h in log.handlers):
-        h = logging.StreamHandler(sys.stdout)
+        h = _StdoutHandler()
         h.setFormatter(logging.Formatter("  %(asctime)s  %(message)s", "%H:%M:%S"))
-        h._dedup = True  # type: ignore[attr-defined]
         log.addHandler(h)
         log.setLevel(logging.INFO)
         log.propagate = False

@@ -452,6 +452,18 @@ def test_missing_landing_root_fails_the_load_naming_dataset_and_path(
     assert commits.read_commit(_storage(ds), TAG)["rows_in"] == 0
 
 
+def test_hour_path_that_is_a_file_fails_the_load(spark: SparkSession, tmp_path: Path) -> None:
+    """`date=.../hour=00` as a file is neither an hour directory (0 rows would lose its data)
+    nor a data file in one: the load stops naming it, nothing is committed."""
+    d = hour_dir(tmp_path)
+    d.parent.mkdir(parents=True)
+    d.write_bytes(line("h1"))
+    ds = make_ds(tmp_path, "jsonl", JSONL_SCHEMA)
+    with pytest.raises(LandingMissingError, match=r"'hostile': hour path .*hour=00 is a file"):
+        load_hours(spark, ds, [H0])
+    assert commits.committed_tags(_storage(ds)) == set()
+
+
 def _two(tmp: Path, out_a: str, out_b: str) -> Path:
     ds = {"start": H0, "key": ["k"], "source": {"path": "l", "format": "jsonl",
                                                "schema": {"k": "string"}}}

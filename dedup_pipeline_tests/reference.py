@@ -46,9 +46,7 @@ from __future__ import annotations
 
 import base64
 import bz2
-import csv
 import gzip
-import io
 import json
 import math
 import re
@@ -217,17 +215,28 @@ def _text_getter(texts: dict[str, str | None]) -> Getter:
     return lambda col, typ: cast_text(texts.get(col), typ)
 
 
+# a `\uD800`-`\uDFFF` escape (odd run of backslashes before the `u`) that is not half of a pair
+_ESC = r"(?<!\\)(?:\\\\)*"
+_LONE_SURROGATE = re.compile(
+    _ESC + r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})|"
+    + _ESC + r"(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+
+
 def _parse_jsonl(data: bytes) -> list[Item]:
+    """Lines end at `\n` (a `\r` before it belongs to the line ending); a line that is not valid
+    UTF-8, or whose JSON escapes name a lone surrogate (not a character), is `bad_encoding`; a
+    byte-order mark before the JSON is not part of it."""
     out: list[Item] = []
     for bline in data.split(b"\n"):
+        bline = bline.removesuffix(b"\r")
         if bline.strip(b" ") == b"":
             continue
         line = _utf8(bline)
-        if line is None:
+        if line is None or _LONE_SURROGATE.search(line):
             out.append(Item(_b64(bline), None, pre="bad_encoding"))
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line.removeprefix("\ufeff"))
         except ValueError:
             obj = None
         if not isinstance(obj, dict):
@@ -252,7 +261,34 @@ def csv_records(text: str) -> list[str]:
 
 
 def csv_fields(record: str, delimiter: str) -> list[str]:
-    return next(csv.reader(io.StringIO(record, newline=""), delimiter=delimiter), [])
+    """RFC 4180 fields of one record: only quotes are special (a lone `\r` is data)."""
+    fields: list[str] = []
+    cur: list[str] = []
+    quoted = started = False
+    i = 0
+    while i < len(record):
+        ch = record[i]
+        if quoted:
+            if ch == '"' and record[i + 1:i + 2] == '"':
+                cur.append('"')
+                i += 1
+            elif ch == '"':
+                quoted = False
+            else:
+                cur.append(ch)
+        elif ch == delimiter:
+            fields.append("".join(cur))
+            cur, started = [], False
+            i += 1
+            continue
+        elif ch == '"' and not started:
+            quoted = True
+        else:
+            cur.append(ch)
+        started = True
+        i += 1
+    fields.append("".join(cur))
+    return fields
 
 
 def _parse_csv(data: bytes, ds: DatasetConfig) -> list[Item]:
@@ -285,6 +321,8 @@ def _parquet_value(value: Any, arrow_type: Any, typ: str) -> Any:
 
     if value is None:
         return None
+    if pa.types.is_dictionary(arrow_type):  # dictionary-encoded: its values' type
+        arrow_type = arrow_type.value_type
     if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
         return cast_text(value, typ)
     if typ == "string":
@@ -311,12 +349,20 @@ def _parquet_value(value: Any, arrow_type: Any, typ: str) -> Any:
 def _parse_parquet(path: Path, ds: DatasetConfig) -> list[Item]:
     """Each file against the declared schema, on its own (a column it lacks is null here only);
     column names match case-insensitively, as Spark matches them."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         table = pq.read_table(path)
     except Exception as e:  # noqa: BLE001 - any failure to read the file makes it unreadable
         raise Unreadable(f"{type(e).__name__}: {e}") from None
+    lower = [f.name.lower() for f in table.schema]
+    if len(set(lower)) < len(lower):
+        raise Unreadable("columns whose names differ only in case")
+    for i, f in enumerate(table.schema):  # nanoseconds: truncated to the microsecond
+        if pa.types.is_timestamp(f.type) and f.type.unit == "ns":
+            table = table.set_column(i, f.name, table.column(i).cast(
+                pa.timestamp("us", f.type.tz), safe=False))
     types = {f.name.lower(): (f.name, f.type) for f in table.schema}
     out: list[Item] = []
     for row in table.to_pylist():

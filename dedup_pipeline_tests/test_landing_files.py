@@ -325,11 +325,94 @@ def reference_placement(ref: Reference) -> dict[str, tuple[str, str | None]]:
     return seen
 
 
+# --- 5a. the acceptance run's own cases (line ends, BOM, lone surrogates, links, pandas Parquet) --
+def jsonl_corpus_2(d: Path) -> dict[str, tuple[str, str | None]]:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "crlf.jsonl").write_bytes(  # CRLF line ends; a lone `\r` is JSON whitespace, not a line end
+        b'{"id":"r1","k":"kr1","tier":"gold"}\r\n{"id":"r2",\r"k":"kr2","tier":"gold"}\r\n')
+    (d / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + line("b1") + line("b2"))
+    (d / "sur.jsonl").write_bytes(  # lone surrogate escapes must not become `?` (merging keys)
+        b'{"id":"s1","k":"\\ud800","tier":"gold"}\n{"id":"s2","k":"?","tier":"gold"}\n'
+        b'{"id":"s3","k":"\\udfff","tier":"gold"}\n{"id":"s4","k":"\\ud83d\\ude00","tier":"gold"}\n'
+        b'{"id":"s5","k":"\\\\ud800","tier":"gold"}\n')  # an escaped backslash: plain text
+    (d / "shapes.jsonl").write_bytes(
+        b'[{"id":"a1","k":"x"}]\n42\n{"id":"a2","k":"first","k":"last","tier":"gold"}\n'
+        b'{"id":"a3","k":"a\x00b","tier":"gold"}\n{"id":"a4","k":"a\\u0000b","tier":"gold"}\n')
+    (d / "utf.jsonl").write_bytes(  # overlong, UTF-8-encoded surrogate, > U+10FFFF, cut at EOF
+        b'{"id":"o1","k":"\xc0\xaf"}\n{"id":"o2","k":"\xed\xa0\x80"}\n'
+        b'{"id":"o3","k":"\xf4\x90\x80\x80"}\n{"id":"o4","k":"\xe2\x82')
+    (d / "multi.jsonl.gz").write_bytes(gzip.compress(line("g1")) + gzip.compress(line("g2")))
+    (d / "trail.jsonl.gz").write_bytes(gzip.compress(line("g3")) + b"garbage")
+    (d / "nothing.jsonl.gz").write_bytes(gzip.compress(b""))
+    (d / "long.jsonl").write_bytes(line("L1", pad="x" * 5_000_000))
+    for name, rid in {"new\nline.jsonl": "f1", "hash#.jsonl": "f2", " lead.jsonl": "f3",
+                      "%41": "f4", "q?x=1&y.jsonl": "f5"}.items():
+        (d / name).write_bytes(line(rid))
+    outside = d.parents[2] / "elsewhere"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "t.jsonl").write_bytes(line("l1"))
+    (outside / "dir" / "in.jsonl").write_bytes(line("l2"))
+    (d / "link.jsonl").symlink_to(outside / "t.jsonl")  # a link to a file is that file
+    (d / "linkdir").symlink_to(outside / "dir")  # a link to a directory is not read
+    u, rej = ("unique", None), "rejected"
+    return {"r1": u, "r2": u, "b1": u, "b2": u, "s1": (rej, "bad_encoding"), "s2": u,
+            "s3": (rej, "bad_encoding"), "s4": u, "s5": u, "a1": (rej, "malformed"),
+            "42": (rej, "malformed"), "a2": u, "a3": (rej, "malformed"), "a4": u,
+            **{f"o{i}": (rej, "bad_encoding") for i in range(1, 5)}, "g1": u, "g2": u,
+            "FILE:trail.jsonl.gz": (rej, "unreadable_file"), "L1": u,
+            **{f"f{i}": u for i in range(1, 6)}, "l1": u}
+
+
+def csv_corpus_2(d: Path) -> dict[str, tuple[str, str | None]]:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "bom.csv").write_bytes(b"\xef\xbb\xbfid,k,n\nb1,kb1,1\n")  # BOM on the header: skipped
+    (d / "hdronly.csv").write_bytes(b"id,k,n\n")
+    (d / "mlfirst.csv").write_bytes(b'id,k,n\nh1,"x\ny",1\nh2,kh2,2\n')
+    (d / "lone_cr.csv").write_bytes(b"id,k,n\nr1,a\rb,1\nr2,kr2,2\n")  # a lone `\r` is data
+    (d / "g.csv.gz").write_bytes(gzip.compress(b"id,k,n\ng1,kg1,1\n") + gzip.compress(b"g2,kg2,2\n"))
+    (d / "nul.csv").write_bytes(b"id,k,n\nz1,a\x00b,1\n")
+    (d / "utf.csv").write_bytes(b'id,k,n\no1,\xc0\xaf,1\no2,\xed\xa0\x80,1\nu1,"\xc3\xa9",1\n')
+    u = ("unique", None)
+    return {"b1": u, "h1": u, "h2": u, "r1": u, "r2": u, "g1": u, "g2": u, "z1": u, "u1": u,
+            "o1": ("rejected", "bad_encoding"), "o2": ("rejected", "bad_encoding")}
+
+
+PQ_SCHEMA_2 = {**PQ_SCHEMA, "ts": "timestamp"}
+
+
+def parquet_corpus_2(d: Path) -> dict[str, tuple[str, str | None]]:
+    d.mkdir(parents=True, exist_ok=True)
+
+    def write(name: str, cols: dict[str, pa.Array]) -> None:
+        pq.write_table(pa.table(cols), d / name)
+
+    write("dbl.parquet", {"id": pa.array(["p1", "p2"]), "k": pa.array(["k1", "k2"]),
+                          "n": pa.array([2.0, 2.5])})  # any double for a long: bad_value
+    write("i64.parquet", {"id": pa.array(["p3"]), "k": pa.array([5], pa.int64())})
+    write("dict.parquet", {"id": pa.array(["p4"]), "k": pa.array(["k4"]).dictionary_encode()})
+    write("large.parquet", {"id": pa.array(["p5"], pa.large_string()),
+                            "k": pa.array(["k5"], pa.large_string())})
+    write("nested.parquet", {"id": pa.array(["p6"]), "k": pa.array(["k6"]),
+                             "s": pa.array([{"a": 1, "b": "x"}])})  # not in the schema
+    write("u64.parquet", {"id": pa.array(["p7"]), "k": pa.array(["k7"]),
+                          "n": pa.array([2**63 + 5], pa.uint64())})  # does not fit a long
+    write("ns.parquet", {"id": pa.array(["p8"]), "k": pa.array(["k8"]),  # pandas' default
+                         "ts": pa.array([1_767_229_323_123_456_789], pa.timestamp("ns"))})
+    write("case.parquet", {"id": pa.array(["p9"]), "k": pa.array(["k9"]), "K": pa.array(["K9"])})
+    u = ("unique", None)
+    return {"p1": ("rejected", "bad_value:n"), "p2": ("rejected", "bad_value:n"), "p3": u,
+            "p4": u, "p5": u, "p6": u, "p7": ("rejected", "bad_value:n"), "p8": u,
+            "FILE:case.parquet": ("rejected", "unreadable_file")}
+
+
 CORPORA = {  # kind -> (format, schema, extra config, corpus writer)
     "jsonl": ("jsonl", JSONL_SCHEMA, {"expiry": EXPIRY_OLD},
               lambda d: jsonl_corpus(d, expiring=True)),
     "csv": ("csv", CSV_SCHEMA, {}, csv_corpus),
     "parquet": ("parquet", PQ_SCHEMA, {}, parquet_corpus),
+    "jsonl-2": ("jsonl", JSONL_SCHEMA, {"expiry": EXPIRY}, jsonl_corpus_2),
+    "csv-2": ("csv", CSV_SCHEMA, {}, csv_corpus_2),
+    "parquet-2": ("parquet", PQ_SCHEMA_2, {}, parquet_corpus_2),
 }
 
 
@@ -367,6 +450,18 @@ def test_missing_landing_root_fails_the_load_naming_dataset_and_path(
     (tmp_path / "landing").mkdir()  # the root exists, the hour's directory does not: 0 rows
     load_hours(spark, ds, [H0])
     assert commits.read_commit(_storage(ds), TAG)["rows_in"] == 0
+
+
+def test_hour_path_that_is_a_file_fails_the_load(spark: SparkSession, tmp_path: Path) -> None:
+    """`date=.../hour=00` as a file is neither an hour directory (0 rows would lose its data)
+    nor a data file in one: the load stops naming it, nothing is committed."""
+    d = hour_dir(tmp_path)
+    d.parent.mkdir(parents=True)
+    d.write_bytes(line("h1"))
+    ds = make_ds(tmp_path, "jsonl", JSONL_SCHEMA)
+    with pytest.raises(LandingMissingError, match=r"'hostile': hour path .*hour=00 is a file"):
+        load_hours(spark, ds, [H0])
+    assert commits.committed_tags(_storage(ds)) == set()
 
 
 def _two(tmp: Path, out_a: str, out_b: str) -> Path:

@@ -136,6 +136,10 @@ def list_input_files(ds: DatasetConfig, hour: datetime) -> list[InputFile]:
     system, full URIs (the source's own scheme and authority) elsewhere.
     """
     st = Storage(hour_dir(ds, hour))
+    if st.exists(st.root) and not st.fs.isdir(st.root):
+        raise LandingMissingError(
+            f"dataset {ds.name!r}: hour path {st.to_uri(st.root)} is a file, not a directory; "
+            "move it into the hour's directory (date=YYYY-MM-DD/hour=HH/<name>)")
     try:
         entries = st.fs.ls(st.root, detail=True)
     except (FileNotFoundError, NotADirectoryError):
@@ -143,8 +147,15 @@ def list_input_files(ds: DatasetConfig, hour: datetime) -> list[InputFile]:
     out = []
     for e in entries:
         name = os.path.basename(str(e["name"]).rstrip("/"))
-        if e.get("type") != "file" or name.startswith((".", "_")):
+        if name.startswith((".", "_")):
             continue
+        if e.get("type") != "file":
+            # a symbolic link to a regular file is that file (a link to a directory is not)
+            if not e.get("islink"):
+                continue
+            e = st.fs.info(e["name"])  # the target's type, size and time
+            if e.get("type") != "file":
+                continue
         out.append(InputFile(st.to_uri(str(e["name"])), int(e.get("size") or 0),
                              float(e.get("mtime") or 0.0)))
     return sorted(out, key=lambda f: f.path)
@@ -171,6 +182,11 @@ def _vet(ds: DatasetConfig, st: Storage, f: InputFile) -> tuple[str, ...] | Unre
         with st.fs.open(f.path, "rb") as fh:
             if ds.source.format == "parquet":
                 schema = pq.ParquetFile(fh).schema_arrow
+                lower = [fld.name.lower() for fld in schema]
+                twice = sorted({n for n in lower if lower.count(n) > 1})
+                if twice:  # Spark matches names case-insensitively: it cannot read such a file
+                    return Unreadable(f.path, "not a readable Parquet file: columns whose names "
+                                      f"differ only in case: {', '.join(twice)}"[:500])
                 return tuple(f"{fld.name}:{fld.type}" for fld in schema)
             if name.endswith(".gz"):
                 _check_stream(fh, lambda x: gzip.GzipFile(fileobj=x))
@@ -246,10 +262,21 @@ def _origin(base: str) -> list[Column]:
     ]
 
 
-def _with_encoding_check(df: DataFrame, ds: DatasetConfig) -> DataFrame:
-    """`bad_encoding` for a record whose bytes are not UTF-8; its `_raw` becomes their base64."""
+# A JSON `\uD800`-`\uDFFF` escape that is not half of a surrogate pair: valid JSON text, but not
+# a Unicode character (Java would make it `?`, merging distinct keys). An odd run of backslashes
+# before the `u` makes it an escape.
+_ESC = r"(?<!\\)(?:\\\\)*"
+LONE_SURROGATE = (
+    _ESC + r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})|"
+    + _ESC + r"(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+
+
+def _with_encoding_check(df: DataFrame, ds: DatasetConfig,
+                         also: Column | None = None) -> DataFrame:
+    """`bad_encoding` for a record whose bytes are not UTF-8 (or `also`: its text is not Unicode);
+    its `_raw` becomes the base64 of its bytes."""
     checks = [F.col("_raw"), *[F.col(c) for c in ds.source.schema]]
-    bad = F.lit(False)
+    bad = F.lit(False) if also is None else also
     for c in checks:
         bad = bad | ~F.coalesce(F.is_valid_utf8(c), F.lit(True))
     return df.withColumns({
@@ -260,15 +287,21 @@ def _with_encoding_check(df: DataFrame, ds: DatasetConfig) -> DataFrame:
 
 def _read_jsonl(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> DataFrame:
     paths = [spark_path(p) for p in plan.paths]
-    txt = (spark.read.options(**READ_OPTIONS).text(paths)
-           .select(F.col("value").alias("_raw"), *_origin(plan.base)))
+    # JSON Lines: a record ends at `\n`; a `\r` before it is part of the line ending (CRLF), a
+    # `\r` elsewhere is JSON whitespace or data. (Spark's default also splits lines at a lone `\r`.)
+    # The `\r` is cut as bytes, so invalid UTF-8 in the line is kept exactly.
+    raw = F.expr("CASE WHEN endswith(value, '\\r') THEN "
+                 "cast(substring(cast(value AS binary), 1, octet_length(value) - 1) AS string) "
+                 "ELSE value END")
+    txt = (spark.read.options(**READ_OPTIONS).option("lineSep", "\n").text(paths)
+           .select(raw.alias("_raw"), *_origin(plan.base)))
     txt = txt.filter(F.trim(F.col("_raw")) != "")  # blank lines are not records
     opts = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
     parsed = txt.withColumn("_j", F.from_json(F.col("_raw"), _string_schema(ds), opts))
     cols = [F.col(f"_j.{c}").alias(c) for c in ds.source.schema]
     malformed = F.col(f"_j.{CORRUPT}").isNotNull() | F.col("_j").isNull()
     df = parsed.select(*cols, *META_COLS, malformed.alias("_malformed"))
-    return _with_encoding_check(df, ds)
+    return _with_encoding_check(df, ds, F.col("_raw").rlike(LONE_SURROGATE))
 
 
 def _read_csv(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> DataFrame:
@@ -321,12 +354,19 @@ def _parquet_group(spark: SparkSession, ds: DatasetConfig, paths: tuple[str, ...
     declared column the files lack is null for these files' rows only.
     """
     df = spark.read.options(**READ_OPTIONS).parquet(*[spark_path(p) for p in paths])
+    with Storage(base or paths[0]).fs.open(paths[0], "rb") as fh:
+        nanos = {fld.name for fld in pq.ParquetFile(fh).schema_arrow
+                 if str(fld.type).startswith("timestamp[ns")}
     present = {f.name.lower(): f for f in df.schema.fields}
     cols = []
     for c, decl in ds.source.schema.items():
         fld = present.get(c.lower())
         if fld is None:
             cols.append(F.lit(None).cast("string").alias(c))
+        elif fld.name in nanos:  # read as nanoseconds (nanosAsLong): truncated to microseconds
+            q = "`" + fld.name.replace("`", "``") + "`"
+            ts = F.expr(f"timestamp_micros(({q} - pmod({q}, 1000)) div 1000)")  # exact, floor
+            cols.append(ts.cast("string").alias(c))
         elif isinstance(fld.dataType, _WIDENS.get(decl, ())):
             cols.append(F.col(fld.name).cast(SPARK_TYPES[decl]).cast("string").alias(c))
         else:

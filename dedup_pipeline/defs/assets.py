@@ -29,6 +29,7 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.defs import checks
 from dedup_pipeline.defs.partitions import hourly_partitions
 from dedup_pipeline.defs.resources import SparkResource
+from dedup_pipeline.defs.runs import DATASET_TAG
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.checks import LoadCheckError
 from dedup_pipeline.engine.classify import OUTPUTS
@@ -37,7 +38,6 @@ from dedup_pipeline.engine.storage import Lock, Storage
 from dedup_pipeline.hours import parse_key, to_tag
 
 PROGRESS_LOGGER = logging.getLogger("dedup_pipeline.progress")
-DATASET_TAG = "dedup_pipeline/dataset"
 INDEX = "index"
 RAW = "raw_batch"
 

@@ -131,12 +131,14 @@ def _evaluations(instance: dg.DagsterInstance, ds: DatasetConfig, pk: str,
 
 
 def _hour_events(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: list[dg.AssetKey],
-                 raw_key: dg.AssetKey, r: LoadResult) -> Iterator[Any]:
+                 raw_key: dg.AssetKey, r: LoadResult, with_checks: bool) -> Iterator[Any]:
     """One hour's events, in the order the UI needs them: its materializations (its own figures),
     then its check evaluations targeting exactly those materializations.
 
     Yielded (not `context.log_event`-ed): a yielded event is stored before the generator resumes,
-    so the evaluations can name the materializations' storage ids.
+    so the evaluations can name the materializations' storage ids. A one-hour run reports its
+    checks as the step's AssetCheckResults instead (Dagster targets them at the same
+    materialization and needs a result per check output anyway).
     """
     pk = r.partition_key
     md = hour_metadata(ds, r)
@@ -146,7 +148,8 @@ def _hour_events(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: lis
         yield dg.AssetMaterialization(
             asset_key=key, partition=pk,
             metadata={"dagster/row_count": _row_count(r, key.path[-1]), **md})
-    yield from _evaluations(context.instance, ds, pk, checks.evaluate(ds, r))
+    if with_checks:
+        yield from _evaluations(context.instance, ds, pk, checks.evaluate(ds, r))
 
 
 def _restate(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str
@@ -248,7 +251,8 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
                         raise
                     results.append(r)
                     done.add(pk)
-                    yield from _hour_events(context, ds, keys, raw_key, r)
+                    yield from _hour_events(context, ds, keys, raw_key, r,
+                                            with_checks=len(partition_keys) > 1)
         except Exception:
             # Hours of this run that it did not load keep the status of their committed load:
             # restate it, so a lock or order failure changes no loaded hour's check status.
@@ -256,6 +260,11 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
                 if pk not in done:
                     yield from _restate(context, ds, pk)
             raise
+        if len(results) == 1:
+            yield from (checks.as_result(ds, e) for e in checks.evaluate(ds, results[0]))
+        else:
+            yield from checks.summarize(ds, [(r.partition_key, checks.evaluate(ds, r))
+                                             for r in results])
         if len(results) > 1:  # range totals go to the run's log, never onto a partition
             context.log.info(
                 f"{ds.name}: loaded {len(results)} hours {results[0].partition_key} .. "

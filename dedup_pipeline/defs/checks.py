@@ -12,6 +12,7 @@ hour's own materialization (see `defs/assets.py` for why events, not AssetCheckR
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,3 +106,29 @@ def as_event(ds: DatasetConfig, e: Evaluation, partition: str,
         asset_key=dg.AssetKey([ds.name, e.asset]), check_name=e.name, passed=e.passed,
         severity=e.severity, partition=partition, metadata=e.metadata,
         blocking=CHECKS[e.name][1], target_materialization_data=target)
+
+
+def as_result(ds: DatasetConfig, e: Evaluation) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(asset_key=dg.AssetKey([ds.name, e.asset]), check_name=e.name,
+                               passed=e.passed, severity=e.severity, metadata=e.metadata)
+
+
+def summarize(ds: DatasetConfig, per_hour: Iterable[tuple[str, list[Evaluation]]]
+              ) -> list[dg.AssetCheckResult]:
+    """One result per check for a ranged run: passed if every hour passed; failing hours listed.
+
+    Dagster requires a result per check output of the step; in a ranged run it records it with no
+    partition, so it never touches a partition's status (the per-hour events do that)."""
+    failing: dict[str, list[str]] = {name: [] for name in CHECKS}
+    hours = 0
+    for pk, evals in per_hour:
+        hours += 1
+        for e in evals:
+            if not e.passed:
+                failing[e.name].append(pk)
+    return [
+        as_result(ds, Evaluation(name, not failing[name], {
+            "hours": hours, "failing_hours": len(failing[name]),
+            "first_failing_hour": failing[name][0] if failing[name] else ""}))
+        for name in CHECKS
+    ]

@@ -18,12 +18,14 @@ import pytest
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionResolvedStatus
 
 from dedup_pipeline.config import PipelineConfig
+from dedup_pipeline.defs import runs
 from dedup_pipeline.defs.checks import CHECKS
 from dedup_pipeline.defs.definitions import build_definitions, load_job_name
 from dedup_pipeline.defs.partitions import hourly_partitions
 from dedup_pipeline.defs.recovery import rebuild_job_name
 from dedup_pipeline.defs.runner import run_range
 from dedup_pipeline.defs.schedules import build_reconcile_schedule, hourly_schedule_name
+from dedup_pipeline.defs.sensors import build_landing_sensor
 from dedup_pipeline.engine.storage import Lock, Storage
 from dedup_pipeline_tests.conftest import write_hour
 from dedup_pipeline_tests.test_dagster import _cfg, _ev
@@ -134,3 +136,35 @@ def test_every_in_process_launch_path_shows_each_hour(tmp_path: Path, monkeypatc
         rebuild = defs.resolve_job_def(rebuild_job_name(ds))
         assert rebuild.execute_in_process(instance=inst).success
         assert_ui_truth(inst, cfg, expected)
+
+
+def test_a_ui_run_without_our_tags_is_the_datasets_run(tmp_path: Path, monkeypatch) -> None:
+    """A UI launch (`__ASSET_JOB`, no dedup_pipeline tags) in flight: the landing sensor and the
+    reconcile schedule launch nothing; the failure summary still names dataset, hour, cause, fix."""
+    monkeypatch.chdir(tmp_path)
+    cfg = _cfg(tmp_path)
+    ds = cfg.datasets[0]
+    write_hour(ds, H[0], [_ev(1, 0)])
+    ui_run = dg.DagsterRun(
+        job_name="__ASSET_JOB", run_id="ui-run-1", status=dg.DagsterRunStatus.STARTED,
+        asset_selection=frozenset(dg.AssetKey(["clicks", o]) for o in OUTPUTS),
+        tags={"dagster/partition": H[0]})
+    assert runs.dataset_of_run(ui_run) == "clicks"
+    with dg.instance_for_test() as inst:
+        inst.add_run(ui_run)
+        sensor = build_landing_sensor(ds, load_job_name("clicks"),
+                                      clock=lambda: datetime(2026, 11, 1, 3, 0, tzinfo=UTC))
+        res = sensor.evaluate_tick(dg.build_sensor_context(instance=inst))
+        assert not res.run_requests
+        assert "waiting for __ASSET_JOB run ui-run-1 (hours 2026-11-01-00:00)" in (res.skip_message or "")
+        sched = build_reconcile_schedule(ds, load_job_name("clicks"))
+        tick = sched.evaluate_tick(dg.build_schedule_context(
+            instance=inst, scheduled_execution_time=datetime(2026, 11, 2, 0, 30, tzinfo=UTC)))
+        assert not tick.run_requests and "ui-run-1" in (tick.skip_message or "")
+
+    err = runs.RootError("DatasetLockedError", "dataset at warehouse is locked by dagster run x")
+    text = runs.failure_summary(ui_run, err, "")
+    assert "dataset clicks, hour(s) 2026-11-01-00:00" in text
+    assert text.count("DatasetLockedError") == 1 and "wait for the other run" in text
+    order = runs.failure_summary(ui_run, runs.RootError("LoadOrderError", "cannot load"), "")
+    assert "load the missing earlier hours first" in order and "rerunning it is safe" not in order

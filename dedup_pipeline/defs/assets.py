@@ -130,15 +130,16 @@ def _evaluations(instance: dg.DagsterInstance, ds: DatasetConfig, pk: str,
         yield checks.as_event(ds, e, pk, targets[e.asset])
 
 
+CHECKS_ASSET = {name: asset for name, (asset, _, _) in checks.CHECKS.items()}
+
+
 def _hour_events(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: list[dg.AssetKey],
                  raw_key: dg.AssetKey, r: LoadResult, with_checks: bool) -> Iterator[Any]:
     """One hour's events, in the order the UI needs them: its materializations (its own figures),
     then its check evaluations targeting exactly those materializations.
 
     Yielded (not `context.log_event`-ed): a yielded event is stored before the generator resumes,
-    so the evaluations can name the materializations' storage ids. A one-hour run reports its
-    checks as the step's AssetCheckResults instead (Dagster targets them at the same
-    materialization and needs a result per check output anyway).
+    so the evaluations can name the materializations' storage ids.
     """
     pk = r.partition_key
     md = hour_metadata(ds, r)
@@ -201,7 +202,6 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             kinds={"spark", "parquet"},
             metadata={"dagster/column_schema": _column_schema(ds, name),
                       "path": f"{ds.output}/{name}"},
-            skippable=True,
         )
         for name in OUTPUTS
     ]
@@ -215,7 +215,6 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             group_name=ds.name,
             kinds={"spark", "parquet"},
             metadata={"path": f"{ds.output}/index"},
-            skippable=True,
         )
     )
     keys = [s.key for s in specs]
@@ -239,6 +238,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
         session = spark.get_session()
         results: list[LoadResult] = []
         done: set[str] = set()
+        failed_check: dg.AssetCheckEvaluation | None = None
         try:
             with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id}"):
                 for pk in partition_keys:
@@ -246,23 +246,39 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
                         r = run_load(session, ds, pk, progress)
                     except LoadCheckError as err:  # blocking check failed: nothing committed
                         done.add(pk)
-                        yield checks.as_event(ds, checks.Evaluation(
-                            err.check, False, {"error": str(err), **err.figures}), pk, None)
+                        failed_check = checks.as_event(ds, checks.Evaluation(
+                            err.check, False, {"error": str(err), **err.figures}), pk,
+                            _latest_materialization(context.instance,
+                                                    dg.AssetKey([ds.name, CHECKS_ASSET[err.check]]), pk))
                         raise
                     results.append(r)
                     done.add(pk)
-                    yield from _hour_events(context, ds, keys, raw_key, r,
-                                            with_checks=len(partition_keys) > 1)
         except Exception:
-            # Hours of this run that it did not load keep the status of their committed load:
-            # restate it, so a lock or order failure changes no loaded hour's check status.
+            # Committed hours get their own events; the failing hour its failed check; hours this
+            # run did not load keep the status of their committed load (restated).
+            for r in results:
+                yield from _hour_events(context, ds, keys, raw_key, r, with_checks=True)
+            if failed_check is not None:
+                yield failed_check
             for pk in partition_keys:
                 if pk not in done:
                     yield from _restate(context, ds, pk)
             raise
-        if len(results) == 1:
-            yield from (checks.as_result(ds, e) for e in checks.evaluate(ds, results[0]))
+        if len(results) == 1:  # Dagster's own output events carry the hour's figures
+            r = results[0]
+            yield dg.AssetObservation(asset_key=raw_key, partition=r.partition_key,
+                                      metadata={"rows": r.rows_in, "files": r.files_in})
+            for key in keys:
+                yield dg.MaterializeResult(asset_key=key, metadata={
+                    "dagster/row_count": _row_count(r, key.path[-1]), **hour_metadata(ds, r)})
+            yield from (checks.as_result(ds, e) for e in checks.evaluate(ds, r))
         else:
+            # A ranged step's output stamps the same metadata on every partition of the range, so
+            # it carries none; each hour's own materialization follows it and is the latest.
+            for key in keys:
+                yield dg.MaterializeResult(asset_key=key)
+            for r in results:
+                yield from _hour_events(context, ds, keys, raw_key, r, with_checks=True)
             yield from checks.summarize(ds, [(r.partition_key, checks.evaluate(ds, r))
                                              for r in results])
         if len(results) > 1:  # range totals go to the run's log, never onto a partition

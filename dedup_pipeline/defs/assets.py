@@ -264,7 +264,9 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
                 if pk not in done:
                     yield from _restate(context, ds, pk)
             raise
-        if len(results) == 1:  # Dagster's own output events carry the hour's figures
+        if len(results) == 1 and context.has_partition_key:
+            # one partition (not a one-hour range, whose check results Dagster would record
+            # with no partition): Dagster's own output events carry the hour's figures
             r = results[0]
             yield dg.AssetObservation(asset_key=raw_key, partition=r.partition_key,
                                       metadata={"rows": r.rows_in, "files": r.files_in})

@@ -38,12 +38,12 @@ def dataset_of_run(run: dg.DagsterRun) -> str | None:
 
 
 def hours_of_run(run: dg.DagsterRun) -> str | None:
-    """'A' or 'A .. B' from Dagster's partition tags (set by the UI, backfills, sensors, the CLI)."""
+    """'A' or 'A..B' from Dagster's partition tags (set by the UI, backfills, sensors, the CLI)."""
     start = run.tags.get(RANGE_START) or run.tags.get(PARTITION)
     end = run.tags.get(RANGE_END) or start
     if not start:
         return None
-    return start if start == end else f"{start} .. {end}"
+    return start if start == end else f"{start}..{end}"
 
 
 def active_runs(instance: dg.DagsterInstance, dataset: str) -> list[dg.DagsterRun]:

@@ -26,17 +26,19 @@ import re
 import shutil
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
 from dedup_pipeline.config import load_config
-from dedup_pipeline.engine.generate import generate_landing
-from dedup_pipeline.hours import hour_range, parse_key, to_key
+from dedup_pipeline.engine.generate import default_start, generate_landing
+from dedup_pipeline.hours import HOUR, hour_range, parse_key, to_key
 from dedup_pipeline_tests.reference import Reference
 from dedup_pipeline_tests.spark_services import (
     FAST_JVM,
@@ -54,8 +56,10 @@ from dedup_pipeline_tests.spark_services import start as start_service
 
 pytestmark = pytest.mark.slow
 
-FIRST, LAST = "2026-11-01-00:00", "2026-11-01-05:00"
-HOURS = [to_key(h) for h in hour_range(FIRST, LAST)]
+# the last six complete hours: the UI's Plots -> Partitions asks for the latest 120 partition
+# keys of the definition (up to now), so older hours would not be plotted at all
+FIRST = default_start(6)
+HOURS = [to_key(parse_key(FIRST) + i * HOUR) for i in range(6)]
 ROWS_PER_HOUR = 200
 DS = "clicks"
 OUTPUTS = ("unique", "duplicates", "expired", "rejected", "index")
@@ -136,10 +140,11 @@ query Checks($key: AssetKeyInput!) { assetNodeOrError(assetKey: $key) { __typena
       ranges { startKey endKey status } } } } } } } } }
 """
 
-# Plots -> Partitions: each partition's materializations and their metadata entries.
+# Plots -> Partitions (the asset's Overview, metadata Plots, Partitions): the latest
+# materialization of each partition, as the UI's AssetPartitionEventsQuery asks for it.
 MATERIALIZATIONS = """
-query Mats($key: AssetKeyInput!, $partitions: [String!]) { assetNodeOrError(assetKey: $key) {
-  __typename ... on AssetNode { assetMaterializations(partitions: $partitions) {
+query Mats($key: AssetKeyInput!, $partitions: [String!]!) { assetNodeOrError(assetKey: $key) {
+  __typename ... on AssetNode { latestMaterializationByPartition(partitions: $partitions) {
     partition timestamp runId metadataEntries { label __typename
       ... on IntMetadataEntry { intValue }
       ... on FloatMetadataEntry { floatValue }
@@ -207,10 +212,11 @@ def latest_figures(url: str, asset: str) -> dict[str, dict[str, Any]]:
     """hour -> metadata of the hour's latest materialization (the point Plots -> Partitions draws)."""
     node = gql(url, MATERIALIZATIONS, {"key": {"path": [DS, asset]}, "partitions": HOURS})
     latest: dict[str, dict[str, Any]] = {}
-    for m in sorted(node["assetNodeOrError"]["assetMaterializations"], key=lambda m: float(m["timestamp"])):
-        latest[m["partition"]] = {
-            e["label"]: e.get("intValue", e.get("floatValue", e.get("timestamp")))
-            for e in m["metadataEntries"]}
+    for m in node["assetNodeOrError"]["latestMaterializationByPartition"]:
+        if m is not None:
+            latest[m["partition"]] = {
+                e["label"]: e.get("intValue", e.get("floatValue", e.get("timestamp")))
+                for e in m["metadataEntries"]}
     return latest
 
 
@@ -234,6 +240,10 @@ def ui_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     home = root / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text(DEMO_INSTANCE_YAML)  # what `dedup-pipeline demo` writes
+    # create the SQLite storages once: the webserver, its code server and the daemon creating them
+    # at the same moment can stamp the schema twice ("more than one head")
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        assert type(inst.run_coordinator).__name__ == "QueuedRunCoordinator"
     generate_landing(root, hours=len(HOURS), rows_per_hour=ROWS_PER_HOUR, seed=11, start=FIRST)
     markers = {m.parent: m for m in (root / "landing").rglob("_SUCCESS")}
     for m in markers.values():
@@ -430,9 +440,21 @@ def test_the_browser_shows_every_hour_passed_and_plotted(ui_session: dict[str, A
     responses: list[dict[str, Any]] = []
 
     def keep(resp: Any) -> None:
-        if resp.url.endswith("/graphql") and resp.request.method == "POST":
+        # the UI posts to /graphql?op=<QueryName>
+        if urllib.parse.urlsplit(resp.url).path.endswith("/graphql") and \
+                resp.request.method == "POST":
             with contextlib.suppress(Exception):
                 responses.append(resp.json())
+
+    def dismiss_welcome(page: Any) -> None:
+        """A first visit shows Dagster's "Join the Dagster community" dialog; skip it, as a user
+        would (it covers the page and takes the clicks)."""
+        skip = page.get_by_role("button", name="Skip")
+        with contextlib.suppress(Exception):
+            skip.wait_for(timeout=5_000)
+        if skip.count():
+            skip.first.click()
+            skip.first.wait_for(state="detached", timeout=10_000)
 
     shots: list[Path] = []
     with sync_playwright() as p:
@@ -445,7 +467,8 @@ def test_the_browser_shows_every_hour_passed_and_plotted(ui_session: dict[str, A
             # the check's Partitions tab, filtered to Passed: the hours it lists
             page.goto(f"{url}/assets/{DS}/unique?view=checks&checkDetail=conservation",
                       wait_until="networkidle", timeout=120_000)
-            page.get_by_role("tab", name="Partitions").click()
+            dismiss_welcome(page)
+            page.locator("button[role=tab]#partitions").click()  # the check's tab, not the asset's link
             page.get_by_text("Partitions Selected").wait_for(timeout=60_000)
             page.wait_for_load_state("networkidle")
             shots.append(tmp_path / "check-partitions.png")
@@ -459,7 +482,7 @@ def test_the_browser_shows_every_hour_passed_and_plotted(ui_session: dict[str, A
             # the hours themselves, listed when only Passed is shown
             page.goto(f"{url}/assets/{DS}/unique?view=checks&checkDetail=conservation"
                       "&status=SUCCEEDED", wait_until="networkidle", timeout=120_000)
-            page.get_by_role("tab", name="Partitions").click()
+            page.locator("button[role=tab]#partitions").click()  # the check's tab, not the asset's link
             page.get_by_text(f"{len(HOURS)} Partitions Selected").wait_for(timeout=60_000)
             page.get_by_text(HOURS[-1], exact=True).first.wait_for(timeout=30_000)
             shots.append(tmp_path / "check-partitions-passed.png")
@@ -467,10 +490,12 @@ def test_the_browser_shows_every_hour_passed_and_plotted(ui_session: dict[str, A
             listed = set(re.findall(r"\d{4}-\d{2}-\d{2}-\d{2}:\d{2}", page.inner_text("body")))
             assert set(HOURS) <= listed, sorted(listed)
 
-            # Plots: one point per hour on the partition axis
+            # Overview -> metadata Plots -> Partitions (the default for a partitioned asset):
+            # one point per hour on the partition axis
             responses.clear()
-            page.goto(f"{url}/assets/{DS}/unique?view=plots", wait_until="networkidle",
+            page.goto(f"{url}/assets/{DS}/unique?view=overview", wait_until="networkidle",
                       timeout=120_000)
+            page.get_by_role("button", name="Plots").first.click()
             page.get_by_text("rows_in").first.wait_for(timeout=60_000)
             page.wait_for_load_state("networkidle")
             shots.append(tmp_path / "plots.png")
@@ -482,9 +507,9 @@ def test_the_browser_shows_every_hour_passed_and_plotted(ui_session: dict[str, A
     points: dict[str, float] = {}
     for body in responses:
         node = (body.get("data") or {}).get("assetNodeOrError") or {}
-        for m in node.get("assetMaterializations") or []:
-            for e in m.get("metadataEntries") or []:
-                if e.get("label") == "rows_in" and m.get("partition"):
-                    points[m["partition"]] = e.get("intValue")
+        for m in node.get("latestMaterializationByPartition") or []:
+            for e in (m or {}).get("metadataEntries") or []:
+                if e.get("label") == "rows_in" and e.get("intValue") is not None:
+                    points[m["partition"]] = e["intValue"]
     expected = expected_figures(ui_session["root"])
     assert points == {h: f["rows_in"] for h, f in expected.items()}, points

@@ -277,12 +277,15 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
         else:
             # A ranged step's output stamps the same metadata on every partition of the range, so
             # it carries none; each hour's own materialization follows it and is the latest.
+            # The summary check results (no partition) come right after the outputs: yielded after
+            # the per-hour materializations, Dagster compared their target's data version with the
+            # hour's (untagged) materialization and logged "Data version mismatch" per asset.
             for key in keys:
                 yield dg.MaterializeResult(asset_key=key)
-            for r in results:
-                yield from _hour_events(context, ds, keys, raw_key, r, with_checks=True)
             yield from checks.summarize(ds, [(r.partition_key, checks.evaluate(ds, r))
                                              for r in results])
+            for r in results:
+                yield from _hour_events(context, ds, keys, raw_key, r, with_checks=True)
         if len(results) > 1:  # range totals go to the run's log, never onto a partition
             context.log.info(
                 f"{ds.name}: loaded {len(results)} hours {results[0].partition_key} .. "

@@ -18,6 +18,41 @@ from dedup_pipeline.engine.load import LoadResult
 
 SPARK_NOISE = "Spark is starting (10-20 s the first time)..."
 
+# The demo's DAGSTER_HOME/dagster.yaml (written when there is none): `dagster dev` on it then
+# queues a second run of a dataset instead of failing it on the dataset lock (pool dedup_<ds>,
+# one run at a time, as deploy/dagster.yaml), and prints no telemetry notice.
+DEMO_INSTANCE_YAML = """\
+# Written by `dedup-pipeline demo`. Runs wait in a queue; the load and index-rebuild steps use the
+# pool dedup_<dataset>, limited to one RUN at a time, so a UI backfill, a sensor run and a CLI
+# rebuild of one dataset never overlap (SPEC R10). See deploy/dagster.yaml for a service.
+run_coordinator:
+  module: dagster._core.run_coordinator
+  class: QueuedRunCoordinator
+concurrency:
+  runs:
+    max_concurrent_runs: 4
+    tag_concurrency_limits:
+      - key: dedup_pipeline/dataset
+        value: {applyLimitPerUniqueValue: true}
+        limit: 1
+  pools:
+    default_limit: 1
+    granularity: run
+telemetry:
+  enabled: false
+"""
+
+
+def _quiet_dagster() -> None:
+    """Drop Dagster's preview/beta/supersession notices (about Dagster's own APIs, not our data)
+    so the CLI's progress and tables stay readable. Errors and other warnings still print."""
+    import warnings
+
+    import dagster as dg
+
+    for category in (dg.PreviewWarning, dg.BetaWarning, dg.SupersessionWarning):
+        warnings.filterwarnings("ignore", category=category)
+
 
 def _fail(msg: str) -> None:
     click.echo(f"error: {msg}", err=True)
@@ -37,6 +72,7 @@ def _instance() -> Iterator[object]:
     """The Dagster instance at DAGSTER_HOME, or a temporary one if unset (SPEC K2)."""
     import dagster as dg
 
+    _quiet_dagster()
     if os.environ.get("DAGSTER_HOME"):
         Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
         with dg.DagsterInstance.get() as inst:
@@ -96,6 +132,7 @@ def _run(cfg: PipelineConfig, dataset: str | None, first: str, last: str) -> lis
     from dedup_pipeline.defs.runner import run_range
     from dedup_pipeline.hours import hour_range
 
+    _quiet_dagster()
     ds = cfg.dataset(dataset)
     n = len(hour_range(first, last))
     click.echo(f"loading {n} hour(s) of {ds.name!r}, {first} .. {last}, in one Dagster run")
@@ -180,6 +217,7 @@ def rebuild_index_cmd(config: str, dataset: str | None, hours: tuple[str, ...]) 
         ds = cfg.dataset(dataset)
     except ConfigError as e:
         _fail(str(e))
+    _quiet_dagster()
     job = build_definitions(cfg).resolve_job_def(rebuild_job_name(ds))
     click.echo(f"rebuilding the index of {ds.name!r} from {ds.output}/unique")
     click.echo(SPARK_NOISE)
@@ -245,6 +283,10 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
     last = to_key(parse_key(ds.start) + (hours - 1) * HOUR)
     if not os.environ.get("DAGSTER_HOME"):
         os.environ["DAGSTER_HOME"] = str(root / "dagster_home")
+    home = Path(os.environ["DAGSTER_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "dagster.yaml").exists():
+        (home / "dagster.yaml").write_text(DEMO_INSTANCE_YAML)
     results = _run(cfg, ds.name, ds.start, last)
     click.echo("")
     click.echo(f"done in {time.perf_counter() - t0:.0f}s. Outputs (Parquet, by load_hour):")

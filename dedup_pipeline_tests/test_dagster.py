@@ -138,10 +138,10 @@ def test_ranged_run_is_one_run_in_order_with_per_partition_figures(spark, landin
             "2026-11-01-00:00", "2026-11-01-01:00", "2026-11-01-02:00"}
         obs = [e for e in res.all_events if e.event_type_value == "ASSET_OBSERVATION"]
         per_part = {}
-        for e in obs:
-            o = e.event_specific_data.asset_observation
-            if o.asset_key == key:
-                per_part[o.partition] = o.metadata["dagster/row_count"].value
+        for h in inst.get_materialized_partitions(key):  # each partition's latest materialization
+            [rec] = inst.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=key, asset_partitions=[h]), limit=1).records
+            per_part[h] = rec.asset_materialization.metadata["dagster/row_count"].value
         expected = {h: len(read_output(spark, ds, "unique", h[:13])) for h in per_part}
         assert per_part == expected and len(per_part) == 3
         # hour 1: e2 is a conflict of hour 0's e2; hour 2: e1 replays hour 0

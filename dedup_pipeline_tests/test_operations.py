@@ -304,8 +304,9 @@ def test_run_failure_summary_lands_in_the_runs_log(spark, site) -> None:
         texts = [e.message for e in inst.all_logs(run.run_id)]
         summary = [t for t in texts if t and t.startswith("dedup_pipeline run failure")]
         assert len(summary) == 1
-        assert "dataset clicks" in summary[0] and "hours 2026-11-01-02:00" in summary[0]
-        assert "order check" in summary[0] and "LoadOrderError" in summary[0]
+        assert "dataset clicks, hour(s) 2026-11-01-02:00." in summary[0]
+        assert "order check" in summary[0] and summary[0].count("LoadOrderError") == 1
+        assert "load the missing earlier hours first" in summary[0]
 
 
 @pytest.mark.slow

@@ -21,16 +21,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData as TargetMaterialization,  # not re-exported
+)
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.defs import checks
 from dedup_pipeline.defs.partitions import hourly_partitions
 from dedup_pipeline.defs.resources import SparkResource
+from dedup_pipeline.defs.runs import DATASET_TAG
+from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.checks import LoadCheckError
 from dedup_pipeline.engine.classify import OUTPUTS
 from dedup_pipeline.engine.load import LoadResult, output_columns, run_load
 from dedup_pipeline.engine.session import connect_errors
 from dedup_pipeline.engine.storage import Lock, Storage
+from dedup_pipeline.hours import parse_key, to_tag
 
 PROGRESS_LOGGER = logging.getLogger("dedup_pipeline.progress")
 INDEX = "index"
@@ -60,8 +66,20 @@ def _column_schema(ds: DatasetConfig, output: str) -> dg.TableSchema:
     return dg.TableSchema(columns=cols)
 
 
-def hour_metadata(r: LoadResult) -> dict[str, Any]:
-    """Numeric figures of one hour, so the UI plots them across partitions (D5)."""
+def _point(ds: DatasetConfig, value: float | int) -> Any:
+    """An expiry-axis point as the UI should show it: a time for timestamp/date expiry columns
+    (v is epoch microseconds / days), the number itself otherwise."""
+    kind = ds.expiry_type
+    if kind == "timestamp":
+        return dg.MetadataValue.timestamp(value / 1_000_000)
+    if kind == "date":
+        return dg.MetadataValue.timestamp(value * 86_400)
+    return value
+
+
+def hour_metadata(ds: DatasetConfig, r: LoadResult) -> dict[str, Any]:
+    """The figures of ONE hour, put on that hour's materialization so Plots -> Partitions shows
+    one point per loaded hour (D5)."""
     md: dict[str, Any] = {
         "rows_in": r.rows_in,
         "unique": r.unique,
@@ -70,6 +88,9 @@ def hour_metadata(r: LoadResult) -> dict[str, Any]:
         "rejected": r.rejected,
         "conflicts": r.conflicts,
         "duplicate_rate": round(r.duplicate_rate, 6),
+        "conflict_rate": round(r.conflicts / (r.unique + r.duplicates), 6)
+        if r.unique + r.duplicates else 0.0,
+        "rejected_rate": round(r.rejected / r.rows_in, 6) if r.rows_in else 0.0,
         "index_keys_written": r.index_rows_written,
         "index_rows_read": r.index_rows_read,
         "index_bytes_read": r.index_bytes_read,
@@ -77,9 +98,9 @@ def hour_metadata(r: LoadResult) -> dict[str, Any]:
         "files_written": r.files_written,
     }
     if r.latest_point is not None:
-        md["latest_point"] = r.latest_point
+        md["latest_point"] = _point(ds, r.latest_point)
     if r.expiry_point is not None:
-        md["expiry_point"] = r.expiry_point
+        md["expiry_point"] = _point(ds, r.expiry_point)
     for stage, secs in r.seconds.items():
         md[f"seconds_{stage}"] = secs
     return md
@@ -87,6 +108,70 @@ def hour_metadata(r: LoadResult) -> dict[str, Any]:
 
 def _row_count(r: LoadResult, name: str) -> int:
     return r.index_rows_written if name == INDEX else int(getattr(r, name))
+
+
+def _latest_materialization(instance: dg.DagsterInstance, key: dg.AssetKey, pk: str
+                            ) -> TargetMaterialization | None:
+    """The partition's latest materialization, the one Dagster compares a check's target with
+    (AssetCheckPartitionInfo.is_current): an evaluation targeting anything else shows Missing."""
+    recs = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[pk]), limit=1).records
+    if not recs:
+        return None
+    return TargetMaterialization(
+        storage_id=recs[0].storage_id, run_id=recs[0].run_id, timestamp=recs[0].timestamp)
+
+
+def _evaluations(instance: dg.DagsterInstance, ds: DatasetConfig, pk: str,
+                 evals: list[checks.Evaluation]) -> Iterator[dg.AssetCheckEvaluation]:
+    targets: dict[str, Any] = {}
+    for e in evals:
+        if e.asset not in targets:
+            targets[e.asset] = _latest_materialization(instance, dg.AssetKey([ds.name, e.asset]), pk)
+        yield checks.as_event(ds, e, pk, targets[e.asset])
+
+
+CHECKS_ASSET = {name: asset for name, (asset, _, _) in checks.CHECKS.items()}
+
+
+def _hour_events(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: list[dg.AssetKey],
+                 raw_key: dg.AssetKey, r: LoadResult, with_checks: bool) -> Iterator[Any]:
+    """One hour's events, in the order the UI needs them: its materializations (its own figures),
+    then its check evaluations targeting exactly those materializations.
+
+    Yielded (not `context.log_event`-ed): a yielded event is stored before the generator resumes,
+    so the evaluations can name the materializations' storage ids.
+    """
+    pk = r.partition_key
+    md = hour_metadata(ds, r)
+    yield dg.AssetObservation(asset_key=raw_key, partition=pk,
+                              metadata={"rows": r.rows_in, "files": r.files_in})
+    for key in keys:
+        yield dg.AssetMaterialization(
+            asset_key=key, partition=pk,
+            metadata={"dagster/row_count": _row_count(r, key.path[-1]), **md})
+    if with_checks:
+        yield from _evaluations(context.instance, ds, pk, checks.evaluate(ds, r))
+
+
+def _restate(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str
+             ) -> Iterator[dg.AssetCheckEvaluation]:
+    """Evaluations of an hour this run did not load but an earlier load committed: the checks of
+    that committed load, again, so the failed run does not turn a loaded hour's status into
+    "Execution failed". Nothing for an hour that was never loaded."""
+    rec = commits.read_commit(Storage(ds.output), to_tag(parse_key(pk)))
+    if rec is None:
+        return
+    note = (f"restated from the committed load of {pk}: run {context.run.run_id} failed before "
+            "loading this hour and changed nothing in it")
+    evals = [checks.Evaluation(e.name, e.passed, {**e.metadata, "note": note})
+             for e in checks.evaluate(ds, LoadResult.from_record(rec))]
+    yield from _evaluations(context.instance, ds, pk, evals)
+
+
+def pool_name(ds: DatasetConfig) -> str:
+    """The concurrency pool of every step that writes the dataset (load, index rebuild)."""
+    return f"dedup_{ds.name}"
 
 
 @dataclass(frozen=True)
@@ -141,15 +226,11 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
         check_specs=checks.check_specs(ds, pdef),
         partitions_def=pdef,
         backfill_policy=dg.BackfillPolicy.single_run(),
-        pool=f"dedup_{ds.name}",
-        op_tags={"dedup_pipeline/dataset": ds.name},
+        pool=pool_name(ds),
+        op_tags={DATASET_TAG: ds.name},
     )
-    def load(
-        context: dg.AssetExecutionContext, spark: SparkResource
-    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
+    def load(context: dg.AssetExecutionContext, spark: SparkResource) -> Iterator[Any]:
         partition_keys = list(context.partition_keys)
-        ranged = len(partition_keys) > 1
-        evaluations: list[tuple[str, list[checks.Evaluation]]] = []
 
         def progress(msg: str) -> None:
             context.log.info(msg)
@@ -157,52 +238,69 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
 
         session = spark.get_session()
         results: list[LoadResult] = []
-        with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id}"), \
-                connect_errors(spark.remote_url()):
+        done: set[str] = set()
+        failed_check: dg.AssetCheckEvaluation | None = None
+        try:
+            with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id}"), \
+                    connect_errors(spark.remote_url()):
+                for pk in partition_keys:
+                    try:
+                        r = run_load(session, ds, pk, progress)
+                    except LoadCheckError as err:  # blocking check failed: nothing committed
+                        done.add(pk)
+                        failed_check = checks.as_event(ds, checks.Evaluation(
+                            err.check, False, {"error": str(err), **err.figures}), pk,
+                            _latest_materialization(context.instance,
+                                                    dg.AssetKey([ds.name, CHECKS_ASSET[err.check]]), pk))
+                        raise
+                    results.append(r)
+                    done.add(pk)
+        except Exception:
+            # Committed hours get their own events; the failing hour its failed check; hours this
+            # run did not load keep the status of their committed load (restated).
+            for r in results:
+                yield from _hour_events(context, ds, keys, raw_key, r, with_checks=True)
+            if failed_check is not None:
+                yield failed_check
             for pk in partition_keys:
-                try:
-                    r = run_load(session, ds, pk, progress)
-                except LoadCheckError as err:  # blocking check failed: nothing was committed
-                    # Recorded on the instance directly: events logged through the context are
-                    # buffered and dropped when the step raises.
-                    context.instance.report_runless_asset_event(checks.as_event(
-                        ds, checks.Evaluation(err.check, False, {"error": str(err), **err.figures}),
-                        pk))
-                    raise
-                results.append(r)
-                evals = checks.evaluate(ds, r)
-                evaluations.append((pk, evals))
-                if ranged:
-                    for e in evals:
-                        context.log_event(checks.as_event(ds, e, pk))
-                md = hour_metadata(r)
-                context.log_event(dg.AssetObservation(
-                    asset_key=raw_key, partition=pk,
-                    metadata={"rows": r.rows_in, "files": r.files_in}))
-                for key in keys:
-                    name = key.path[-1]
-                    context.log_event(dg.AssetObservation(
-                        asset_key=key, partition=pk,
-                        metadata={"dagster/row_count": _row_count(r, name), **md}))
-        for key in keys:
-            name = key.path[-1]
-            if len(results) == 1:
-                md = {"dagster/row_count": _row_count(results[0], name), **hour_metadata(results[0])}
-            else:  # a ranged run: these figures are totals over the range
-                md = {"range_hours": len(results),
-                      "range_rows": sum(_row_count(r, name) for r in results),
-                      "range_rows_in": sum(r.rows_in for r in results)}
-            yield dg.MaterializeResult(asset_key=key, metadata=md)
-        if ranged:
-            yield from checks.summarize(ds, evaluations)
+                if pk not in done:
+                    yield from _restate(context, ds, pk)
+            raise
+        if len(results) == 1 and context.has_partition_key:
+            # one partition (not a one-hour range, whose check results Dagster would record
+            # with no partition): Dagster's own output events carry the hour's figures
+            r = results[0]
+            yield dg.AssetObservation(asset_key=raw_key, partition=r.partition_key,
+                                      metadata={"rows": r.rows_in, "files": r.files_in})
+            for key in keys:
+                yield dg.MaterializeResult(asset_key=key, metadata={
+                    "dagster/row_count": _row_count(r, key.path[-1]), **hour_metadata(ds, r)})
+            yield from (checks.as_result(ds, e) for e in checks.evaluate(ds, r))
         else:
-            yield from (checks.as_result(ds, e) for e in evaluations[0][1])
+            # A ranged step's output stamps the same metadata on every partition of the range, so
+            # it carries none; each hour's own materialization follows it and is the latest.
+            # The summary check results (no partition) come right after the outputs: yielded after
+            # the per-hour materializations, Dagster compared their target's data version with the
+            # hour's (untagged) materialization and logged "Data version mismatch" per asset.
+            for key in keys:
+                yield dg.MaterializeResult(asset_key=key)
+            yield from checks.summarize(ds, [(r.partition_key, checks.evaluate(ds, r))
+                                             for r in results])
+            for r in results:
+                yield from _hour_events(context, ds, keys, raw_key, r, with_checks=True)
+        if len(results) > 1:  # range totals go to the run's log, never onto a partition
+            context.log.info(
+                f"{ds.name}: loaded {len(results)} hours {results[0].partition_key} .. "
+                f"{results[-1].partition_key}: rows in {sum(r.rows_in for r in results)}, unique "
+                f"{sum(r.unique for r in results)}, duplicates {sum(r.duplicates for r in results)}, "
+                f"expired {sum(r.expired for r in results)}, rejected "
+                f"{sum(r.rejected for r in results)}")
 
     job = dg.define_asset_job(
         name=f"{ds.name}_hourly_load",
         selection=dg.AssetSelection.assets(*keys),
         description=f"Load hours of dataset {ds.name!r}: unique, duplicates, expired, rejected "
                     "and the key index. A range runs as one run, hours in ascending order.",
-        tags={"dedup_pipeline/dataset": ds.name},
+        tags={DATASET_TAG: ds.name},
     )
     return DatasetDefs(raw, load, job)

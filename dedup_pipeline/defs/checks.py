@@ -6,8 +6,8 @@ means the hour committed nothing and nothing downstream runs. WARN: index_size o
 duplicate_rate and conflict_rate on `duplicates`, rejected_rate on `rejected`, against the
 thresholds of the dataset's `checks:` section.
 
-Each hour gets its own evaluation: in a one-hour run through the step's results; in a ranged run
-as per-partition evaluation events (plus one summary result per check for the run).
+Each hour gets its own evaluation event for its partition, whatever the run's size, targeting the
+hour's own materialization (see `defs/assets.py` for why events, not AssetCheckResults).
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData as TargetMaterialization,  # not re-exported
+)
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.checks import CONSERVATION, INDEX_AGREES, UNIQUE_KEYS
@@ -94,11 +97,15 @@ def evaluate(ds: DatasetConfig, r: LoadResult) -> list[Evaluation]:
     ]
 
 
-def as_event(ds: DatasetConfig, e: Evaluation, partition: str) -> dg.AssetCheckEvaluation:
+def as_event(ds: DatasetConfig, e: Evaluation, partition: str,
+             target: TargetMaterialization | None
+             ) -> dg.AssetCheckEvaluation:
+    """The evaluation of one hour, for that partition, targeting that hour's latest
+    materialization (so Dagster counts it as current: Passed/Failed, not Missing)."""
     return dg.AssetCheckEvaluation(
         asset_key=dg.AssetKey([ds.name, e.asset]), check_name=e.name, passed=e.passed,
         severity=e.severity, partition=partition, metadata=e.metadata,
-        blocking=CHECKS[e.name][1])
+        blocking=CHECKS[e.name][1], target_materialization_data=target)
 
 
 def as_result(ds: DatasetConfig, e: Evaluation) -> dg.AssetCheckResult:
@@ -108,7 +115,10 @@ def as_result(ds: DatasetConfig, e: Evaluation) -> dg.AssetCheckResult:
 
 def summarize(ds: DatasetConfig, per_hour: Iterable[tuple[str, list[Evaluation]]]
               ) -> list[dg.AssetCheckResult]:
-    """One result per check for a ranged run: passed if every hour passed; failing hours listed."""
+    """One result per check for a ranged run: passed if every hour passed; failing hours listed.
+
+    Dagster requires a result per check output of the step; in a ranged run it records it with no
+    partition, so it never touches a partition's status (the per-hour events do that)."""
     failing: dict[str, list[str]] = {name: [] for name in CHECKS}
     hours = 0
     for pk, evals in per_hour:

@@ -18,6 +18,8 @@ import hashlib
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.defs import runs
+from dedup_pipeline.defs.assets import pool_name
 from dedup_pipeline.defs.resources import SparkResource
 from dedup_pipeline.engine.rebuild import check_index, rebuild_index, scrub
 from dedup_pipeline.engine.storage import Lock, Storage
@@ -38,8 +40,8 @@ class RebuildConfig(dg.Config):
 
 
 def build_rebuild_job(ds: DatasetConfig) -> dg.JobDefinition:
-    @dg.op(name=f"{ds.name}_rebuild_index", tags={"dedup_pipeline/dataset": ds.name},
-           pool=f"dedup_{ds.name}")
+    @dg.op(name=f"{ds.name}_rebuild_index", tags={runs.DATASET_TAG: ds.name},
+           pool=pool_name(ds))
     def rebuild(context: dg.OpExecutionContext, config: RebuildConfig, spark: SparkResource) -> None:
         tags = [to_tag(parse_key(h)) for h in config.hours] or None
         scope = f"{len(tags)} hour(s)" if tags else "every committed hour"
@@ -56,7 +58,7 @@ def build_rebuild_job(ds: DatasetConfig) -> dg.JobDefinition:
             metadata={"rebuilt_loads": res.loads, "rebuilt_entries": res.entries,
                       "rebuild_seconds": res.seconds}))
 
-    @dg.job(name=rebuild_job_name(ds), tags={"dedup_pipeline/dataset": ds.name},
+    @dg.job(name=rebuild_job_name(ds), tags={runs.DATASET_TAG: ds.name},
             description=f"Rebuild the key index of {ds.name!r} from its unique output (R12).")
     def job() -> None:
         rebuild()
@@ -85,43 +87,20 @@ def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition) -> dg.Sensor
         return dg.SensorResult(run_requests=[dg.RunRequest(
             run_key=f"{ds.name}:rebuild:{fingerprint[:16]}",
             run_config={"ops": {f"{ds.name}_rebuild_index": {"config": {"hours": hours}}}},
-            tags={"dedup_pipeline/dataset": ds.name, "dedup_pipeline/reason": "damaged index"},
+            tags={runs.DATASET_TAG: ds.name, "dedup_pipeline/reason": "damaged index"},
         )])
 
     return recovery
 
 
-def _stage_of(error_cls: str) -> str:
-    return {
-        "LoadOrderError": "order check (earlier hours not loaded)",
-        "LoadCheckError": "blocking asset check",
-        "IndexDamagedError": "index health check",
-        "IndexRetentionError": "index retention",
-        "DatasetLockedError": "dataset lock (another run holds it)",
-        "ConfigError": "configuration",
-        "SparkServerError": "Spark Connect server (restarted or unreachable)",
-    }.get(error_cls, "Spark or storage (infrastructure)")
-
-
 @dg.run_failure_sensor(name="dedup_run_failure_summary", default_status=dg.DefaultSensorStatus.RUNNING)
 def run_failure_summary(context: dg.RunFailureSensorContext) -> None:
+    """Writes one paragraph (dataset, hours, cause, fix) into the failed run's own event log."""
     run = context.dagster_run
-    tags = run.tags
-    dataset = tags.get("dedup_pipeline/dataset", "?")
-    start = tags.get("dagster/asset_partition_range_start") or tags.get("dagster/partition")
-    end = tags.get("dagster/asset_partition_range_end") or start
-    hours = "no hour" if not start else (start if start == end else f"{start} .. {end}")
-    errors = [e for e in context.get_step_failure_events()
-              if e.step_failure_data and e.step_failure_data.error]
-    if errors:
-        err = errors[0].step_failure_data.error
-        while err.cause is not None and "DagsterExecutionStepExecutionError" in err.cls_name:
-            err = err.cause
-        cls, msg = err.cls_name, err.message.strip().splitlines()[0]
-    else:
-        cls, msg = "", context.failure_event.message or "the run failed"
-    summary = (f"dedup_pipeline run failure: dataset {dataset}, hours {hours}, failed in "
-               f"{_stage_of(cls)}: {cls + ': ' if cls else ''}{msg} Hours before the failing one "
-               "are committed; the failing hour committed nothing, so rerunning it (and the "
-               "hours after it) is safe.")
+    err = None
+    for e in context.get_step_failure_events():
+        err = runs.root_error(e.step_failure_data.error if e.step_failure_data else None)
+        if err is not None:
+            break
+    summary = runs.failure_summary(run, err, context.failure_event.message or "the run failed")
     context.instance.report_engine_event(summary, run)

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import dagster as dg
 
 from dedup_pipeline.config import PipelineConfig
+from dedup_pipeline.defs import runs
 from dedup_pipeline.defs.definitions import build_definitions, load_job_name
 from dedup_pipeline.engine import commits
-from dedup_pipeline.engine.errors import infrastructure_cause
 from dedup_pipeline.engine.load import LoadResult
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
@@ -34,22 +34,10 @@ class RangeRun:
 def failure_message(result: dg.ExecuteInProcessResult) -> str:
     """The root error of the first failed step, in one line."""
     for ev in result.all_events:
-        if ev.is_step_failure and ev.step_failure_data and ev.step_failure_data.error:
-            err = ev.step_failure_data.error
-            while err.cause is not None and "DagsterExecutionStepExecutionError" in err.cls_name:
-                err = err.cause
-            texts, e = [], err
-            while e is not None:
-                texts += [e.message, "".join(e.stack or [])]
-                e = e.cause or e.context
-            infra = infrastructure_cause("\n".join(texts))
-            if infra is not None:  # disk full / read-only: say so, not "error calling o6206"
-                return f"{infra} ({err.cls_name})"
-            msg = err.message.strip().splitlines()[0]
-            prefix = msg.split(": ", 1)[0]
-            if prefix.endswith(err.cls_name):  # "pkg.module.Error: text" -> "Error: text"
-                msg = msg.split(": ", 1)[1]
-            return f"{err.cls_name}: {msg}"
+        if ev.is_step_failure and ev.step_failure_data:
+            err = runs.root_error(ev.step_failure_data.error)
+            if err is not None:
+                return str(err)
     return "the run failed (see the run's logs)"
 
 

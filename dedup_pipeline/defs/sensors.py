@@ -4,7 +4,8 @@ One sensor per dataset, `{ds}_landing_sensor`, on by default (RUNNING); the hour
 documented alternative (``defs/schedules.py``). Each tick:
 
 1. If a run of the dataset is queued or running, it requests nothing (two runs of one dataset never
-   overlap; the engine's lock would refuse the second anyway).
+   overlap; the engine's lock would refuse the second anyway). A run counts as the dataset's by
+   what it materializes (`defs/runs.py`), so a run launched from the UI without our tags counts.
 2. It reads which hours are loaded from the dataset's commit records, not from Dagster, so a wiped
    instance, a CLI load or a manual backfill all count. Loading resumes at the first hour since
    `start` without a commit record.
@@ -34,18 +35,15 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.defs import runs
 from dedup_pipeline.defs.landing_checks import late_input_evaluation, resolved_evaluation
 from dedup_pipeline.engine import commits, landing
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import compress_ranges, hour_range, parse_key, to_key, to_tag
 
-RANGE_START = "dagster/asset_partition_range_start"
-RANGE_END = "dagster/asset_partition_range_end"
-DATASET_TAG = "dedup_pipeline/dataset"
+RANGE_START, RANGE_END, DATASET_TAG = runs.RANGE_START, runs.RANGE_END, runs.DATASET_TAG
 TRIGGER_TAG = "dedup_pipeline/trigger"
 SENSOR_INTERVAL_S = 30
-ACTIVE = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
-          dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 
 
 def sensor_name(ds: DatasetConfig) -> str:
@@ -54,35 +52,18 @@ def sensor_name(ds: DatasetConfig) -> str:
 
 def range_tags(first: str, last: str, trigger: str) -> dict[str, str]:
     """Tags of a ranged run of the load job (as a single-run backfill of the range would have)."""
-    return {RANGE_START: first, RANGE_END: last, TRIGGER_TAG: trigger}
+    return {runs.RANGE_START: first, runs.RANGE_END: last, TRIGGER_TAG: trigger}
 
 
 def active_runs(instance: dg.DagsterInstance, ds: DatasetConfig) -> list[dg.DagsterRun]:
-    """Queued or running runs of the dataset (any job carrying its dataset tag)."""
-    return list(instance.get_runs(
-        filters=dg.RunsFilter(tags={DATASET_TAG: ds.name}, statuses=ACTIVE), limit=10))
+    """Queued or running runs of the dataset, however launched (UI, backfill, sensor, CLI)."""
+    return runs.active_runs(instance, ds.name)
 
 
 def describe_run(run: dg.DagsterRun) -> str:
-    first, last = run.tags.get(RANGE_START), run.tags.get(RANGE_END)
-    part = run.tags.get("dagster/partition")
-    hours = f" (hours {first}..{last})" if first else (f" (hour {part})" if part else "")
-    return f"{run.job_name} run {run.run_id}{hours}, {run.status.value}"
-
-
-def run_error(instance: dg.DagsterInstance, run_id: str) -> str | None:
-    """The first step failure of a run, in one line (e.g. 'DatasetLockedError: ...')."""
-    for rec in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
-        data = rec.dagster_event.step_failure_data if rec.dagster_event else None
-        err = data.error if data else None
-        while err is not None and err.cause is not None and "ExecutionStepExecutionError" in err.cls_name:
-            err = err.cause
-        if err is not None:
-            msg = err.message.strip().splitlines()[0]
-            if msg.split(": ", 1)[0].endswith(err.cls_name):  # "pkg.mod.Error: text" -> "text"
-                msg = msg.split(": ", 1)[1]
-            return f"{err.cls_name}: {msg}"
-    return None
+    hours = runs.hours_of_run(run)
+    return f"{run.job_name} run {run.run_id}" + (f" (hours {hours})" if hours else "") + \
+        f", {run.status.value}"
 
 
 @dataclass
@@ -130,10 +111,10 @@ def late_input_events(ds: DatasetConfig, changes: list[landing.InputChange], com
 
 
 def _stalled(instance: dg.DagsterInstance, ds: DatasetConfig, frontier: str, through: str) -> str:
-    last = list(instance.get_runs(filters=dg.RunsFilter(tags={DATASET_TAG: ds.name}), limit=1))
-    if last:
-        err = run_error(instance, last[0].run_id) if last[0].status != dg.DagsterRunStatus.SUCCESS else None
-        latest = f"the latest run of the dataset is {describe_run(last[0])}" + (f": {err}" if err else "")
+    last = runs.latest_run(instance, ds.name)
+    if last is not None:
+        err = runs.run_error(instance, last.run_id) if last.status != dg.DagsterRunStatus.SUCCESS else None
+        latest = f"the latest run of the dataset is {describe_run(last)}" + (f": {err}" if err else "")
     else:
         latest = "no run of the dataset is recorded in this instance"
     hours = compress_ranges(hour_range(frontier, through))

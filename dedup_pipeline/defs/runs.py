@@ -1,0 +1,153 @@
+"""Which dataset and hours a Dagster run loads or rebuilds, and why it failed, however it was
+launched (issue 23).
+
+A run launched from the UI (`__ASSET_JOB`, a backfill) carries none of our job tags, so the
+dataset is derived from what the run materializes (its asset selection) or which job it runs,
+and the hours from Dagster's own partition tags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import dagster as dg
+
+from dedup_pipeline.engine.errors import infrastructure_cause
+
+DATASET_TAG = "dedup_pipeline/dataset"
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"
+PARTITION = "dagster/partition"
+ACTIVE = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
+          dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+WRITTEN = ("unique", "duplicates", "expired", "rejected", "index")
+JOB_SUFFIXES = ("_hourly_load", "_index_rebuild")
+
+
+def dataset_of_run(run: dg.DagsterRun) -> str | None:
+    """The dataset a run writes: its tag, else the assets it materializes or checks, else its job."""
+    if run.tags.get(DATASET_TAG):
+        return run.tags[DATASET_TAG]
+    keys = [k for k in (run.asset_selection or ()) if len(k.path) == 2 and k.path[1] in WRITTEN]
+    keys += [c.asset_key for c in (run.asset_check_selection or ())
+             if len(c.asset_key.path) == 2 and c.asset_key.path[1] in WRITTEN]
+    if keys:
+        return sorted(k.path[0] for k in keys)[0]
+    for suffix in JOB_SUFFIXES:
+        if run.job_name.endswith(suffix) and len(run.job_name) > len(suffix):
+            return run.job_name[: -len(suffix)]
+    return None
+
+
+def hours_of_run(run: dg.DagsterRun) -> str | None:
+    """'A' or 'A..B' from Dagster's partition tags (set by the UI, backfills, sensors, the CLI)."""
+    start = run.tags.get(RANGE_START) or run.tags.get(PARTITION)
+    end = run.tags.get(RANGE_END) or start
+    if not start:
+        return None
+    return start if start == end else f"{start}..{end}"
+
+
+def active_runs(instance: dg.DagsterInstance, dataset: str) -> list[dg.DagsterRun]:
+    """Queued or running runs that load or rebuild `dataset`, however they were launched."""
+    runs = instance.get_runs(filters=dg.RunsFilter(statuses=ACTIVE), limit=500)
+    return [r for r in runs if dataset_of_run(r) == dataset]
+
+
+def latest_run(instance: dg.DagsterInstance, dataset: str) -> dg.DagsterRun | None:
+    for r in instance.get_runs(limit=200):
+        if dataset_of_run(r) == dataset:
+            return r
+    return None
+
+
+@dataclass(frozen=True)
+class RootError:
+    cls: str
+    message: str  # first line, without a repeated "pkg.module.Class: " prefix
+
+    def __str__(self) -> str:
+        return f"{self.cls}: {self.message}"
+
+
+def root_error(err: object | None) -> RootError | None:
+    """The user error under Dagster's step-execution wrapper, in one line."""
+    while err is not None and getattr(err, "cause", None) is not None and \
+            "ExecutionStepExecutionError" in err.cls_name:  # type: ignore[attr-defined]
+        err = err.cause  # type: ignore[attr-defined]
+    if err is None:
+        return None
+    cls: str = err.cls_name  # type: ignore[attr-defined]
+    texts, e = [], err
+    while e is not None:
+        texts += [e.message or "", "".join(e.stack or [])]  # type: ignore[attr-defined]
+        e = e.cause or e.context  # type: ignore[attr-defined]
+    infra = infrastructure_cause("\n".join(texts))
+    if infra is not None:  # disk full / read-only: say so, not "error calling o6206.parquet"
+        return RootError(cls, infra)
+    msg = (err.message or "").strip().splitlines()[0] if (err.message or "").strip() else ""  # type: ignore[attr-defined]
+    head, sep, rest = msg.partition(": ")
+    if sep and head.split(".")[-1] == cls:
+        msg = rest
+    return RootError(cls, msg)
+
+
+def run_error(instance: dg.DagsterInstance, run_id: str) -> RootError | None:
+    """The first step failure of a run."""
+    for rec in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
+        data = rec.dagster_event.step_failure_data if rec.dagster_event else None
+        found = root_error(data.error if data else None)
+        if found is not None:
+            return found
+    return None
+
+
+# error class -> (where it failed, what to do); {ds} and {hours} are filled in.
+CAUSES: dict[str, tuple[str, str]] = {
+    "LoadOrderError": (
+        "the order check (an earlier hour is not loaded)",
+        "load the missing earlier hours first (the command is in the error), then this range; "
+        "nothing was written"),
+    "DatasetLockedError": (
+        "the dataset lock (another run of {ds} held it)",
+        "nothing was written; wait for the other run to finish and launch {hours} again only if "
+        "it is still not loaded (runs of one dataset queue when the pool limit dedup_{ds}=1 is set)"),
+    "LoadCheckError": (
+        "a blocking asset check",
+        "the failing hour committed nothing; open the check's evaluation for its figures. This "
+        "means a bug or corrupted files, not bad input: do not rerun blindly"),
+    "IndexDamagedError": (
+        "the index health check",
+        "launch job {ds}_index_rebuild (or set on_damaged_index: rebuild), then rerun {hours}"),
+    "IndexRetentionError": (
+        "index retention",
+        "see the error; rerun {hours} once the index is consistent"),
+    "ConfigError": (
+        "configuration",
+        "fix the dataset config, then rerun {hours}"),
+    "LandingMissingError": (
+        "the landing check (the landing root is missing)",
+        "fix source.path in the config or mount the landing zone, then rerun {hours}; nothing was "
+        "written"),
+    "CommitRecordError": (
+        "reading a commit record (damaged or truncated)",
+        "rerun the hour the error names (its rerun rewrites the record), or dedup-pipeline "
+        "rebuild-index; then rerun {hours}"),
+    "SparkServerError": (
+        "the Spark Connect server (restarted or unreachable)",
+        "make sure the server is up, then rerun {hours}: hours before the failing one are "
+        "committed, the failing one committed nothing (R10)"),
+}
+INFRA = ("Spark or storage (infrastructure)",
+         "fix the cause named in the error, then rerun {hours}: hours before the failing one are "
+         "committed, the failing one committed nothing, and a rerun gives the same rows (R10)")
+
+
+def failure_summary(run: dg.DagsterRun, err: RootError | None, fallback: str) -> str:
+    """One paragraph: dataset, hour(s), the cause once, the fix that fits it."""
+    ds = dataset_of_run(run) or "(not a dedup_pipeline dataset run)"
+    hours = hours_of_run(run) or "(no partition: every committed hour)"
+    stage, fix = CAUSES.get(err.cls, INFRA) if err else INFRA
+    cause = str(err) if err else fallback
+    return (f"dedup_pipeline run failure: dataset {ds}, hour(s) {hours}. Failed in {stage}: "
+            f"{cause} Fix: {fix.format(ds=ds, hours=hours)}.")

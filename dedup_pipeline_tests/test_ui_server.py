@@ -1,0 +1,515 @@
+"""What the UI shows per hour, through the real `dagster-webserver` and `dagster-daemon` (issue 23).
+
+One server session on the demo's instance config (SQLite, queued runs, pool dedup_<ds> limited to
+one run): the webserver (which starts the code location's gRPC server) and the daemon run as
+process groups on free loopback ports. Launched the way the webserver's buttons launch them:
+
+- H0: one hour materialized from the UI (`launchRun` of the asset job with `dagster/partition`);
+- H1..H3: a UI backfill of a range (`launchPartitionBackfill`; single-run policy: one run);
+- H4: a UI run held in the queue (the pool's limit set to 0 through `setConcurrencyLimit`, as on
+  the UI's concurrency page) while H4's `_SUCCESS` marker lands: the landing sensor's ticks skip
+  and name the UI run (the collision case); the limit back to 1, the UI run loads H4;
+- H5: its marker lands; the landing sensor under the real daemon loads it.
+
+Then asserted through GraphQL, the queries the UI's pages make: each check's Partitions tab
+(`partitionStatuses`) shows every loaded hour Passed for every check, nothing else; each output's
+materialization for each hour carries that hour's own figures, the expected numbers computed by
+the independent SPEC oracle (`reference.py`) from the generated files; every run succeeded and each
+hour was loaded by exactly one run. The browser test at the end of this file reuses this session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.parse
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from dedup_pipeline.cli import DEMO_INSTANCE_YAML
+from dedup_pipeline.config import load_config
+from dedup_pipeline.engine.generate import default_start, generate_landing
+from dedup_pipeline.hours import HOUR, hour_range, parse_key, to_key
+from dedup_pipeline_tests.reference import Reference
+from dedup_pipeline_tests.spark_services import (
+    FAST_JVM,
+    LOOPBACK,
+    REPO,
+    VENV_BIN,
+    Service,
+    clean_env,
+    free_port,
+    http_json,
+    stop_all,
+    wait_until,
+)
+from dedup_pipeline_tests.spark_services import start as start_service
+
+pytestmark = pytest.mark.slow
+
+# the last six complete hours: the UI's Plots -> Partitions asks for the latest 120 partition
+# keys of the definition (up to now), so older hours would not be plotted at all
+FIRST = default_start(6)
+HOURS = [to_key(parse_key(FIRST) + i * HOUR) for i in range(6)]
+ROWS_PER_HOUR = 200
+DS = "clicks"
+OUTPUTS = ("unique", "duplicates", "expired", "rejected", "index")
+CHECKS = ("conservation", "unique_keys", "index_agrees", "index_size", "duplicate_rate",
+          "conflict_rate", "rejected_rate")
+CHECK_ASSET = {"conservation": "unique", "unique_keys": "unique", "index_agrees": "index",
+               "index_size": "index", "duplicate_rate": "duplicates", "conflict_rate": "duplicates",
+               "rejected_rate": "rejected"}
+LOCATION, REPOSITORY = "dedup_pipeline", "__repository__"
+SENSOR = f"{DS}_landing_sensor"
+POOL = f"dedup_{DS}"
+
+
+def gql(url: str, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+    resp = http_json(f"{url}/graphql", timeout=60, data={"query": query, "variables": variables or {}})
+    assert "errors" not in resp, resp["errors"]
+    return resp["data"]
+
+
+WORKSPACE = """
+query { workspaceOrError { __typename ... on Workspace { locationEntries {
+  name loadStatus locationOrLoadError { __typename ... on PythonError { message } } } } } }
+"""
+
+# The asset job's launch of one partition, as the UI's "Materialize" sends it.
+LAUNCH_RUN = """
+mutation LaunchRun($executionParams: ExecutionParams!) {
+  launchRun(executionParams: $executionParams) {
+    __typename
+    ... on LaunchRunSuccess { run { runId status } }
+    ... on PythonError { message stack }
+    ... on InvalidSubsetError { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+  }
+}
+"""
+
+LAUNCH_BACKFILL = """
+mutation LaunchBackfill($backfillParams: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $backfillParams) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message stack }
+    ... on InvalidSubsetError { message }
+  }
+}
+"""
+
+BACKFILL = """
+query Backfill($id: String!) { partitionBackfillOrError(backfillId: $id) {
+  __typename ... on PartitionBackfill { status numPartitions runs(limit: 10) { runId status } } } }
+"""
+
+SET_LIMIT = """
+mutation SetLimit($key: String!, $limit: Int!) { setConcurrencyLimit(concurrencyKey: $key, limit: $limit) }
+"""
+
+RUNS = """
+query { runsOrError(limit: 100) { ... on Runs { results {
+  runId jobName status tags { key value } } } } }
+"""
+
+RUN = """
+query Run($id: ID!) { runOrError(runId: $id) { __typename ... on Run { runId status } } }
+"""
+
+SENSOR_TICKS = """
+query Ticks($selector: SensorSelector!) { sensorOrError(sensorSelector: $selector) {
+  __typename ... on Sensor { sensorState { status ticks(limit: 50) {
+    status skipReason runIds timestamp } } } } }
+"""
+
+# The check's Partitions tab: AssetCheck.partitionStatuses (time partitions: status ranges).
+CHECK_STATUSES = """
+query Checks($key: AssetKeyInput!) { assetNodeOrError(assetKey: $key) { __typename
+  ... on AssetNode { assetChecksOrError { __typename ... on AssetChecks { checks { name
+    partitionStatuses { __typename ... on AssetCheckTimePartitionStatuses {
+      ranges { startKey endKey status } } } } } } } } }
+"""
+
+# Plots -> Partitions (the asset's Overview, metadata Plots, Partitions): the latest
+# materialization of each partition, as the UI's AssetPartitionEventsQuery asks for it.
+MATERIALIZATIONS = """
+query Mats($key: AssetKeyInput!, $partitions: [String!]!) { assetNodeOrError(assetKey: $key) {
+  __typename ... on AssetNode { latestMaterializationByPartition(partitions: $partitions) {
+    partition timestamp runId metadataEntries { label __typename
+      ... on IntMetadataEntry { intValue }
+      ... on FloatMetadataEntry { floatValue }
+      ... on TimestampMetadataEntry { timestamp } } } } } }
+"""
+
+
+def _location_loaded(url: str) -> dict[str, Any] | None:
+    for entry in gql(url, WORKSPACE)["workspaceOrError"].get("locationEntries", []):
+        if entry["name"] == LOCATION and entry["loadStatus"] == "LOADED":
+            return entry
+    return None
+
+
+def _asset_paths() -> list[dict[str, list[str]]]:
+    return [{"path": [DS, o]} for o in OUTPUTS]
+
+
+def launch_one_hour(url: str, hour: str) -> str:
+    """What the UI sends for "Materialize" of one partition of the dataset's outputs."""
+    res = gql(url, LAUNCH_RUN, {"executionParams": {
+        "mode": "default",
+        "runConfigData": {},
+        "selector": {
+            "repositoryLocationName": LOCATION,
+            "repositoryName": REPOSITORY,
+            "pipelineName": "__ASSET_JOB",
+            "assetSelection": _asset_paths(),
+            "assetCheckSelection": [{"assetKey": {"path": [DS, a]}, "name": c}
+                                    for c, a in CHECK_ASSET.items()],
+        },
+        "executionMetadata": {"tags": [{"key": "dagster/partition", "value": hour}]},
+    }})["launchRun"]
+    assert res["__typename"] == "LaunchRunSuccess", res
+    return res["run"]["runId"]
+
+
+def run_status(url: str, run_id: str) -> str:
+    return gql(url, RUN, {"id": run_id})["runOrError"]["status"]
+
+
+def sensor_ticks(url: str) -> list[dict[str, Any]]:
+    res = gql(url, SENSOR_TICKS, {"selector": {
+        "repositoryLocationName": LOCATION, "repositoryName": REPOSITORY, "sensorName": SENSOR}})
+    return res["sensorOrError"]["sensorState"]["ticks"]
+
+
+def check_statuses(url: str) -> dict[str, dict[str, set[str]]]:
+    """check name -> status -> hours, from each check's Partitions tab query."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for asset in ("unique", "duplicates", "rejected", "index"):
+        node = gql(url, CHECK_STATUSES, {"key": {"path": [DS, asset]}})["assetNodeOrError"]
+        for check in node["assetChecksOrError"]["checks"]:
+            ps = check["partitionStatuses"]
+            assert ps["__typename"] == "AssetCheckTimePartitionStatuses", ps
+            by_status: dict[str, set[str]] = {}
+            for r in ps["ranges"]:
+                keys = {to_key(h) for h in hour_range(r["startKey"], r["endKey"])}
+                by_status.setdefault(r["status"], set()).update(keys)
+            out[check["name"]] = by_status
+    return out
+
+
+def latest_figures(url: str, asset: str) -> dict[str, dict[str, Any]]:
+    """hour -> metadata of the hour's latest materialization (the point Plots -> Partitions draws)."""
+    node = gql(url, MATERIALIZATIONS, {"key": {"path": [DS, asset]}, "partitions": HOURS})
+    latest: dict[str, dict[str, Any]] = {}
+    for m in node["assetNodeOrError"]["latestMaterializationByPartition"]:
+        if m is not None:
+            latest[m["partition"]] = {
+                e["label"]: e.get("intValue", e.get("floatValue", e.get("timestamp")))
+                for e in m["metadataEntries"]}
+    return latest
+
+
+def expected_figures(root: Path) -> dict[str, dict[str, int]]:
+    """Each hour's figures by the SPEC oracle, from the generated landing files."""
+    (ds,) = load_config(str(root / "dedup.yaml")).datasets
+    ref = Reference(ds).run(parse_key(FIRST), len(HOURS))
+    out = {}
+    for key in HOURS:
+        res = ref[f"{parse_key(key):%Y-%m-%d-%H}"]
+        out[key] = {"rows_in": res.rows_in,
+                    **{o: sum(res.rows[o].values()) for o in ("unique", "duplicates", "expired",
+                                                               "rejected")}}
+    return out
+
+
+@pytest.fixture(scope="module")
+def ui_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The webserver and daemon, and the four UI/sensor launches; yields what they did."""
+    root = tmp_path_factory.mktemp("ui_server")
+    home = root / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(DEMO_INSTANCE_YAML)  # what `dedup-pipeline demo` writes
+    # create the SQLite storages once: the webserver, its code server and the daemon creating them
+    # at the same moment can stamp the schema twice ("more than one head")
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        assert type(inst.run_coordinator).__name__ == "QueuedRunCoordinator"
+    generate_landing(root, hours=len(HOURS), rows_per_hour=ROWS_PER_HOUR, seed=11, start=FIRST)
+    markers = {m.parent: m for m in (root / "landing").rglob("_SUCCESS")}
+    for m in markers.values():
+        m.unlink()  # the sensor waits; each path below decides who loads which hour
+
+    def land(hour: str) -> None:
+        h = parse_key(hour)
+        (root / "landing" / DS / f"date={h:%Y-%m-%d}" / f"hour={h:%H}" / "_SUCCESS").write_text("")
+
+    env = clean_env(
+        DAGSTER_HOME=str(home),
+        DEDUP_CONFIG=str(root / "dedup.yaml"),
+        SPARK_MASTER_URL="local[1]",
+        DEDUP_SPARK_CONF_spark__ui__enabled="false",
+        DEDUP_SPARK_CONF_spark__sql__shuffle__partitions="2",
+        DEDUP_SPARK_CONF_spark__driver__extraJavaOptions=FAST_JVM,
+    )
+    port = free_port()
+    url = f"http://{LOOPBACK}:{port}"
+    logs = root / "logs"
+    services: list[Service] = []
+    timings: dict[str, float] = {}
+    try:
+        t0 = time.monotonic()
+        web = start_service("dagster-webserver", [str(VENV_BIN / "dagster-webserver"), "-h", LOOPBACK,
+                                                  "-p", str(port), "-w", "workspace.yaml"],
+                            logs / "webserver.log", env=env, cwd=REPO)
+        daemon = start_service("dagster-daemon", [str(VENV_BIN / "dagster-daemon"), "run", "-w",
+                                                  "workspace.yaml"],
+                               logs / "daemon.log", env=env, cwd=REPO)
+        services += [web, daemon]
+        entry = wait_until("the webserver to load the code location", lambda: _location_loaded(url),
+                           240, services, interval=2)
+        assert entry["locationOrLoadError"]["__typename"] == "RepositoryLocation", entry
+        timings["webserver"] = time.monotonic() - t0
+
+        def finished(run_id: str) -> str | None:
+            s = run_status(url, run_id)
+            return s if s in ("SUCCESS", "FAILURE", "CANCELED") else None
+
+        def logs_tail() -> str:
+            return "\n".join(f"--- {s.name}:\n{s.tail(4000)}" for s in services)
+
+        # H0: one hour from the UI
+        t1 = time.monotonic()
+        ui_one = launch_one_hour(url, HOURS[0])
+        assert wait_until("the UI run of H0", lambda: finished(ui_one), 300, services, 2) == \
+            "SUCCESS", logs_tail()
+        timings["ui_one_hour"] = time.monotonic() - t1
+
+        # H1..H3: a UI backfill of a range
+        t1 = time.monotonic()
+        res = gql(url, LAUNCH_BACKFILL, {"backfillParams": {
+            "assetSelection": _asset_paths(), "partitionNames": HOURS[1:4],
+            "fromFailure": False, "tags": [], "title": "UI backfill"}})["launchPartitionBackfill"]
+        assert res["__typename"] == "LaunchBackfillSuccess", res
+        backfill_id = res["backfillId"]
+
+        def backfill_done() -> dict[str, Any] | None:
+            b = gql(url, BACKFILL, {"id": backfill_id})["partitionBackfillOrError"]
+            return b if b["status"] not in ("REQUESTED", "CANCELING", "FAILING") else None
+
+        backfill = wait_until("the UI backfill", backfill_done, 420, services, 2)
+        assert backfill["status"] in ("COMPLETED", "COMPLETED_SUCCESS"), (backfill, logs_tail())
+        timings["ui_backfill"] = time.monotonic() - t1
+
+        # H4: a UI run held in the queue while its marker lands -> the sensor must not launch
+        t1 = time.monotonic()
+        gql(url, SET_LIMIT, {"key": POOL, "limit": 0})
+        ui_held = launch_one_hour(url, HOURS[4])
+        wait_until("the held UI run to be queued", lambda: run_status(url, ui_held) == "QUEUED", 60,
+                   services)
+        land(HOURS[4])
+        since = datetime.now(UTC).timestamp()
+
+        def collision_tick() -> dict[str, Any] | None:
+            for t in sensor_ticks(url):
+                if float(t["timestamp"]) > since and t["status"] == "SKIPPED" and \
+                        ui_held in (t["skipReason"] or ""):
+                    return t
+            return None
+
+        skipped = wait_until("a landing-sensor tick that waits for the UI run", collision_tick, 150,
+                             services, 2)
+        assert run_status(url, ui_held) == "QUEUED"
+        gql(url, SET_LIMIT, {"key": POOL, "limit": 1})
+        assert wait_until("the UI run of H4", lambda: finished(ui_held), 300, services, 2) == \
+            "SUCCESS", logs_tail()
+        timings["collision"] = time.monotonic() - t1
+
+        # H5: the landing sensor under the daemon
+        t1 = time.monotonic()
+        land(HOURS[5])
+
+        def sensor_run() -> str | None:
+            for r in gql(url, RUNS)["runsOrError"]["results"]:
+                tags = {t["key"]: t["value"] for t in r["tags"]}
+                if tags.get("dagster/sensor_name") == SENSOR:
+                    return r["runId"]
+            return None
+
+        sensor_run_id = wait_until("the landing sensor's run", sensor_run, 150, services, 2)
+        assert wait_until("the sensor's run", lambda: finished(sensor_run_id), 300, services, 2) == \
+            "SUCCESS", logs_tail()
+        timings["sensor"] = time.monotonic() - t1
+        print("ui server timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+        yield {"url": url, "root": root, "services": services, "skipped_tick": skipped,
+               "runs": {"ui_one": ui_one, "backfill": backfill, "ui_held": ui_held,
+                        "sensor": sensor_run_id}}
+    finally:
+        stop_all(services)
+
+
+def test_every_ui_and_sensor_run_succeeded_once_per_hour(ui_session: dict[str, Any]) -> None:
+    url = ui_session["url"]
+    assert len(ui_session["runs"]["backfill"]["runs"]) == 1  # single-run backfill of H1..H3
+    runs = gql(url, RUNS)["runsOrError"]["results"]
+    assert [r["status"] for r in runs] == ["SUCCESS"] * 4, runs
+    loaded_by: dict[str, list[str]] = {}
+    for r in runs:
+        tags = {t["key"]: t["value"] for t in r["tags"]}
+        first = tags.get("dagster/asset_partition_range_start") or tags["dagster/partition"]
+        last = tags.get("dagster/asset_partition_range_end") or first
+        for h in hour_range(first, last):
+            loaded_by.setdefault(to_key(h), []).append(r["runId"])
+    assert {h: len(ids) for h, ids in loaded_by.items()} == dict.fromkeys(HOURS, 1), loaded_by
+    # the collision: the tick named the UI run and requested nothing; no sensor run of H4
+    tick = ui_session["skipped_tick"]
+    assert tick["runIds"] == [] and "__ASSET_JOB" in tick["skipReason"], tick
+    assert loaded_by[HOURS[4]] == [ui_session["runs"]["ui_held"]]
+    assert loaded_by[HOURS[5]] == [ui_session["runs"]["sensor"]]
+
+
+def test_every_check_shows_every_loaded_hour_passed(ui_session: dict[str, Any]) -> None:
+    statuses = check_statuses(ui_session["url"])
+    assert set(statuses) == set(CHECKS)
+    for name, by_status in statuses.items():
+        assert by_status == {"SUCCEEDED": set(HOURS)}, (name, by_status)
+
+
+def test_each_hour_carries_its_own_figures(ui_session: dict[str, Any]) -> None:
+    url = ui_session["url"]
+    expected = expected_figures(ui_session["root"])
+    assert len({tuple(v.values()) for v in expected.values()}) > 1  # hours differ: not one stamp
+    for asset in OUTPUTS:
+        latest = latest_figures(url, asset)
+        assert set(latest) == set(HOURS), (asset, sorted(latest))
+        for hour, figures in expected.items():
+            md = latest[hour]
+            for k, v in figures.items():
+                assert md[k] == v, (asset, hour, k, md[k], v)
+            assert md["dagster/row_count"] == (figures["unique"] if asset == "index" else figures[asset])
+            assert "range_hours" not in md and "range_rows" not in md
+            # a time, not epoch microseconds: within the generated hours' day
+            assert abs(float(md["latest_point"]) - parse_key(hour).timestamp()) < 2 * 86400, md
+
+
+# ---------------------------------------------------------------- the real browser
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _chromium() -> str:
+    """Debian's chromium binary, installed with apt-get when running as root and missing. Skips
+    (with the reason) only when it is missing and cannot be installed (not root / no apt-get)."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("the browser test needs Debian's chromium: not installed, and not root (or no "
+                    "apt-get) to install it; run `apt-get install -y chromium` as root")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
+    if subprocess.run(install, env=env, capture_output=True, timeout=900).returncode != 0:
+        subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=900, check=True)
+        r = subprocess.run(install, env=env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, f"apt-get install chromium failed:\n{r.stderr[-2000:]}"
+    found = shutil.which("chromium")
+    assert found, "apt-get installed chromium but there is no chromium on PATH"
+    return found
+
+
+def test_the_browser_shows_every_hour_passed_and_plotted(ui_session: dict[str, Any],
+                                                          tmp_path: Path) -> None:
+    """Headless Chromium (Debian's, driven by playwright; no browser download) on the webserver:
+    clicks/unique -> Checks -> conservation -> Partitions shows every loaded hour Passed and no
+    other status of a loaded hour; Plots draws one point per hour (counted in the GraphQL
+    responses the page received, the data its charts are drawn from)."""
+    chromium = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    url = ui_session["url"]
+    responses: list[dict[str, Any]] = []
+
+    def keep(resp: Any) -> None:
+        # the UI posts to /graphql?op=<QueryName>
+        if urllib.parse.urlsplit(resp.url).path.endswith("/graphql") and \
+                resp.request.method == "POST":
+            with contextlib.suppress(Exception):
+                responses.append(resp.json())
+
+    def dismiss_welcome(page: Any) -> None:
+        """A first visit shows Dagster's "Join the Dagster community" dialog; skip it, as a user
+        would (it covers the page and takes the clicks)."""
+        skip = page.get_by_role("button", name="Skip")
+        with contextlib.suppress(Exception):
+            skip.wait_for(timeout=5_000)
+        if skip.count():
+            skip.first.click()
+            skip.first.wait_for(state="detached", timeout=10_000)
+
+    shots: list[Path] = []
+    with sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True,
+            args=CHROMIUM_FLAGS, viewport={"width": 1600, "height": 1000})
+        try:
+            page = ctx.new_page()
+            page.on("response", keep)
+            # the check's Partitions tab, filtered to Passed: the hours it lists
+            page.goto(f"{url}/assets/{DS}/unique?view=checks&checkDetail=conservation",
+                      wait_until="networkidle", timeout=120_000)
+            dismiss_welcome(page)
+            page.locator("button[role=tab]#partitions").click()  # the check's tab, not the asset's link
+            page.get_by_text("Partitions Selected").wait_for(timeout=60_000)
+            page.wait_for_load_state("networkidle")
+            shots.append(tmp_path / "check-partitions.png")
+            page.screenshot(path=str(shots[-1]), full_page=True)
+            text = page.inner_text("body")
+            counts = {s: int(n) for s, n in re.findall(
+                r"(Missing|Passed|In Progress|Failed|Execution Failed|Skipped) \((\d+)\)", text)}
+            assert counts.get("Passed") == len(HOURS), (counts, text[-3000:])
+            for bad in ("Failed", "Execution Failed", "Skipped", "In Progress"):
+                assert counts.get(bad, 0) == 0, (bad, counts)
+            # the hours themselves, listed when only Passed is shown
+            page.goto(f"{url}/assets/{DS}/unique?view=checks&checkDetail=conservation"
+                      "&status=SUCCEEDED", wait_until="networkidle", timeout=120_000)
+            page.locator("button[role=tab]#partitions").click()  # the check's tab, not the asset's link
+            page.get_by_text(f"{len(HOURS)} Partitions Selected").wait_for(timeout=60_000)
+            page.get_by_text(HOURS[-1], exact=True).first.wait_for(timeout=30_000)
+            shots.append(tmp_path / "check-partitions-passed.png")
+            page.screenshot(path=str(shots[-1]), full_page=True)
+            listed = set(re.findall(r"\d{4}-\d{2}-\d{2}-\d{2}:\d{2}", page.inner_text("body")))
+            assert set(HOURS) <= listed, sorted(listed)
+
+            # Overview -> metadata Plots -> Partitions (the default for a partitioned asset):
+            # one point per hour on the partition axis
+            responses.clear()
+            page.goto(f"{url}/assets/{DS}/unique?view=overview", wait_until="networkidle",
+                      timeout=120_000)
+            page.get_by_role("button", name="Plots").first.click()
+            page.get_by_text("rows_in").first.wait_for(timeout=60_000)
+            page.wait_for_load_state("networkidle")
+            shots.append(tmp_path / "plots.png")
+            page.screenshot(path=str(shots[-1]), full_page=True)
+        finally:
+            ctx.close()
+    for s in shots:
+        print(f"screenshot: {s}")
+    points: dict[str, float] = {}
+    for body in responses:
+        node = (body.get("data") or {}).get("assetNodeOrError") or {}
+        for m in node.get("latestMaterializationByPartition") or []:
+            for e in (m or {}).get("metadataEntries") or []:
+                if e.get("label") == "rows_in" and e.get("intValue") is not None:
+                    points[m["partition"]] = e["intValue"]
+    expected = expected_figures(ui_session["root"])
+    assert points == {h: f["rows_in"] for h, f in expected.items()}, points

@@ -8,8 +8,10 @@ import multiprocessing
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import time
+import zlib
 from pathlib import Path
 
 import dagster as dg
@@ -20,8 +22,13 @@ import pytest
 from dedup_pipeline.defs.recovery import build_rebuild_job, build_recovery_sensor
 from dedup_pipeline.engine.commits import CommitRecordError, read_commit
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.engine.rebuild import IndexDamagedError, check_index, checksum_failure
-from dedup_pipeline.engine.storage import Lock, Storage
+from dedup_pipeline.engine.rebuild import (
+    IndexDamagedError,
+    check_index,
+    checksum_failure,
+    rebuild_index,
+)
+from dedup_pipeline.engine.storage import DatasetLockedError, Lock, Storage
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline_tests import lock_worker
 from dedup_pipeline_tests.conftest import dataset_config, read_output, write_hour
@@ -323,3 +330,189 @@ def test_state_files_are_fsynced_before_and_after_the_rename(tmp_path: Path, mon
         kinds = [e for e in events if e[0] == "rename" or e[1] == str(tmp_path / "w")]
         assert events[0][0] == "fsync" and ".tmp-" in events[0][1]
         assert kinds[0] == ("rename", st.path("_lock")) and kinds[1] == ("fsync", st.path())
+
+
+# -- the acceptance run's own damage cases: one small warehouse, copied per case -----------------
+COMPACT = {"compact_after": 2}
+
+
+@pytest.fixture(scope="module")
+def loaded(spark, tmp_path_factory) -> Path:
+    """`_site` with hours 0-1 loaded and compacted (slices holding both hours are merged)."""
+    base = tmp_path_factory.mktemp("loaded")
+    load_hours(spark, _site(base, index=COMPACT), H[:2])
+    assert list(Path(base, "warehouse", "index").glob("slice=*/compact=*/_manifest.json"))
+    return base
+
+
+def _copy(loaded: Path, tmp_path: Path, **extra: object):
+    shutil.copytree(loaded, tmp_path / "w")
+    return dataset_config(tmp_path / "w", index=COMPACT, **extra)
+
+
+def _rec_file(ds, tag: str) -> Path:
+    return Path(ds.output, "_commits", f"load_hour={tag}.json")
+
+
+def _exact_after_hour2(spark, ds) -> None:
+    assert sorted(r["event_id"] for r in read_output(spark, ds, "duplicates", H[2])) == sorted(
+        f"a{i}" for i in range(10))
+    assert _ids(spark, ds, "unique", H[2]) == {"c0"}
+
+
+def test_acceptance_damaged_records(spark, loaded: Path, tmp_path: Path) -> None:
+    """Broke before the acceptance fixes: a string expiry point gave a raw TypeError; a record of
+    an hour before `start` could never be repaired (its 'rerun' is refused); a damaged record of a
+    later, unreachable hour blocked every load while its fix (rerun it) was refused by R11."""
+    ds = _copy(loaded, tmp_path)
+    st = Storage(ds.output)
+    rec1 = _rec_file(ds, "2026-11-01-01")
+    good = rec1.read_text()
+    rec1.write_text(json.dumps({**json.loads(good), "latest_point": "garbage"}))
+    with pytest.raises(IndexDamagedError) as ei:
+        load_hours(spark, ds, [H[2]])
+    assert (f"commit record {rec1} of hour 2026-11-01-01:00 is damaged (field 'latest_point' is "
+            "'garbage', expected a number or null)") in str(ei.value)
+    assert "Rerun that hour (dedup-pipeline run --from 2026-11-01-01:00 --to 2026-11-01-01:00)" in (
+        str(ei.value))
+    rec1.write_text(json.dumps({**json.loads(good), "operator_note": {"x": 1}}))  # unknown: fine
+    assert check_index(st, ds).ok
+
+    before = _rec_file(ds, "2026-10-31-23")  # a copied record of an hour before the start
+    before.write_text(json.dumps({**json.loads(good), "load_hour": "2026-10-31-23"}))
+    with pytest.raises(IndexDamagedError) as ei:
+        load_hours(spark, ds, [H[2]])
+    assert str(ei.value) == (
+        f"dataset 'clicks': commit record {before} is of hour 2026-10-31-23:00, before the "
+        f"dataset's start 2026-11-01-00:00: no load writes such a record (a copied or misnamed "
+        f"file). Delete {before}")
+    before.unlink()
+
+    later = _rec_file(ds, "2026-11-01-05")  # damaged record of an hour R11 cannot rerun yet
+    later.write_text(good)  # its load_hour says 01
+    load_hours(spark, ds, [H[2]])  # not blocked: hour 2 reads nothing of hour 5
+    _exact_after_hour2(spark, ds)
+    damage = check_index(st, ds)
+    assert list(damage.bad_records) == ["2026-11-01-05"] and "expected '2026-11-01-05'" in (
+        damage.bad_records["2026-11-01-05"])
+    later.unlink()
+    before.write_text(json.dumps({**json.loads(good), "load_hour": "2026-10-31-23"}))
+    rep = verify_dataset(spark, ds)
+    assert rep.bad_hours == {"2026-10-31-23"}
+    assert rep.violations[0] == (
+        f"2026-10-31-23:00: commit record {before} is of an hour before the dataset's start "
+        "2026-11-01-00:00 (no load writes it; delete it)")
+
+
+def test_acceptance_rebuild_refuses_a_damaged_unique(spark, loaded: Path, tmp_path: Path) -> None:
+    """Broke before: rebuild-index read whatever unique held, so a removed unique file (or a
+    copied record of a never-loaded hour) was 'repaired' into a healthy-looking index missing
+    keys (later loads then take them for new), and a copied unique file doubled entries."""
+    ds = _copy(loaded, tmp_path)
+    uniq0 = Path(ds.output, "unique", "load_hour=2026-11-01-00")
+    (f0,) = list(uniq0.glob("*.parquet"))
+    shutil.copy(f0, uniq0 / "part-99999-copy.snappy.parquet")  # not listed: not read
+    rebuild_index(spark, ds)
+    assert check_index(Storage(ds.output), ds, content=True).ok
+    moved = tmp_path / "aside.parquet"
+    f0.rename(moved)
+    with pytest.raises(IndexDamagedError) as ei:
+        rebuild_index(spark, ds)
+    assert str(ei.value) == (
+        f"cannot rebuild the index entries of hour 2026-11-01-00:00: {uniq0}/{f0.name}, listed in "
+        "its commit record, is missing, so its keys are not all there to rebuild from. Rerun that "
+        "hour (dedup-pipeline run --from 2026-11-01-00:00 --to 2026-11-01-00:00); if it was never "
+        f"loaded (a copied commit record), delete {_rec_file(ds, '2026-11-01-00')}")
+    moved.rename(f0)
+    (uniq0 / "part-99999-copy.snappy.parquet").unlink()
+    ghost = _rec_file(ds, "2026-11-01-05")  # a valid record of an hour never loaded
+    ghost.write_text(json.dumps({**json.loads(_rec_file(ds, "2026-11-01-01").read_text()),
+                                 "load_hour": "2026-11-01-05"}))
+    with pytest.raises(IndexDamagedError, match=r"missing or changed for 1 committed load\(s\): "
+                       r"2026-11-01-05:00\).*rebuild-index"):
+        load_hours(spark, ds, [H[2]])
+    with pytest.raises(IndexDamagedError, match=(
+            r"hour 2026-11-01-05:00: its unique partition .*unique/load_hour=2026-11-01-05 is "
+            r"missing.*delete .*_commits/load_hour=2026-11-01-05.json")):
+        rebuild_index(spark, ds)
+    ghost.unlink()
+    load_hours(spark, ds, [H[2]])
+    _exact_after_hour2(spark, ds)
+
+
+def _flip_compacted_with_crc(ds) -> None:
+    p = sorted(Path(ds.output, "index").glob("slice=*/compact=*/*.parquet"))[0]
+    data = bytearray(p.read_bytes())
+    data[len(data) // 3] ^= 0x10
+    p.write_bytes(bytes(data))
+    crc = p.with_name(f".{p.name}.crc")
+    raw = crc.read_bytes()
+    step = struct.unpack(">i", raw[4:8])[0]
+    crc.write_bytes(raw[:8] + b"".join(struct.pack(">I", zlib.crc32(data[i:i + step]))
+                                       for i in range(0, len(data), step)))
+
+
+def _truncate_manifest(ds) -> None:
+    m = sorted(Path(ds.output, "index").glob("slice=*/compact=*/_manifest.json"))[0]
+    m.write_text(m.read_text()[:30])
+
+
+def _drop_index_files_field(ds) -> None:
+    rec = _rec_file(ds, "2026-11-01-01")
+    rec.write_text(json.dumps({k: v for k, v in json.loads(rec.read_text()).items()
+                               if k != "index_files"}))
+
+
+def _harmless(ds) -> None:
+    out = Path(ds.output)
+    (out / "index" / "_damaged.json").write_text("\x00garbage{")
+    (out / "index" / "notes.txt").write_text("x")
+    (out / "_commits" / "notes.txt").write_text("x")
+    (out / "_lock.guard").unlink()
+    (out / "_lock").write_bytes(b"\xff garbage")  # a lock nobody could have written whole
+
+
+@pytest.mark.parametrize("damage, refused", [
+    (_flip_compacted_with_crc, "index files whose content differs"),
+    (_truncate_manifest, "index file(s) not written by their load"),
+    (_drop_index_files_field, "index file(s) not written by their load"),
+    (_harmless, None),
+])
+def test_acceptance_damage_that_held(spark, loaded: Path, tmp_path: Path, damage,
+                                     refused: str | None) -> None:
+    """Held on the first acceptance run: refused with the rebuild hint, then exact after it."""
+    ds = _copy(loaded, tmp_path)
+    damage(ds)
+    if refused:
+        with pytest.raises(IndexDamagedError) as ei:
+            load_hours(spark, ds, [H[2]])
+        assert refused in str(ei.value) and "dedup-pipeline rebuild-index" in str(ei.value)
+        assert "2026-11-01-0" in str(ei.value) or "load_hour=2026-11-01-0" in str(ei.value)
+        rebuild_index(spark, ds)
+    load_hours(spark, ds, [H[2]])
+    _exact_after_hour2(spark, ds)
+    assert check_index(Storage(ds.output), ds, content=True).ok
+
+
+def test_acceptance_lock_cases(tmp_path: Path) -> None:
+    """Broke before: a stale lock whose pid was reused by a live process was honoured forever;
+    a `_lock` that is a directory gave a raw IsADirectoryError."""
+    st = Storage(str(tmp_path / "w"))
+    st.makedirs(st.root)
+    lock = Path(st.root, "_lock")
+    me = {"host": socket.gethostname(), "pid": 1, "owner": "a killed run", "since": "2026"}
+    lock.write_text(json.dumps(me))  # an older lock without a start time: honoured
+    with pytest.raises(DatasetLockedError, match=r"locked by a killed run \(pid 1 on "):
+        Lock(st, "b").acquire()
+    lock.write_text(json.dumps({**me, "started": 12345}))  # pid 1 runs, but not since then
+    with Lock(st, "b"):
+        assert json.loads(lock.read_text())["owner"] == "b"
+        started = json.loads(lock.read_text())["started"]
+        assert isinstance(started, int) and started != 12345
+        with pytest.raises(DatasetLockedError, match="locked by b"):  # the live owner: held
+            Lock(st, "c").acquire()
+    lock.mkdir()
+    with pytest.raises(DatasetLockedError) as ei:
+        Lock(st, "d").acquire()
+    assert str(ei.value).startswith(f"dataset at {st.root}: the lock {lock} cannot be taken")
+    assert f"remove {lock} and {lock}.guard" in str(ei.value)

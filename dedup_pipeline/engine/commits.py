@@ -9,6 +9,7 @@ these records, never the Dagster instance, so it holds whichever instance runs t
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
 from typing import Any
 
@@ -49,10 +50,11 @@ def validate_record(rec: Any, tag: str) -> str | None:
         v = rec.get(k)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             return f"field {k!r} is {v!r}, expected a count"
-    for k in ("latest_point", "expiry_point"):
+    for k in ("latest_point", "expiry_point"):  # numbers (expiry values), or null
         v = rec.get(k)
-        if v is not None and not isinstance(v, int | float | str):
-            return f"field {k!r} is {v!r}"
+        if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)
+                              or not math.isfinite(v)):
+            return f"field {k!r} is {v!r}, expected a number or null"
     files = rec.get("index_files", [])
     if not isinstance(files, list):
         return "field 'index_files' is not a list"

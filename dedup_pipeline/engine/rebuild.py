@@ -34,7 +34,7 @@ from dedup_pipeline.engine import commits, compaction, index
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
 from dedup_pipeline.engine.parse import V, expiry_value
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import key_of
+from dedup_pipeline.hours import key_of, parse_key, to_tag
 
 
 @dataclass
@@ -192,7 +192,15 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False) -> IndexD
     committed = commits.committed_tags(st)
     compacted = [c for c in compaction.list_compacted(st) if lo is None or c.slice >= lo]
     merged = compaction.covered(compacted)
+    start = to_tag(parse_key(ds.start))
     for tag in sorted(committed):
+        if tag < start:  # no load writes it: a copied or misnamed file, and no rerun can replace it
+            path = commits.commit_path(st, tag)
+            damage.bad_records[tag] = (
+                f"commit record {path} is of hour {key_of(tag)}, before the dataset's start "
+                f"{ds.start}: no load writes such a record (a copied or misnamed file). Delete "
+                f"{path}")
+            continue
         try:
             rec = commits.read_commit(st, tag) or {}
         except commits.CommitRecordError as e:
@@ -276,6 +284,43 @@ def _staged_files(st: Storage, staging: str, tag: str) -> tuple[list[int], list[
     return slices, index_file_manifest(st, tag, slices, root=staging)
 
 
+def _unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
+    """The unique files to rebuild each load's entries from: the ones its commit record lists.
+
+    A rebuild from a damaged unique partition would make the damage look healthy (a removed file's
+    keys gone from the index, so later loads would take them for new; a copied file's keys twice),
+    so it refuses instead, naming the hour and the fix. Files nobody listed are not read. Records
+    without `output_files` (earlier versions) read the partition's directory as it is.
+    """
+    out: dict[str, list[str]] = {}
+    for tag in targets:
+        part = st.path("unique", f"load_hour={tag}")
+        try:
+            rec = commits.read_commit(st, tag)
+        except commits.CommitRecordError:
+            rec = None
+        problem = None
+        listed = (rec or {}).get("output_files", {}).get("unique")
+        if not st.exists(part):
+            problem = f"its unique partition {part} is missing"
+        elif listed is not None:
+            missing = [f["name"] for f in listed if not st.exists(f"{part}/{f['name']}")]
+            if missing:
+                problem = f"{part}/{missing[0]}, listed in its commit record, is missing"
+            out[tag] = [st.spark_path("unique", f"load_hour={tag}", f["name"]) for f in listed]
+        else:
+            out[tag] = [st.spark_path("unique", f"load_hour={tag}")]
+        if problem:
+            raise IndexDamagedError(
+                f"cannot rebuild the index entries of hour {key_of(tag)}: {problem}, so its keys "
+                f"are not all there to rebuild from. Rerun that hour (dedup-pipeline run --from "
+                f"{key_of(tag)} --to {key_of(tag)}); if it was never loaded (a copied commit "
+                f"record), delete {commits.commit_path(st, tag)}")
+        if not out[tag]:
+            del out[tag]  # an hour with no unique rows
+    return out
+
+
 def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None = None
                   ) -> RebuildResult:
     """Recompute index entries from unique: of the given loads, or of every committed load.
@@ -301,10 +346,11 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
     staging = st.path(staging_name)
     st.remove(staging)
     entries = 0
-    present = [t for t in targets if st.exists(st.path("unique", f"load_hour={t}"))]
+    sources = _unique_sources(st, targets)
+    present = sorted(sources)
     if present:
         uniq = (spark.read.option("basePath", st.spark_path("unique"))
-                .parquet(*[st.spark_path("unique", f"load_hour={t}") for t in present]))
+                .parquet(*[p for t in present for p in sources[t]]))
         h1, h2 = digest_columns(ds.key, ds.source.schema)
         df = uniq.withColumn(H1, h1).withColumn(H2, h2)
         if ds.expiry is not None:
@@ -352,11 +398,14 @@ def ensure_healthy(spark: SparkSession, ds: DatasetConfig, st: Storage,
                    say: object = None, rerun: str | None = None) -> IndexDamage:
     """Fail (or rebuild, with `on_damaged_index: rebuild`) when the index is damaged.
 
-    `rerun`: the load about to be redone; a damaged commit record of that load is what the rerun
-    repairs, so it does not stop it.
+    `rerun`: the load about to be (re)done. Only damaged commit records of earlier hours stop it
+    (their entries and expiry point are what it reads); its own record is what the rerun repairs,
+    and a later hour's does not affect it, so that hour's own rerun stays reachable (issue 22
+    acceptance: a damaged record of hour 09 with 05-08 not loaded blocked every load, its fix
+    "rerun 09" was refused by the load order rule).
     """
     damage = check_index(st, ds)
-    records = {t: m for t, m in damage.bad_records.items() if t != rerun}
+    records = {t: m for t, m in damage.bad_records.items() if rerun is None or t < rerun}
     if records:
         first = sorted(records)[0]
         more = f" ({len(records) - 1} more damaged record(s))" if len(records) > 1 else ""

@@ -322,20 +322,28 @@ class Lock:
         self.path = self.storage.path("_lock")
         self.token = uuid.uuid4().hex
         me = {"host": socket.gethostname(), "pid": os.getpid(), "owner": self.owner,
-              "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "token": self.token}
+              "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "token": self.token,
+              "started": _process_start(os.getpid())}
         self.storage.makedirs(self.storage.root)
-        if self.storage.local:
-            with self._guard():
-                held = self._acquire_local(json.dumps(me))
-        else:
-            held = self._acquire_remote(json.dumps(me))
+        try:
+            if self.storage.local:
+                with self._guard() as guarded:
+                    held = self._acquire_local(json.dumps(me), guarded)
+            else:
+                held = self._acquire_remote(json.dumps(me))
+        except OSError as e:  # e.g. `_lock` or `_lock.guard` is a directory, or not writable
+            raise DatasetLockedError(
+                f"dataset at {self.storage.uri_root}: the lock {self.path} cannot be taken "
+                f"({e}); no load runs without it. Check that no run is active, then remove "
+                f"{self.path} and {self.path}.guard if they are not plain files") from e
         if held is None:
             return self
         who = (f"{held.get('owner')} (pid {held.get('pid')} on {held.get('host')}, since "
                f"{held.get('since')})" if held else "another run")
         raise DatasetLockedError(
             f"dataset at {self.storage.uri_root} is locked by {who}; two loads of one dataset "
-            f"never run at once. If that run is dead on another host, delete {self.path}."
+            f"never run at once. If that run is dead (on this host: no process of its pid runs "
+            f"it), delete {self.path}."
         )
 
     def release(self) -> None:
@@ -366,15 +374,37 @@ class Lock:
 
     # -- local: under the guard -----------------------------------------------------------------
     @contextlib.contextmanager
-    def _guard(self) -> Iterator[None]:
-        fd = os.open(self.path + ".guard", os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing drops the flock
+    def _guard(self) -> Iterator[bool]:
+        """Hold the OS lock on ``_lock.guard``; yields False where the file system has no flock.
 
-    def _acquire_local(self, text: str) -> dict | None:
+        The guard is locked by inode: if the file was deleted (and maybe recreated) between the
+        open and the flock, the lock is on a name nobody else opens, so it is taken again.
+        """
+        guard = self.path + ".guard"
+        while True:
+            fd = os.open(guard, os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise
+                yield False  # no OS lock here: only the atomic create (link) is safe
+                return
+            try:
+                same = os.fstat(fd).st_ino == os.stat(guard).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            try:
+                yield True
+            finally:
+                os.close(fd)  # closing drops the flock
+            return
+
+    def _acquire_local(self, text: str, guarded: bool = True) -> dict | None:
         """Create or take over `_lock`; None on success, else what holds it ({} if unreadable)."""
         tmp = f"{self.path}.tmp-{self.token}"
         fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -390,6 +420,11 @@ class Lock:
                 # under the guard a lock is written whole, so an unreadable one is a dead write
                 if held is not None and not self._is_stale(held):
                     return held
+                if not guarded:  # without the OS lock, read-stale-then-replace is a race
+                    raise DatasetLockedError(
+                        f"dataset at {self.storage.uri_root}: the lock {self.path} was left by a "
+                        f"run that is gone ({held}), and this file system has no flock to take "
+                        f"it over safely; check that no run is active, then delete {self.path}") from None
                 os.replace(tmp, self.path)  # take-over: nobody else can act between read and this
             fsync_dir(self.storage.root)
         finally:
@@ -432,5 +467,26 @@ class Lock:
         except ProcessLookupError:
             return True
         except PermissionError:
-            return False
-        return False
+            pass
+        # the pid runs, but is it still the owner? A pid reused by another process (after a
+        # reboot or wrap-around) has another start time than the one the lock recorded
+        started = held.get("started")
+        now = _process_start(pid)
+        return isinstance(started, int) and now is not None and now != started
+
+
+def _process_start(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, /proc/<pid>/stat field 22; Linux),
+    plus the boot id so a reboot changes it too; None where /proc is not there."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        ticks = int(stat.rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = int(f.read().strip().replace("-", "")[:12], 16)
+    except (OSError, ValueError):
+        boot = 0
+    return boot * 10**15 + ticks

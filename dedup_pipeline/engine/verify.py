@@ -36,7 +36,7 @@ from dedup_pipeline.engine.parse import (
     read_text_batch,
 )
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import parse_key, to_key
+from dedup_pipeline.hours import parse_key, to_key, to_tag
 
 
 @dataclass
@@ -148,7 +148,8 @@ def _frame(spark: SparkSession, st: Storage, name: str, scan: _Output) -> DataFr
     return spark.read.option("basePath", st.spark_path(name)).parquet(*files)
 
 
-def _check_records(st: Storage, rep: VerifyReport, committed: list[str]) -> dict[str, dict | None]:
+def _check_records(st: Storage, ds: DatasetConfig, rep: VerifyReport,
+                   committed: list[str]) -> dict[str, dict | None]:
     try:
         names = sorted(os.path.basename(n.rstrip("/"))
                        for n in st.fs.ls(st.path(commits.COMMITS), detail=False))
@@ -161,7 +162,15 @@ def _check_records(st: Storage, rep: VerifyReport, committed: list[str]) -> dict
             rep.violations.append(f"{commits.COMMITS}/{name}: unexpected file among the commit "
                                   "records (not a record of any hour; remove it)")
     records: dict[str, dict | None] = {}
+    start = to_tag(parse_key(ds.start))
     for tag in committed:
+        if tag < start:
+            rep.violations.append(f"{_hour(tag)}: commit record {commits.commit_path(st, tag)} is "
+                                  f"of an hour before the dataset's start {ds.start} (no load "
+                                  "writes it; delete it)")
+            rep.bad_hours.add(tag)
+            records[tag] = None
+            continue
         try:
             records[tag] = commits.read_commit(st, tag)
         except commits.CommitRecordError as e:
@@ -206,7 +215,7 @@ def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
     rep = VerifyReport(ds.name)
     committed = sorted(commits.committed_tags(st))
     rep.hours_checked = len(committed)
-    records = _check_records(st, rep, committed)
+    records = _check_records(st, ds, rep, committed)
     scans = {name: _scan(st, name, rep, records) for name in OUTPUTS}
     _check_index(st, ds, rep)
 

@@ -128,7 +128,8 @@ def print_table(results: list[LoadResult]) -> None:
         click.echo("  ".join(str(v).rjust(w) for v, w in zip(r, widths, strict=True)))
 
 
-def _run(cfg: PipelineConfig, dataset: str | None, first: str, last: str) -> list[LoadResult]:
+def _run(cfg: PipelineConfig, dataset: str | None, first: str, last: str,
+         verbose: bool = False) -> list[LoadResult]:
     from dedup_pipeline.defs.runner import run_range
     from dedup_pipeline.hours import hour_range
 
@@ -139,7 +140,8 @@ def _run(cfg: PipelineConfig, dataset: str | None, first: str, last: str) -> lis
     click.echo(SPARK_NOISE)
     _progress_to_stdout()
     with _instance() as inst:
-        run = run_range(cfg, ds.name, first, last, inst)  # type: ignore[arg-type]
+        run = run_range(cfg, ds.name, first, last, inst,  # type: ignore[arg-type]
+                        quiet=not verbose)
     if run.results:
         click.echo("")
         print_table(run.results)
@@ -159,7 +161,9 @@ def main() -> None:
 @click.option("--dataset", default=None, help="dataset name (needed if the file has several)")
 @click.option("--from", "first", required=True, help="first hour, e.g. 2026-11-01-00:00")
 @click.option("--to", "last", required=True, help="last hour (inclusive)")
-def run(config: str, dataset: str | None, first: str, last: str) -> None:
+@click.option("--verbose", "-v", is_flag=True,
+              help="also print Dagster's own log of the run (tracebacks included)")
+def run(config: str, dataset: str | None, first: str, last: str, verbose: bool) -> None:
     """Load hours FROM..TO in order, through Dagster (records in DAGSTER_HOME)."""
     cfg = _load(config)
     try:
@@ -168,7 +172,7 @@ def run(config: str, dataset: str | None, first: str, last: str) -> None:
         parse_key(first), parse_key(last)
     except (ConfigError, ValueError) as e:
         _fail(str(e))
-    _run(cfg, dataset, first, last)
+    _run(cfg, dataset, first, last, verbose)
 
 
 @main.command()
@@ -206,7 +210,10 @@ def verify(config: str, dataset: str | None) -> None:
 @click.option("--dataset", default=None)
 @click.option("--hour", "hours", multiple=True, help="rebuild only these hours (repeatable); "
               "default: every committed hour")
-def rebuild_index_cmd(config: str, dataset: str | None, hours: tuple[str, ...]) -> None:
+@click.option("--verbose", "-v", is_flag=True,
+              help="also print Dagster's own log of the run (tracebacks included)")
+def rebuild_index_cmd(config: str, dataset: str | None, hours: tuple[str, ...],
+                      verbose: bool) -> None:
     """Rebuild the key index from the unique output (reads only unique), through Dagster."""
     from dedup_pipeline.defs.definitions import build_definitions
     from dedup_pipeline.defs.recovery import rebuild_job_name
@@ -221,7 +228,7 @@ def rebuild_index_cmd(config: str, dataset: str | None, hours: tuple[str, ...]) 
     job = build_definitions(cfg).resolve_job_def(rebuild_job_name(ds))
     click.echo(f"rebuilding the index of {ds.name!r} from {ds.output}/unique")
     click.echo(SPARK_NOISE)
-    run_config = {**QUIET_LOGGERS,
+    run_config = {**(QUIET_LOGGERS if not verbose else {}),
                   "ops": {f"{ds.name}_rebuild_index": {"config": {"hours": list(hours)}}}}
     with _instance() as inst:
         res = job.execute_in_process(instance=inst, run_config=run_config,  # type: ignore[arg-type]

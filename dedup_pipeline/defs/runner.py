@@ -20,7 +20,9 @@ from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
 
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
-QUIET_LOGGERS = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+# The CLI prints its own progress and a one-line error; Dagster's console log of the run (a
+# step failure's traceback included) is shown with --verbose and is kept in the instance.
+QUIET_LOGGERS = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
 @dataclass

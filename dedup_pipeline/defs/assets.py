@@ -135,7 +135,7 @@ CHECKS_ASSET = {name: asset for name, (asset, _, _) in checks.CHECKS.items()}
 
 
 def _hour_events(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: list[dg.AssetKey],
-                 raw_key: dg.AssetKey, r: LoadResult, with_checks: bool) -> Iterator[Any]:
+                 raw_key: dg.AssetKey, r: LoadResult) -> Iterator[Any]:
     """One hour's events, in the order the UI needs them: its materializations (its own figures),
     then its check evaluations targeting exactly those materializations.
 
@@ -150,8 +150,7 @@ def _hour_events(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: lis
         yield dg.AssetMaterialization(
             asset_key=key, partition=pk,
             metadata={"dagster/row_count": _row_count(r, key.path[-1]), **md})
-    if with_checks:
-        yield from _evaluations(context.instance, ds, pk, checks.evaluate(ds, r))
+    yield from _evaluations(context.instance, ds, pk, checks.evaluate(ds, r))
 
 
 def _restate(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str
@@ -259,7 +258,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             # Committed hours get their own events; the failing hour its failed check; hours this
             # run did not load keep the status of their committed load (restated).
             for r in results:
-                yield from _hour_events(context, ds, keys, raw_key, r, with_checks=True)
+                yield from _hour_events(context, ds, keys, raw_key, r)
             if failed_check is not None:
                 yield failed_check
             for pk in partition_keys:
@@ -287,7 +286,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             yield from checks.summarize(ds, [(r.partition_key, checks.evaluate(ds, r))
                                              for r in results])
             for r in results:
-                yield from _hour_events(context, ds, keys, raw_key, r, with_checks=True)
+                yield from _hour_events(context, ds, keys, raw_key, r)
         if len(results) > 1:  # range totals go to the run's log, never onto a partition
             context.log.info(
                 f"{ds.name}: loaded {len(results)} hours {results[0].partition_key} .. "

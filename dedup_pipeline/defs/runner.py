@@ -13,13 +13,12 @@ import dagster as dg
 from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.defs import runs
 from dedup_pipeline.defs.definitions import build_definitions, load_job_name
+from dedup_pipeline.defs.runs import RANGE_END, RANGE_START
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.load import LoadResult
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
 
-RANGE_START = "dagster/asset_partition_range_start"
-RANGE_END = "dagster/asset_partition_range_end"
 # The CLI prints its own progress and a one-line error; Dagster's console log of the run (a
 # step failure's traceback included) is shown with --verbose and is kept in the instance.
 QUIET_LOGGERS = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}

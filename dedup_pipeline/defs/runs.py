@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+from dedup_pipeline.engine.classify import OUTPUTS
 from dedup_pipeline.engine.errors import infrastructure_cause
 
 DATASET_TAG = "dedup_pipeline/dataset"
@@ -20,7 +21,7 @@ RANGE_END = "dagster/asset_partition_range_end"
 PARTITION = "dagster/partition"
 ACTIVE = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
           dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
-WRITTEN = ("unique", "duplicates", "expired", "rejected", "index")
+WRITTEN = (*OUTPUTS, "index")  # the assets a load or rebuild writes
 JOB_SUFFIXES = ("_hourly_load", "_index_rebuild")
 
 

@@ -37,11 +37,11 @@ import dagster as dg
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.defs import runs
 from dedup_pipeline.defs.landing_checks import late_input_evaluation, resolved_evaluation
+from dedup_pipeline.defs.runs import RANGE_END, RANGE_START
 from dedup_pipeline.engine import commits, landing
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import compress_ranges, hour_range, parse_key, to_key, to_tag
 
-RANGE_START, RANGE_END, DATASET_TAG = runs.RANGE_START, runs.RANGE_END, runs.DATASET_TAG
 TRIGGER_TAG = "dedup_pipeline/trigger"
 SENSOR_INTERVAL_S = 30
 
@@ -52,7 +52,7 @@ def sensor_name(ds: DatasetConfig) -> str:
 
 def range_tags(first: str, last: str, trigger: str) -> dict[str, str]:
     """Tags of a ranged run of the load job (as a single-run backfill of the range would have)."""
-    return {runs.RANGE_START: first, runs.RANGE_END: last, TRIGGER_TAG: trigger}
+    return {RANGE_START: first, RANGE_END: last, TRIGGER_TAG: trigger}
 
 
 def active_runs(instance: dg.DagsterInstance, ds: DatasetConfig) -> list[dg.DagsterRun]:

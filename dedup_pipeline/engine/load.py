@@ -198,10 +198,6 @@ def prepare_batch(spark: SparkSession, ds: DatasetConfig,
     return df.withColumns(cols)  # one call: each withColumn re-analyses the whole plan
 
 
-def _count_files(st: Storage, path: str) -> int:
-    return len(st.list_files(path, ".parquet"))
-
-
 def _forget_outputs(st: Storage, tag: str) -> None:
     """Remove everything an uncommitted attempt of `tag` wrote (after a failed check)."""
     for name in OUTPUTS:
@@ -332,7 +328,7 @@ def _run_load(
     # in atomically; the conservation check reads the counts back from the written footers.
     run_tmp = st.path(TMP, f"{tag}-{uuid.uuid4().hex[:12]}")
     n_files = max(1, math.ceil(rows_in / ROWS_PER_FILE))
-    files_written = 0
+    out_files: dict[str, list[str]] = {}  # per output: the Parquet files its partition holds
 
     def write_output(name: str) -> str:
         tmp = f"{run_tmp}/{name}"
@@ -350,11 +346,12 @@ def _run_load(
         for name in OUTPUTS:
             target = st.path(name, f"load_hour={tag}")
             st.replace_dir(written[name].result(), target)
-            files_written += _count_files(st, target)
+            out_files[name] = st.list_files(target, ".parquet")
             _fault(f"after_output:{name}")
         staged = staging.result()
     st.remove(run_tmp)
     _fault("after_outputs")
+    files_written = sum(len(files) for files in out_files.values())
     t = lap("write_outputs", t)
     try:
         figures = checks.check_conservation(st, tag, rows_in, label)
@@ -409,8 +406,7 @@ def _run_load(
         index_files=index_file_manifest(st, tag, slices),
         index_format=index.INDEX_FORMAT,
         output_files={name: [{"name": p.rsplit("/", 1)[1], "size": int(st.fs.info(p)["size"])}
-                             for p in st.list_files(st.path(name, f"load_hour={tag}"), ".parquet")]
-                      for name in OUTPUTS},
+                             for p in files] for name, files in out_files.items()},
     )
     commits.write_commit(st, tag, record)
     t = lap("commit", t)

@@ -288,6 +288,10 @@ def test_only_a_lost_server_becomes_a_spark_server_error() -> None:
     with pytest.raises(SparkServerError) as err, connect_errors("sc://h:1"):
         raise closed
     assert str(err.value).startswith("Spark Connect server sc://h:1 was restarted")
+    # a server killed mid-query may answer it while its SparkContext stops
+    stopping = SparkConnectException(
+        "(java.lang.IllegalStateException) Cannot call methods on a stopped SparkContext.")
+    assert "shutting down" in (lost_server_reason(stopping) or "")
     with pytest.raises(SparkConnectException), connect_errors(None):  # local mode: untouched
         raise closed
     with pytest.raises(OSError), connect_errors("sc://h:1"):

@@ -156,6 +156,8 @@ _RESTARTED = ("INVALID_HANDLE.SESSION_CHANGED", "INVALID_HANDLE.SESSION_NOT_FOUN
               "server side session identifier")
 _UNREACHABLE = ("failed to connect to all addresses", "Connection refused", "Socket closed",
                 "Connection reset")
+# a server killed mid-query can answer it while its context shuts down (seen in CI)
+_STOPPING = ("Cannot call methods on a stopped SparkContext",)
 
 
 def lost_server_reason(exc: BaseException) -> str | None:
@@ -175,6 +177,9 @@ def lost_server_reason(exc: BaseException) -> str | None:
             for t in _UNREACHABLE:
                 if t in text:
                     return f"became unreachable ({t})"
+            for t in _STOPPING:
+                if t in text:
+                    return f"was shutting down ({t})"
             # after SESSION_CHANGED the client closes itself and then fails to fetch the error's
             # details: NO_ACTIVE_SESSION is all that is left (a load never closes its session)
             if "NO_ACTIVE_SESSION" in text:

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from dedup_pipeline.config import ConfigError, PipelineConfig, load_config
+from dedup_pipeline.engine.index.layout import INDEX
 from dedup_pipeline.engine.load import LoadResult
 
 SPARK_NOISE = "Spark is starting (10-20 s the first time)..."
@@ -235,7 +236,7 @@ def rebuild_index_cmd(config: str, dataset: str | None, hours: tuple[str, ...],
                                      raise_on_error=False)
     if not res.success:
         _fail(f"run {res.run_id} failed: {failure_message(res)}")
-    from dedup_pipeline.engine.rebuild import check_index
+    from dedup_pipeline.engine.index.health import check_index
     from dedup_pipeline.engine.storage import Storage
 
     click.echo(f"done: {check_index(Storage(ds.output), ds).summary()}")
@@ -297,7 +298,7 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
     results = _run(cfg, ds.name, ds.start, last)
     click.echo("")
     click.echo(f"done in {time.perf_counter() - t0:.0f}s. Outputs (Parquet, by load_hour):")
-    for name in ("unique", "duplicates", "expired", "rejected", "index"):
+    for name in ("unique", "duplicates", "expired", "rejected", INDEX):
         click.echo(f"  {name:<10} {ds.output}/{name}/")
     click.echo(f"Dagster runs recorded in DAGSTER_HOME={os.environ['DAGSTER_HOME']}")
     click.echo("See them in the UI:  DAGSTER_HOME=" + os.environ["DAGSTER_HOME"] +

@@ -16,9 +16,12 @@ import pytest
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, compaction, index
+from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.index import compaction, store
+from dedup_pipeline.engine.index.health import check_index
+from dedup_pipeline.engine.index.live import live_files
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.engine.rebuild import check_index, rebuild_index
+from dedup_pipeline.engine.rebuild import rebuild_index
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import parse_key, to_tag
 from dedup_pipeline_tests.conftest import dataset_config, write_hour
@@ -80,8 +83,8 @@ def _entries_read_by(spark: SparkSession, ds: DatasetConfig, hour: str) -> list[
     st = Storage(ds.output)
     tag = to_tag(parse_key(hour))
     readable = {t for t in commits.committed_tags(st) if t < tag}
-    live = index.live_files(ds, check_index(st, ds).files, readable, None)
-    df = index.read_live(spark, ds, st, live, tag)
+    live = live_files(ds, check_index(st, ds).files, readable, None)
+    df = store.read_live(spark, ds, st, live, tag)
     return [] if df is None else sorted((r.asDict() for r in df.collect()), key=repr)
 
 
@@ -106,7 +109,7 @@ def test_compaction_never_changes_results(spark: SparkSession, tmp_path: Path, e
     for h in HOURS[:5]:
         seen = _entries_read_by(spark, on, h)
         assert seen == _entries_read_by(spark, off, h), h
-        assert all(e[index.LOAD_HOUR] < tags[h] for e in seen), h
+        assert all(e[store.LOAD_HOUR] < tags[h] for e in seen), h
 
     # a rerun of an hour whose entries are inside a compacted directory
     inside = sorted({t for c in merged for t in c.loads})[1]

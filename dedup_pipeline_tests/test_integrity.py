@@ -21,13 +21,9 @@ import pytest
 
 from dedup_pipeline.defs.recovery import build_rebuild_job, build_recovery_sensor
 from dedup_pipeline.engine.commits import CommitRecordError, read_commit
+from dedup_pipeline.engine.index.health import IndexDamagedError, check_index, checksum_failure
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.engine.rebuild import (
-    IndexDamagedError,
-    check_index,
-    checksum_failure,
-    rebuild_index,
-)
+from dedup_pipeline.engine.rebuild import rebuild_index
 from dedup_pipeline.engine.storage import DatasetLockedError, Lock, Storage
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline_tests import lock_worker

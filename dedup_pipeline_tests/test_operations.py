@@ -21,8 +21,8 @@ from dedup_pipeline.config import parse_config
 from dedup_pipeline.defs.definitions import build_definitions, load_job_name
 from dedup_pipeline.defs.recovery import build_recovery_sensor, rebuild_job_name, run_failure_summary
 from dedup_pipeline.defs.runner import RANGE_END, RANGE_START, run_range
+from dedup_pipeline.engine.index.health import IndexDamagedError, check_index
 from dedup_pipeline.engine.load import FAULT_ENV
-from dedup_pipeline.engine.rebuild import IndexDamagedError, check_index
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline_tests.conftest import read_output, write_hour
 

@@ -21,7 +21,8 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.defs import runs
 from dedup_pipeline.defs.assets import pool_name
 from dedup_pipeline.defs.resources import SparkResource
-from dedup_pipeline.engine.rebuild import check_index, rebuild_index, scrub
+from dedup_pipeline.engine.index.health import check_index, scrub
+from dedup_pipeline.engine.rebuild import rebuild_index
 from dedup_pipeline.engine.storage import Lock, Storage
 from dedup_pipeline.hours import key_of, parse_key, to_tag
 

@@ -22,7 +22,8 @@ from pyspark.sql import functions as F
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.classify import OUTPUTS
 from dedup_pipeline.engine.digest import H1, H2, digest_columns
-from dedup_pipeline.engine.index import match_columns
+from dedup_pipeline.engine.index.layout import INDEX, is_slice_dir, load_dir
+from dedup_pipeline.engine.index.store import match_columns
 from dedup_pipeline.engine.storage import Storage
 
 CONSERVATION, UNIQUE_KEYS, INDEX_AGREES = "conservation", "unique_keys", "index_agrees"
@@ -87,9 +88,9 @@ def check_unique_and_index(
         per_key = per_key.join(known, on=keys, how="left")
     else:
         per_key = per_key.withColumn("_known", F.lit(None).cast("int"))
-    entries = [st.spark_path("index", d, f"load_hour={tag}")
-               for d in st.list_dirs(st.path("index"))
-               if d.startswith("slice=") and st.exists(st.path("index", d, f"load_hour={tag}"))]
+    entries = [st.spark_path(INDEX, d, load_dir(tag))
+               for d in st.list_dirs(st.path(INDEX))
+               if is_slice_dir(d) and st.exists(st.path(INDEX, d, load_dir(tag)))]
 
     def unique_figures() -> Any:
         return per_key.agg(F.coalesce(F.sum("_n"), F.lit(0)).alias("n"),

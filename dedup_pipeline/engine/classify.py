@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.digest import FP, H1
 from dedup_pipeline.engine.expiry import X_COL, expiry_point_column, is_expired
-from dedup_pipeline.engine.index import LOAD_HOUR, match_columns
+from dedup_pipeline.engine.index.store import LOAD_HOUR, match_columns
 from dedup_pipeline.engine.parse import REASON, V
 
 OUT = "_out"

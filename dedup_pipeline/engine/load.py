@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import checks, commits, compaction, index
+from dedup_pipeline.engine import checks, commits
 from dedup_pipeline.engine.classify import (
     CONFLICT,
     DUPLICATES,
@@ -51,6 +51,19 @@ from dedup_pipeline.engine.classify import (
 )
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
 from dedup_pipeline.engine.expiry import Number, expiry_point, expiry_point_frame, latest_point
+from dedup_pipeline.engine.index import compaction, layout, store
+from dedup_pipeline.engine.index.health import (
+    IndexDamagedError,
+    check_index,
+    checksum_failure,
+    content_damage,
+    damaged_message,
+    ensure_healthy,
+    ensure_intact,
+    index_file_manifest,
+    record_damage,
+)
+from dedup_pipeline.engine.index.live import apply_retention, check_retention, live_files
 from dedup_pipeline.engine.parse import (
     REASON,
     SPARK_TYPES,
@@ -63,21 +76,9 @@ from dedup_pipeline.engine.parse import (
     read_text_batch,
     type_and_reject,
 )
-from dedup_pipeline.engine.rebuild import (
-    IndexDamagedError,
-    check_index,
-    checksum_failure,
-    content_damage,
-    damaged_message,
-    ensure_healthy,
-    ensure_intact,
-    index_file_manifest,
-    record_damage,
-)
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.storage import ROWS_PER_FILE, Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 
-ROWS_PER_FILE = 1_000_000
 # How the batch, its candidates and its classification are cached. PySpark's MEMORY_AND_DISK keeps
 # the column batches serialized; the deserialized level (what DataFrame.cache() uses) was measured
 # no faster (interleaved in one warm process, 1e5-row hours: median 9.78 s vs 8.81 s).
@@ -202,7 +203,7 @@ def _forget_outputs(st: Storage, tag: str) -> None:
     """Remove everything an uncommitted attempt of `tag` wrote (after a failed check)."""
     for name in OUTPUTS:
         st.remove(st.path(name, f"load_hour={tag}"))
-    index.clear_load(st, tag)
+    store.clear_load(st, tag)
 
 
 def run_load(
@@ -259,7 +260,7 @@ def _run_load(
     # 2. forget any earlier attempt of this hour
     commits.invalidate(st, tag)
     committed.discard(tag)
-    index.clear_load(st, tag)
+    store.clear_load(st, tag)
     # a compacted file holding this hour is rewritten from its own bytes: check them first
     if ensure_intact(spark, ds, st, [f for f in health.files.values() if f.loads and tag in f.holds],
                      say, rerun=tag):
@@ -298,17 +299,17 @@ def _run_load(
     # batch can hit (cached: classify and the unique_keys check both use them), classification
     latest = latest_point(ds, hour, prev_latest, first["vmax"])
     x = expiry_point(ds, latest)
-    index.check_retention(st, ds, x)
+    check_retention(st, ds, x)
     readable = {c for c in committed if c < tag}
-    live = index.live_files(ds, health.files, readable, x)
+    live = live_files(ds, health.files, readable, x)
     # content: exactly the files the probe will read are hashed (one pass over what Spark reads)
     if ensure_intact(spark, ds, st, live, say, rerun=tag):
-        live = index.live_files(ds, check_index(st, ds).files, readable, x)
-    idx_rows = sum(f.rows if f.rows is not None else st.parquet_rows(st.path(index.INDEX, f.rel))
+        live = live_files(ds, check_index(st, ds).files, readable, x)
+    idx_rows = sum(f.rows if f.rows is not None else st.parquet_rows(st.path(layout.INDEX, f.rel))
                    for f in live)
     idx_bytes = sum(f.size for f in live)
     xs = expiry_point_frame(spark, ds, x)
-    cands = candidates(batch, index.read_live(spark, ds, st, live, tag), ds, xs)
+    cands = candidates(batch, store.read_live(spark, ds, st, live, tag), ds, xs)
     if cands is not None:
         cands = cands.persist(CACHE)
         cached.append(cands)
@@ -342,7 +343,7 @@ def _run_load(
     entries = _sabotage(classified.filter(F.col(OUT) == UNIQUE), "index")
     with ThreadPoolExecutor(max_workers=len(OUTPUTS) + 1) as pool:
         written = {name: pool.submit(write_output, name) for name in OUTPUTS}
-        staging = pool.submit(index.stage_entries, ds, st, entries, tag, n_files)
+        staging = pool.submit(store.stage_entries, ds, st, entries, tag, n_files)
         for name in OUTPUTS:
             target = st.path(name, f"load_hour={tag}")
             st.replace_dir(written[name].result(), target)
@@ -357,7 +358,7 @@ def _run_load(
         figures = checks.check_conservation(st, tag, rows_in, label)
         # 6. index entries: staged above, moved in place only now
         _fault("after_index_staged")
-        slices = index.publish_entries(st, staged, tag)
+        slices = store.publish_entries(st, staged, tag)
         files_written += len(slices)
         t = lap("write_index", t)
         checks.check_unique_and_index(spark, ds, st, tag, figures, cands, label)
@@ -396,7 +397,7 @@ def _run_load(
     for name in OUTPUTS:
         st.sync_tree(st.path(name, f"load_hour={tag}"))
     for n in slices:
-        st.sync_tree(st.path(index.INDEX, f"{index.SLICE}={n}", f"load_hour={tag}"))
+        st.sync_tree(st.path(layout.INDEX, layout.load_rel(n, tag)))
     result.seconds = {**timings, "total": round(time.perf_counter() - t0, 3)}
     record = result.as_record()
     record.update(
@@ -404,7 +405,7 @@ def _run_load(
         index_checksum=figures.checksum,
         inputs=[{"path": f.path, "size": f.size, "mtime": f.mtime} for f in inputs],
         index_files=index_file_manifest(st, tag, slices),
-        index_format=index.INDEX_FORMAT,
+        index_format=layout.INDEX_FORMAT,
         output_files={name: [{"name": p.rsplit("/", 1)[1], "size": int(st.fs.info(p)["size"])}
                              for p in files] for name, files in out_files.items()},
     )
@@ -415,7 +416,7 @@ def _run_load(
     if ds.expiry is not None:
         floor_rec = commits.read_commit(st, to_tag(hour - ds.index.retention_lag_hours * HOUR))
         if floor_rec is not None:
-            result.index_slices_deleted = index.apply_retention(
+            result.index_slices_deleted = apply_retention(
                 st, ds, floor_rec.get("expiry_point"))
     t = lap("retention", t)
     def intact(n: int, loads: list[str]) -> bool:

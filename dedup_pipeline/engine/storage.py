@@ -38,6 +38,8 @@ from fsspec.implementations.local import LocalFileSystem
 _RENAME_EXCHANGE = 2
 TRASH = "_trash"
 _AT_FDCWD = -100
+# Rows per Parquet file that the load's outputs and compacted index files are cut into.
+ROWS_PER_FILE = 1_000_000
 
 
 def _libc() -> Any | None:

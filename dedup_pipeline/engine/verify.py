@@ -24,9 +24,10 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, rebuild
+from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.classify import DUPLICATES, EXPIRED, OUTPUTS, UNIQUE
 from dedup_pipeline.engine.expiry import expiry_point, latest_point
+from dedup_pipeline.engine.index import health, layout
 from dedup_pipeline.engine.parse import (
     V,
     expiry_value,
@@ -183,7 +184,7 @@ def _check_records(st: Storage, ds: DatasetConfig, rep: VerifyReport,
 def _check_index(st: Storage, ds: DatasetConfig, rep: VerifyReport) -> None:
     """Every index file against the commit records and manifests, by listing and by content."""
     try:
-        damage = rebuild.check_index(st, ds, content=True)
+        damage = health.check_index(st, ds, content=True)
     except Exception as e:  # noqa: BLE001 - report, never crash
         rep.violations.append(f"index: could not be checked ({type(e).__name__}: {e})")
         return
@@ -199,8 +200,7 @@ def _check_index(st: Storage, ds: DatasetConfig, rep: VerifyReport) -> None:
                                   f"when it was written (its SHA-256 differs); {fix}")
         rep.bad_hours.add(tag)
     for rel in damage.unexpected:
-        parts = rel.split("/")
-        tag = parts[1].split("=", 1)[1] if parts[1].startswith("load_hour=") else ""
+        tag = layout.rel_load(rel) or ""
         rep.violations.append(f"{_hour(tag) if tag else 'index'}: index file index/{rel} was not "
                               f"written by its load (an added or copied file); {fix}")
         if tag:

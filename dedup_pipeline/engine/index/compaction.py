@@ -7,7 +7,7 @@ them merged into ``index/slice=n/compact=<first>_<last>/`` with a ``_manifest.js
 loads and files it holds. Entries keep their `_load_hour`, so nothing about a read changes:
 
 - a load H reads a compacted directory if it holds an earlier load, with ``_load_hour < H``
-  when it also holds H or a later load (index.read_live), so a rerun still sees only earlier
+  when it also holds H or a later load (`store.read_live`), so a rerun still sees only earlier
   loads;
 - a per-load directory whose load a compacted directory of the same slice holds is ignored by
   readers and by damage detection (a crash between the compacted directory's rename, which is
@@ -15,7 +15,7 @@ loads and files it holds. Entries keep their `_load_hour`, so nothing about a re
   or rerun removes them), so an entry is never read twice;
 - a rerun of H first removes H's entries from any compacted directory holding them
   (`remove_load`, an atomic replace of that directory), then writes H's entries afresh;
-- damage detection checks compacted files against their manifest (rebuild.check_index); a
+- damage detection checks compacted files against their manifest (`health.check_index`); a
   damaged compacted directory is deleted and all its loads rebuilt from unique.
 So compaction never changes results; dedup_pipeline_tests/test_compaction.py compares every output
 and the index entry set with and without it, including a rerun inside a compacted range.
@@ -30,13 +30,20 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.index import INDEX, LOAD_HOUR, SLICE, entry_schema, slice_number
-from dedup_pipeline.engine.storage import Storage
-
-COMPACT = "compact"
-MANIFEST = "_manifest.json"
-WORK = "_compact"  # index/_compact/...: where compacted directories are written before the rename
-ROWS_PER_FILE = 1_000_000
+from dedup_pipeline.engine.index.layout import (
+    INDEX,
+    MANIFEST,
+    WORK,
+    IndexFile,
+    compact_dir,
+    is_compact_dir,
+    load_dir,
+    load_tag,
+    slice_dir,
+    slice_number,
+)
+from dedup_pipeline.engine.index.store import LOAD_HOUR, entry_schema
+from dedup_pipeline.engine.storage import ROWS_PER_FILE, Storage
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,13 @@ class Compacted:
 
     @property
     def rel(self) -> str:
-        return f"{SLICE}={self.slice}/{self.dir}"
+        return f"{slice_dir(self.slice)}/{self.dir}"
+
+    def index_files(self) -> list[IndexFile]:
+        """Its files as index files holding every load it merged."""
+        return [IndexFile(min(self.loads, default=""), self.slice, f["name"], int(f["size"]),
+                          f.get("rows"), self.dir, self.loads, f.get("sha256"))
+                for f in self.files]
 
 
 def list_compacted(st: Storage) -> list[Compacted]:
@@ -60,7 +73,7 @@ def list_compacted(st: Storage) -> list[Compacted]:
         if n is None:
             continue
         for d in st.list_dirs(st.path(INDEX, sdir)):
-            if not d.startswith(f"{COMPACT}="):
+            if not is_compact_dir(d):
                 continue
             try:
                 m = st.read_json(st.path(INDEX, sdir, d, MANIFEST))
@@ -91,13 +104,13 @@ def covered(compacted: list[Compacted]) -> set[tuple[int, str]]:
 def _write(spark: SparkSession, ds: DatasetConfig, st: Storage, n: int, name: str,
            sources: list[str], loads: list[str], drop: str | None = None) -> str:
     """Write the entries of `sources` (minus load `drop`) as compacted dir `name` in the work area."""
-    work = st.path(WORK, f"{SLICE}={n}", name)
+    work = st.path(WORK, slice_dir(n), name)
     st.remove(work)
     df = spark.read.schema(entry_schema(ds)).parquet(*sources)
     if drop is not None:
         df = df.filter(F.col(LOAD_HOUR) != F.lit(drop))
     (df.coalesce(1).write.mode("overwrite").option("maxRecordsPerFile", ROWS_PER_FILE)
-     .parquet(st.spark_path(WORK, f"{SLICE}={n}", name)))
+     .parquet(st.spark_path(WORK, slice_dir(n), name)))
     files = [{"name": p.rsplit("/", 1)[1], "size": int(st.fs.info(p).get("size") or 0),
               "rows": st.parquet_rows(p), "sha256": st.sha256(p)}
              for p in st.list_files(work, ".parquet")]
@@ -122,20 +135,19 @@ def compact(spark: SparkSession, ds: DatasetConfig, st: Storage, committed: set[
         n = slice_number(sdir)
         if n is None:
             continue
-        tags = [d.split("=", 1)[1] for d in st.list_dirs(st.path(INDEX, sdir))
-                if d.startswith("load_hour=")]
+        tags = [t for t in map(load_tag, st.list_dirs(st.path(INDEX, sdir))) if t is not None]
         leftovers = [t for t in tags if (n, t) in done]
         for t in leftovers:  # merged before a crash cut the clean-up short
-            st.remove(st.path(INDEX, sdir, f"load_hour={t}"))
+            st.remove(st.path(INDEX, sdir, load_dir(t)))
         loads = sorted(t for t in tags if t in committed and (n, t) not in done)
         if len(loads) < threshold or (intact is not None and not intact(n, loads)):
             continue
-        name = f"{COMPACT}={loads[0]}_{loads[-1]}"
+        name = compact_dir(loads[0], loads[-1])
         work = _write(spark, ds, st, n, name,
-                      [st.spark_path(INDEX, sdir, f"load_hour={t}") for t in loads], loads)
+                      [st.spark_path(INDEX, sdir, load_dir(t)) for t in loads], loads)
         st.move(work, st.path(INDEX, sdir, name))  # atomic: from here the merged copy is read
         for t in loads:
-            st.remove(st.path(INDEX, sdir, f"load_hour={t}"))
+            st.remove(st.path(INDEX, sdir, load_dir(t)))
         merged += 1
     st.remove(st.path(WORK))
     return merged

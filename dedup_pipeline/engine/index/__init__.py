@@ -1,0 +1,29 @@
+"""The persisted key index, the "HashSet index" (SPEC R2, R4, R6, R7, R12, N1).
+
+One entry per unique row: the 128-bit digest (`_h1`, `_h2`), the load that wrote it
+(`_load_hour`), and when configured the expiry value `_v`, the fingerprint hash `_fp` and the key
+values themselves (`index.store_keys`). Entries live in ``{output}/index/slice=<n>/load_hour=<H>/``
+(per load) and ``slice=<n>/compact=<first>_<last>/`` (merged loads). With expiry, slice n holds
+the entries with floor(v / slice_span) = n, so a load reads only slices at or after its expiry
+point X_H; without expiry, slice n is the hash bucket pmod(_h1, buckets). A load reads only files
+of loads that are committed and earlier than itself, so a rerun of H never sees its own or later
+entries; it stages its entries and moves them in place before its commit record, and a retry first
+deletes whatever that load left (R10).
+
+One owner per job, as Apex Malhar's dedup operator splits deciding, holding and persisting
+(Deduper / BucketManager / BucketStore); the decision itself is `engine.classify`'s:
+
+- `layout`      the path grammar: every directory and file name of the index, built and parsed;
+                `IndexFile`, `INDEX_FORMAT`
+- `live`        which entries a load reads: `slice_of`, `min_slice`, `live_files`; retention
+                (`check_retention`, `apply_retention`, `IndexRetentionError`)
+- `store`       the entries as data: `entry_schema`, `match_columns`, `read_live`,
+                `stage_entries`, `publish_entries`, `clear_load`
+- `compaction`  merging a slice's per-load directories: `compact`, `remove_load`,
+                `list_compacted`, `covered`
+- `health`      damage and the manifests that detect it: `check_index`, `IndexDamage`,
+                `content_damage`, `scrub`, the damaged marker, `index_file_manifest`, and what a
+                load does about damage (`ensure_healthy`, `ensure_intact`, `IndexDamagedError`)
+
+Rebuilding the index from unique is `engine.rebuild`'s job.
+"""

@@ -1,0 +1,328 @@
+"""Is the index what the commit records say it is? Detecting damage cheaply, and the manifests
+that make that possible (SPEC R12, R12a).
+
+Each commit record lists the index files its load wrote (`index_file_manifest`: name, size, rows,
+SHA-256), each compacted directory its own. Damage detection has two levels (README "Index
+recovery"):
+- listing (`check_index`, before every load, by the recovery sensor): a committed load whose files
+  are missing, have another size, or are joined by files nobody committed is damaged (slices
+  deleted by retention excepted); so is a load whose commit record does not parse (`bad_records`),
+  and a file a load or `verify` found with other content (recorded in ``index/_damaged.json``);
+- content (`content_damage`): the SHA-256 of exactly the files a load is about to probe is compared
+  with the recorded one before the probe, so the cost follows what the load reads, not history.
+  `check_index(content=True)` (verify) hashes every index file; `scrub` a bounded share per tick.
+A load refuses a damaged index, or has it rebuilt first (`ensure_healthy`, `ensure_intact`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from pyspark.sql import SparkSession
+
+from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.index.compaction import covered, list_compacted
+from dedup_pipeline.engine.index.layout import (
+    CHECKSUM_PATH,
+    DAMAGED,
+    INDEX,
+    INDEX_FORMAT,
+    IndexFile,
+    is_compact_dir,
+    is_slice_dir,
+    load_rel,
+    load_tag,
+    rel_load,
+    slice_number,
+)
+from dedup_pipeline.engine.index.live import kept_from, min_slice
+from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.hours import key_of, parse_key, to_tag
+
+
+class IndexDamagedError(RuntimeError):
+    """The index disagrees with the commit records; loads refuse to run on it (R12)."""
+
+
+@dataclass
+class IndexDamage:
+    """What is wrong with the index of a dataset; empty means healthy."""
+
+    missing: dict[str, list[str]] = field(default_factory=dict)  # load tag -> missing/changed files
+    unexpected: list[str] = field(default_factory=list)  # files a committed load did not write
+    # every index file the commit records list (retention's deletions excepted), by path below
+    # index/: when healthy, exactly what is on disk, so a load needs no listing of its own
+    files: dict[str, IndexFile] = field(default_factory=dict)
+    bad_compacted: list[str] = field(default_factory=list)  # compacted dirs a rebuild must drop
+    old_format: list[str] = field(default_factory=list)  # loads whose entries are an older layout
+    corrupt: dict[str, list[str]] = field(default_factory=dict)  # load -> files of other content
+    bad_records: dict[str, str] = field(default_factory=dict)  # load -> what is wrong with record
+
+    @property
+    def index_ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.old_format or self.corrupt)
+
+    @property
+    def ok(self) -> bool:
+        return self.index_ok and not self.bad_records
+
+    @property
+    def damaged_loads(self) -> list[str]:
+        """Loads whose entries must be rebuilt: missing/changed files or stray files in their dirs.
+
+        Loads with a damaged commit record are not among them: a rebuild cannot restore a record
+        (its counts and expiry point); rerunning the hour does.
+        """
+        strays = {t for t in map(rel_load, self.unexpected) if t is not None}
+        return sorted((set(self.missing) | strays | set(self.old_format) | set(self.corrupt))
+                      - set(self.bad_records))
+
+    def summary(self) -> str:
+        parts = []
+        for tag, problem in sorted(self.bad_records.items()):
+            parts.append(f"hour {key_of(tag)}: {problem}")
+        if self.corrupt:
+            first = sorted(self.corrupt)[0]
+            parts.append(f"index files whose content differs from what was recorded when they "
+                         f"were written (SHA-256, or the Hadoop checksum of older files), of "
+                         f"{len(self.corrupt)} load(s): "
+                         f"{', '.join(key_of(t) for t in sorted(self.corrupt)[:5])}, e.g. "
+                         f"{INDEX}/{self.corrupt[first][0]}")
+        if self.missing:
+            hours = ", ".join(key_of(t) for t in self.damaged_loads[:5])
+            more = f" (+{len(self.missing) - 5} more)" if len(self.missing) > 5 else ""
+            parts.append(f"index files missing or changed for {len(self.missing)} committed "
+                         f"load(s): {hours}{more}")
+        if self.old_format:
+            parts.append(f"{len(self.old_format)} committed load(s) have index entries in an "
+                         f"older layout (before index format {INDEX_FORMAT}), e.g. "
+                         f"{key_of(self.old_format[0])}")
+        if self.unexpected:
+            parts.append(f"{len(self.unexpected)} index file(s) not written by their load, "
+                         f"e.g. {self.unexpected[0]}")
+        return "; ".join(parts) or "index healthy"
+
+
+# -- the damaged marker: content damage found by a load or verify, until a rebuild replaces it ---
+def _marker(st: Storage) -> dict[str, str]:
+    try:
+        m = st.read_json(st.path(INDEX, DAMAGED))
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        return {}
+    return {k: v for k, v in m.items() if isinstance(v, str)} if isinstance(m, dict) else {}
+
+
+def record_damage(st: Storage, found: dict[str, str]) -> None:
+    """Remember index files found with other content, so check_index (every later load, the
+    recovery sensor) reports them until a rebuild replaces them."""
+    st.write_json_atomic(st.path(INDEX, DAMAGED), {**_marker(st), **found})
+
+
+def prune_marker(st: Storage, files: dict[str, IndexFile]) -> None:
+    """Forget marked files that a rebuild replaced (another hash recorded now, or gone)."""
+    m = _marker(st)
+    keep = {rel: h for rel, h in m.items() if rel in files and (files[rel].sha256 or "") == h}
+    if keep != m:
+        if keep:
+            st.write_json_atomic(st.path(INDEX, DAMAGED), keep)
+        else:
+            st.remove(st.path(INDEX, DAMAGED))
+
+
+# -- checks ----------------------------------------------------------------------------------
+def content_damage(st: Storage, files: Iterable[IndexFile]) -> dict[str, str]:
+    """The files (rel -> recorded hash) whose bytes do not hash to the recorded SHA-256.
+
+    Files written before hashes were recorded (sha256 None) are checked against their Hadoop
+    ``.crc`` sidecar if they have one (what Spark would check when reading them), else by size only
+    (check_index); a ChecksumException while reading them is the same damage (load.py).
+    """
+    todo = list(files)
+    root = st.path(INDEX)
+
+    def bad(f: IndexFile) -> bool:
+        path = f"{root}/{f.rel}"
+        try:
+            if f.sha256:
+                return st.sha256(path) != f.sha256
+            return st.crc_matches(path) is False
+        except OSError:
+            return True
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        flags = list(pool.map(bad, todo))
+    return {f.rel: f.sha256 or "" for f, b in zip(todo, flags, strict=True) if b}
+
+
+def scrub(st: Storage, damage: IndexDamage, cursor: str, budget_bytes: int) -> str:
+    """Hash the next index files after `cursor` (by path, wrapping) up to `budget_bytes`; add what
+    differs to `damage.corrupt`; return the new cursor. The recovery sensor's rolling content
+    check: a bounded cost per tick, the whole index covered over successive ticks."""
+    order = sorted(damage.files)
+    if not order:
+        return ""
+    start = next((i for i, rel in enumerate(order) if rel > cursor), 0)
+    chosen: list[IndexFile] = []
+    size = 0
+    for rel in order[start:] + order[:start]:
+        if chosen and size + damage.files[rel].size > budget_bytes:
+            break
+        chosen.append(damage.files[rel])
+        size += damage.files[rel].size
+    for rel in sorted(content_damage(st, chosen)):
+        for t in damage.files[rel].holds:
+            if rel not in damage.corrupt.get(t, []):
+                damage.corrupt.setdefault(t, []).append(rel)
+    return chosen[-1].rel
+
+
+def check_index(st: Storage, ds: DatasetConfig, content: bool = False) -> IndexDamage:
+    """Compare the index files on disk with what the commit records and compaction manifests say.
+
+    Lists files and reads no data, unless `content` (verify): then every file is hashed too.
+    """
+    damage = IndexDamage()
+    kept = kept_from(st)
+    lo = min_slice(ds, kept) if kept is not None else None
+    committed = commits.committed_tags(st)
+    compacted = [c for c in list_compacted(st) if lo is None or c.slice >= lo]
+    merged = covered(compacted)
+    start = to_tag(parse_key(ds.start))
+    for tag in sorted(committed):
+        if tag < start:  # no load writes it: a copied or misnamed file, and no rerun can replace it
+            path = commits.commit_path(st, tag)
+            damage.bad_records[tag] = (
+                f"commit record {path} is of hour {key_of(tag)}, before the dataset's start "
+                f"{ds.start}: no load writes such a record (a copied or misnamed file). Delete "
+                f"{path}")
+            continue
+        try:
+            rec = commits.read_commit(st, tag) or {}
+        except commits.CommitRecordError as e:
+            damage.bad_records[tag] = str(e)
+            continue
+        if rec.get("index_files") and rec.get("index_format", 1) < INDEX_FORMAT:
+            damage.old_format.append(tag)
+        for f in rec.get("index_files", []):
+            if (lo is not None and f["slice"] < lo) or (f["slice"], tag) in merged:
+                continue  # deleted by retention, or merged by compaction, as intended
+            entry = IndexFile(tag, int(f["slice"]), f["name"], int(f["size"]), f.get("rows"),
+                              sha256=f.get("sha256"))
+            damage.files[entry.rel] = entry
+    for c in compacted:
+        for entry in c.index_files():
+            damage.files[entry.rel] = entry
+    actual: dict[str, int] = {}
+    root = st.path(INDEX)
+    for path in st.list_files(root, ".parquet"):
+        rel = path[len(root) + 1:]
+        parts = rel.split("/")
+        if len(parts) != 3 or not is_slice_dir(parts[0]):
+            continue  # staging or compaction work areas (a load reads only listed files)
+        n, tag = slice_number(parts[0]), load_tag(parts[1])
+        if n is None:
+            actual[rel] = int(st.fs.info(path).get("size") or 0)  # reported as unexpected
+            continue
+        if tag is not None and (tag not in committed or (n, tag) in merged
+                                or tag in damage.bad_records):
+            continue  # leftovers of an interrupted attempt or compaction (their rerun clears them)
+        actual[rel] = int(st.fs.info(path).get("size") or 0)
+    for rel, f in damage.files.items():
+        if actual.get(rel) != f.size:
+            for t in f.holds:
+                damage.missing.setdefault(t, []).append(rel)
+    damage.unexpected = sorted(set(actual) - set(damage.files))
+    found = {rel: h for rel, h in _marker(st).items()
+             if rel in damage.files and (damage.files[rel].sha256 or "") == h}
+    if content:
+        found |= content_damage(st, [f for rel, f in damage.files.items()
+                                     if actual.get(rel) == f.size])
+    for rel in sorted(found):
+        for t in damage.files[rel].holds:
+            damage.corrupt.setdefault(t, []).append(rel)
+    bad = {rel.rsplit("/", 1)[0] for rel in damage.unexpected}
+    bad |= {f.rel.rsplit("/", 1)[0] for f in damage.files.values()
+            if f.loads and (actual.get(f.rel) != f.size or f.rel in found)}
+    bad |= {c.rel for c in compacted if not c.loads}
+    damage.bad_compacted = sorted(d for d in bad if is_compact_dir(d.rsplit("/", 1)[-1]))
+    return damage
+
+
+def index_file_manifest(st: Storage, tag: str, slices: list[int],
+                        root: str | None = None) -> list[dict]:
+    """The index files of load `tag` (name, size, rows per slice), for its commit record.
+
+    `root` is the index directory (default) or a rebuild's staging directory of the same layout.
+    """
+    base = root or st.path(INDEX)
+    out = []
+    for n in slices:
+        for p in st.list_files(f"{base}/{load_rel(n, tag)}", ".parquet"):
+            out.append({"slice": n, "name": p.rsplit("/", 1)[1],
+                        "size": int(st.fs.info(p).get("size") or 0),
+                        "rows": st.parquet_rows(p), "sha256": st.sha256(p)})
+    return out
+
+
+# -- what a load does about damage -----------------------------------------------------------
+def ensure_healthy(spark: SparkSession, ds: DatasetConfig, st: Storage,
+                   say: object = None, rerun: str | None = None) -> IndexDamage:
+    """Fail (or rebuild, with `on_damaged_index: rebuild`) when the index is damaged.
+
+    `rerun`: the load about to be (re)done. Only damaged commit records of earlier hours stop it
+    (their entries and expiry point are what it reads); its own record is what the rerun repairs,
+    and a later hour's does not affect it, so that hour's own rerun stays reachable (issue 22
+    acceptance: a damaged record of hour 09 with 05-08 not loaded blocked every load, its fix
+    "rerun 09" was refused by the load order rule).
+    """
+    # imported here: the rebuild job checks the index through this module
+    from dedup_pipeline.engine.rebuild import rebuild_index
+
+    damage = check_index(st, ds)
+    records = {t: m for t, m in damage.bad_records.items() if rerun is None or t < rerun}
+    if records:
+        first = sorted(records)[0]
+        more = f" ({len(records) - 1} more damaged record(s))" if len(records) > 1 else ""
+        raise IndexDamagedError(f"dataset {ds.name!r}: {records[first]}{more}")
+    if damage.index_ok:
+        return damage
+    if ds.on_damaged_index == "rebuild":
+        if callable(say):
+            say(f"{ds.name}: {damage.summary()}; rebuilding the index from unique")
+        rebuild_index(spark, ds, damage.damaged_loads)
+        return check_index(st, ds)  # the rebuilt files: what the load will read
+    raise IndexDamagedError(damaged_message(ds, damage.summary()))
+
+
+def damaged_message(ds: DatasetConfig, what: str) -> str:
+    return (f"dataset {ds.name!r}: the key index is damaged ({what}); loads will not run "
+            f"on it. Rebuild it from unique: dedup-pipeline rebuild-index --config <file> "
+            f"--dataset {ds.name} (or launch the {ds.name}_index_rebuild job; or set "
+            "on_damaged_index: rebuild)")
+
+
+def checksum_failure(error: BaseException) -> str | None:
+    """The index file (path below index/) a Hadoop ChecksumException names, if `error` is one."""
+    text = str(error)
+    if "ChecksumException" not in text:
+        return None
+    m = (CHECKSUM_PATH.search(text[text.index("ChecksumException"):])
+         or CHECKSUM_PATH.search(text))
+    return m.group(1) if m else None
+
+
+def ensure_intact(spark: SparkSession, ds: DatasetConfig, st: Storage, files: list[IndexFile],
+                  say: Callable[[str], None] | None = None, rerun: str | None = None) -> bool:
+    """Hash the files a load is about to probe; on damage record it, then fail or rebuild.
+
+    Returns True if damaged loads were rebuilt (the caller must take the new file list).
+    """
+    found = content_damage(st, files)
+    if not found:
+        return False
+    record_damage(st, found)
+    ensure_healthy(spark, ds, st, say, rerun)  # raises, or rebuilds the damaged loads
+    return True

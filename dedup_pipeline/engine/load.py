@@ -58,8 +58,6 @@ from dedup_pipeline.engine.index.health import (
     checksum_failure,
     content_damage,
     damaged_message,
-    ensure_healthy,
-    ensure_intact,
     index_file_manifest,
     record_damage,
 )
@@ -76,6 +74,7 @@ from dedup_pipeline.engine.parse import (
     read_text_batch,
     type_and_reject,
 )
+from dedup_pipeline.engine.rebuild import ensure_healthy, ensure_intact
 from dedup_pipeline.engine.storage import ROWS_PER_FILE, Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 

@@ -5,12 +5,17 @@ expiry value, its fingerprint) and the load hour of its partition. So a rebuild 
 (never the raw batches), recomputes the entries of every committed load in one Spark job, writes
 them in the usual layout to a staging directory and swaps the whole index in. Entries equal the
 ones the loads wrote, so every later load gives exactly the results it would have given had the
-index never been lost. What is damaged, and when a load asks for a rebuild, is `index.health`'s.
+index never been lost.
+
+A load checks the index first (`ensure_healthy`, `ensure_intact`): on damage it fails with the
+rebuild hint or, with `on_damaged_index: rebuild`, has the damaged loads rebuilt here. What counts
+as damage is `index.health`'s.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
@@ -21,12 +26,16 @@ from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
 from dedup_pipeline.engine.index import compaction, layout, live, store
 from dedup_pipeline.engine.index.health import (
+    IndexDamage,
     IndexDamagedError,
     check_index,
     content_damage,
+    damaged_message,
     index_file_manifest,
     prune_marker,
+    record_damage,
 )
+from dedup_pipeline.engine.index.layout import IndexFile
 from dedup_pipeline.engine.parse import V, expiry_value
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import key_of
@@ -148,3 +157,44 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
         st.remove(staging)
     prune_marker(st, check_index(st, ds).files)
     return RebuildResult(len(targets), entries, round(time.perf_counter() - t0, 3))
+
+
+# -- what a load does about damage: fail, or rebuild the damaged loads first -----------------
+def ensure_healthy(spark: SparkSession, ds: DatasetConfig, st: Storage,
+                   say: object = None, rerun: str | None = None) -> IndexDamage:
+    """Fail (or rebuild, with `on_damaged_index: rebuild`) when the index is damaged.
+
+    `rerun`: the load about to be (re)done. Only damaged commit records of earlier hours stop it
+    (their entries and expiry point are what it reads); its own record is what the rerun repairs,
+    and a later hour's does not affect it, so that hour's own rerun stays reachable (issue 22
+    acceptance: a damaged record of hour 09 with 05-08 not loaded blocked every load, its fix
+    "rerun 09" was refused by the load order rule).
+    """
+    damage = check_index(st, ds)
+    records = {t: m for t, m in damage.bad_records.items() if rerun is None or t < rerun}
+    if records:
+        first = sorted(records)[0]
+        more = f" ({len(records) - 1} more damaged record(s))" if len(records) > 1 else ""
+        raise IndexDamagedError(f"dataset {ds.name!r}: {records[first]}{more}")
+    if damage.index_ok:
+        return damage
+    if ds.on_damaged_index == "rebuild":
+        if callable(say):
+            say(f"{ds.name}: {damage.summary()}; rebuilding the index from unique")
+        rebuild_index(spark, ds, damage.damaged_loads)
+        return check_index(st, ds)  # the rebuilt files: what the load will read
+    raise IndexDamagedError(damaged_message(ds, damage.summary()))
+
+
+def ensure_intact(spark: SparkSession, ds: DatasetConfig, st: Storage, files: list[IndexFile],
+                  say: Callable[[str], None] | None = None, rerun: str | None = None) -> bool:
+    """Hash the files a load is about to probe; on damage record it, then fail or rebuild.
+
+    Returns True if damaged loads were rebuilt (the caller must take the new file list).
+    """
+    found = content_damage(st, files)
+    if not found:
+        return False
+    record_damage(st, found)
+    ensure_healthy(spark, ds, st, say, rerun)  # raises, or rebuilds the damaged loads
+    return True

@@ -22,8 +22,9 @@ One owner per job, as Apex Malhar's dedup operator splits deciding, holding and 
 - `compaction`  merging a slice's per-load directories: `compact`, `remove_load`,
                 `list_compacted`, `covered`
 - `health`      damage and the manifests that detect it: `check_index`, `IndexDamage`,
-                `content_damage`, `scrub`, the damaged marker, `index_file_manifest`, and what a
-                load does about damage (`ensure_healthy`, `ensure_intact`, `IndexDamagedError`)
+                `content_damage`, `scrub`, the damaged marker (`record_damage`),
+                `index_file_manifest`, `checksum_failure`, `IndexDamagedError`
 
-Rebuilding the index from unique is `engine.rebuild`'s job.
+Repair is `engine.rebuild`'s job: `rebuild_index` from unique, and a load's gate that fails or
+rebuilds on damage (`ensure_healthy`, `ensure_intact`), which needs both health and the rebuild.
 """

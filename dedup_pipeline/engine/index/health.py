@@ -11,16 +11,14 @@ recovery"):
 - content (`content_damage`): the SHA-256 of exactly the files a load is about to probe is compared
   with the recorded one before the probe, so the cost follows what the load reads, not history.
   `check_index(content=True)` (verify) hashes every index file; `scrub` a bounded share per tick.
-A load refuses a damaged index, or has it rebuilt first (`ensure_healthy`, `ensure_intact`).
+What a load does about damage (fail, or rebuild first) is `engine.rebuild`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-
-from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
@@ -267,36 +265,6 @@ def index_file_manifest(st: Storage, tag: str, slices: list[int],
     return out
 
 
-# -- what a load does about damage -----------------------------------------------------------
-def ensure_healthy(spark: SparkSession, ds: DatasetConfig, st: Storage,
-                   say: object = None, rerun: str | None = None) -> IndexDamage:
-    """Fail (or rebuild, with `on_damaged_index: rebuild`) when the index is damaged.
-
-    `rerun`: the load about to be (re)done. Only damaged commit records of earlier hours stop it
-    (their entries and expiry point are what it reads); its own record is what the rerun repairs,
-    and a later hour's does not affect it, so that hour's own rerun stays reachable (issue 22
-    acceptance: a damaged record of hour 09 with 05-08 not loaded blocked every load, its fix
-    "rerun 09" was refused by the load order rule).
-    """
-    # imported here: the rebuild job checks the index through this module
-    from dedup_pipeline.engine.rebuild import rebuild_index
-
-    damage = check_index(st, ds)
-    records = {t: m for t, m in damage.bad_records.items() if rerun is None or t < rerun}
-    if records:
-        first = sorted(records)[0]
-        more = f" ({len(records) - 1} more damaged record(s))" if len(records) > 1 else ""
-        raise IndexDamagedError(f"dataset {ds.name!r}: {records[first]}{more}")
-    if damage.index_ok:
-        return damage
-    if ds.on_damaged_index == "rebuild":
-        if callable(say):
-            say(f"{ds.name}: {damage.summary()}; rebuilding the index from unique")
-        rebuild_index(spark, ds, damage.damaged_loads)
-        return check_index(st, ds)  # the rebuilt files: what the load will read
-    raise IndexDamagedError(damaged_message(ds, damage.summary()))
-
-
 def damaged_message(ds: DatasetConfig, what: str) -> str:
     return (f"dataset {ds.name!r}: the key index is damaged ({what}); loads will not run "
             f"on it. Rebuild it from unique: dedup-pipeline rebuild-index --config <file> "
@@ -312,17 +280,3 @@ def checksum_failure(error: BaseException) -> str | None:
     m = (CHECKSUM_PATH.search(text[text.index("ChecksumException"):])
          or CHECKSUM_PATH.search(text))
     return m.group(1) if m else None
-
-
-def ensure_intact(spark: SparkSession, ds: DatasetConfig, st: Storage, files: list[IndexFile],
-                  say: Callable[[str], None] | None = None, rerun: str | None = None) -> bool:
-    """Hash the files a load is about to probe; on damage record it, then fail or rebuild.
-
-    Returns True if damaged loads were rebuilt (the caller must take the new file list).
-    """
-    found = content_damage(st, files)
-    if not found:
-        return False
-    record_damage(st, found)
-    ensure_healthy(spark, ds, st, say, rerun)  # raises, or rebuilds the damaged loads
-    return True

@@ -32,7 +32,8 @@ from pyspark.sql import functions as F
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits, compaction, index
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
-from dedup_pipeline.engine.parse import V, expiry_value
+from dedup_pipeline.engine.expiry import expiry_value
+from dedup_pipeline.engine.parse import V
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import key_of, parse_key, to_tag
 

@@ -48,9 +48,6 @@ from dedup_pipeline.hours import PARTITION_FMT
 ColumnType = Literal["string", "long", "double", "boolean", "timestamp", "date"]
 Format = Literal["jsonl", "csv", "parquet"]
 Basis = Literal["event", "processing"]
-TYPES: tuple[str, ...] = get_args(ColumnType)
-FORMATS: tuple[str, ...] = get_args(Format)
-BASES: tuple[str, ...] = get_args(Basis)
 NAME_RE = re.compile(r"^[a-z0-9_]+$")
 DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|h|d|w)\s*$")
 UNIT_MICROS = {
@@ -150,6 +147,11 @@ def _seconds(v: Any) -> Any:
         return parse_duration_micros(v) / 1e6
     except ValueError as e:
         raise problem(str(e)) from None
+
+
+def _text(v: Any) -> Any:
+    """A value YAML may have typed (a date) read as the text it was written as."""
+    return v if v is None else str(v)
 
 
 def _none_is_empty(v: Any) -> Any:
@@ -290,7 +292,7 @@ class DatasetConfig(_Model):
     `fingerprint`, `order_by`, `expiry` and `index` read the fields before them (`info.data`)."""
 
     name: str
-    start: Annotated[str, BeforeValidator(str)]  # partition key of the first hour (UTC)
+    start: Annotated[str, BeforeValidator(_text)]  # partition key of the first hour (UTC)
     source: SourceConfig
     key: Names
     fingerprint: tuple[str, ...] = ()
@@ -400,6 +402,8 @@ class DatasetConfig(_Model):
         ds_expiry, source = info.data["expiry"], info.data.get("source")
         if ds_expiry is None:
             raise problem("only applies when expiry is configured", "index.slice_span")
+        if source is None:
+            return v  # its own error is reported
         kind = kind_of(source.schema[ds_expiry.column], ds_expiry.categories is not None)
         try:
             span = in_units(kind, v.slice_span)  # type: ignore[arg-type]
@@ -550,7 +554,7 @@ def _message(err: Any) -> str:
     kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
     if kind == "config":
         return str(ctx["problem"])
-    if kind == "missing":
+    if kind == "missing" or (value is None and kind.endswith("_type")):
         return "is required"
     if kind == "extra_forbidden":
         return "unknown key" + _allowed_keys(err["loc"][:-1])

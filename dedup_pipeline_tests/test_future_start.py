@@ -63,7 +63,7 @@ def test_definitions_load_in_a_fresh_process(tmp_path: Path) -> None:
 
 def test_sensor_and_schedule_wait_for_the_start(cfg: PipelineConfig) -> None:
     defs = build_definitions(cfg)
-    with dg.DagsterInstance.ephemeral() as inst:
+    with dg.instance_for_test() as inst:
         sensor = defs.resolve_sensor_def("clicks_landing_sensor")
         with dg.build_sensor_context(instance=inst, definitions=defs) as ctx:
             res = sensor(ctx)
@@ -74,7 +74,12 @@ def test_sensor_and_schedule_wait_for_the_start(cfg: PipelineConfig) -> None:
         schedule = defs.resolve_schedule_def("clicks_hourly_schedule")
         with dg.build_schedule_context(instance=inst, scheduled_execution_time=NOW) as ctx:
             tick = schedule.evaluate_tick(ctx)
-        assert not tick.run_requests and tick.skip_message
+        assert not tick.run_requests and tick.skip_message  # "... has no partitions"
+
+        reconcile = defs.resolve_schedule_def("clicks_reconcile_schedule")
+        with dg.build_schedule_context(instance=inst, scheduled_execution_time=NOW) as ctx:
+            tick = reconcile.evaluate_tick(ctx)
+        assert not tick.run_requests and "no loaded hour" in (tick.skip_message or "")
 
 
 def test_cli_run_before_the_start_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -86,3 +91,4 @@ def test_cli_run_before_the_start_is_refused(tmp_path: Path, monkeypatch: pytest
     r = CliRunner().invoke(main, ["run", "--config", str(path), "--from", before, "--to", before])
     assert r.exit_code != 0
     assert "before the dataset's start" in r.output, r.output
+    assert "Dagster run" not in r.output  # refused before a run is launched

@@ -143,6 +143,7 @@ _names = _unique("column")
 
 
 def _seconds(v: Any) -> Any:
+    """`landing.grace` is written as a duration and kept in seconds."""
     try:
         return parse_duration_micros(v) / 1e6
     except ValueError as e:
@@ -187,11 +188,15 @@ def _base(info: ValidationInfo) -> Path | None:
 # --- the models -----------------------------------------------------------------------------------
 
 class CsvConfig(_Model):
+    """`source.csv`: RFC 4180 files with or without a header line."""
+
     header: bool = True
     delimiter: str = Field(",", min_length=1, max_length=1)
 
 
 class SourceConfig(_Model):
+    """`source`: where hour H's files land ({path}/date=YYYY-MM-DD/hour=HH/) and how to read them."""
+
     path: str
     format: Format
     schema_: dict[str, ColumnType] = Field(alias="schema", min_length=1)
@@ -242,6 +247,8 @@ class ExpiryConfig(_Model):
 
 
 class IndexConfig(_Model):
+    """`index`: how the key index is kept (R2, R7); every field has a default."""
+
     store_keys: bool = False
     buckets: int = Field(8, ge=1, le=4096)  # hash buckets of the index when no expiry is configured
     # width of an index slice as written (a duration or a number, like the period);
@@ -449,6 +456,8 @@ def _spark_conf(v: Any) -> Any:
 
 
 class SparkConfig(_Model):
+    """The file's `spark:` section (C3); the environment overrides it (engine/session.py)."""
+
     master: str | None = None
     remote: str | None = None
     conf: Annotated[dict[str, str], BeforeValidator(_spark_conf)] = {}

@@ -72,7 +72,7 @@ def config_error(source: str, dataset: Any, fld: str, msg: str) -> ConfigError:
     return ConfigError(f"config error in {source}: {where}field {fld!r}: {msg}")
 
 
-def problem(msg: str, fld: str | None = None, dataset: str | None = None) -> PydanticCustomError:
+def _problem(msg: str, fld: str | None = None, dataset: str | None = None) -> PydanticCustomError:
     """A validator's error; `fld` (a path inside the dataset) names the field when the validator
     sits on a model that holds several (cross-field rules), `dataset` when it sits on the file."""
     ctx: dict[str, Any] = {"problem": msg}
@@ -97,7 +97,7 @@ def parse_duration_micros(text: str) -> int:
     return int(micros)
 
 
-def parse_number(text: str, integral: bool) -> float:
+def _parse_number(text: str, integral: bool) -> float:
     """A period or span written as a number ('5', '0.5'); ValueError says what is wrong."""
     try:
         num = float(text)
@@ -110,11 +110,11 @@ def parse_number(text: str, integral: bool) -> float:
     return num
 
 
-def in_units(kind: ExpiryKind, written: str) -> float:
+def _in_units(kind: ExpiryKind, written: str) -> float:
     """A period or slice span as written in the YAML, in the units of the expiry value v."""
     if kind in DURATION_KINDS:
         return duration_in_units(kind, parse_duration_micros(written))
-    return parse_number(written, integral=kind != "double")
+    return _parse_number(written, integral=kind != "double")
 
 
 # --- field types: the shape of a value, with its own message -------------------------------------
@@ -132,9 +132,9 @@ def _unique(what: str) -> Any:
         if isinstance(v, str) and what == "column":
             v = [v]
         if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
-            raise problem(f"expected a non-empty list of {what} names")
+            raise _problem(f"expected a non-empty list of {what} names")
         if len(set(v)) != len(v):
-            raise problem(f"lists a {what} twice")
+            raise _problem(f"lists a {what} twice")
         return tuple(v)
     return check
 
@@ -147,7 +147,7 @@ def _seconds(v: Any) -> Any:
     try:
         return parse_duration_micros(v) / 1e6
     except ValueError as e:
-        raise problem(str(e)) from None
+        raise _problem(str(e)) from None
 
 
 def _text(v: Any) -> Any:
@@ -212,7 +212,7 @@ class SourceConfig(_Model):
     def _column_names(cls, v: dict[str, str]) -> dict[str, str]:
         for col in v:
             if not col or col.startswith("_"):
-                raise problem(f"bad column name {col!r} (names starting with _ are reserved for "
+                raise _problem(f"bad column name {col!r} (names starting with _ are reserved for "
                               "the pipeline's own columns)")
         return v
 
@@ -261,7 +261,7 @@ class IndexConfig(_Model):
     @classmethod
     def _never_or_two(cls, v: int) -> int:
         if v == 1 or v < 0:
-            raise problem(f"expected 0 (never) or an integer >= 2, got {v!r}")
+            raise _problem(f"expected 0 (never) or an integer >= 2, got {v!r}")
         return v
 
 
@@ -276,7 +276,7 @@ class LandingConfig(_Model):
     @classmethod
     def _file_name(cls, v: str | None) -> str | None:
         if v is not None and (not v or "/" in v):
-            raise problem(f"expected a file name or null, got {v!r}")
+            raise _problem(f"expected a file name or null, got {v!r}")
         return v
 
 
@@ -315,7 +315,7 @@ class DatasetConfig(_Model):
     @classmethod
     def _name(cls, v: str) -> str:
         if not NAME_RE.match(v):
-            raise problem(f"must match [a-z0-9_]+, got {v!r}")
+            raise _problem(f"must match [a-z0-9_]+, got {v!r}")
         return v
 
     @field_validator("start")
@@ -324,9 +324,9 @@ class DatasetConfig(_Model):
         try:
             dt = datetime.strptime(v, PARTITION_FMT)
         except ValueError:
-            raise problem(f"expected 'YYYY-MM-DD-HH:00' (UTC), got {v!r}") from None
+            raise _problem(f"expected 'YYYY-MM-DD-HH:00' (UTC), got {v!r}") from None
         if dt.minute:
-            raise problem(f"must be on the hour, got {v!r}")
+            raise _problem(f"must be on the hour, got {v!r}")
         return dt.strftime(PARTITION_FMT)
 
     @field_validator("key")
@@ -347,7 +347,7 @@ class DatasetConfig(_Model):
             return ()  # their own error is reported
         cols = tuple(c for c in source.schema if c not in key)
         if not cols:
-            raise problem("'all' needs at least one non-key column")
+            raise _problem("'all' needs at least one non-key column")
         return cols
 
     @field_validator("fingerprint")
@@ -360,7 +360,7 @@ class DatasetConfig(_Model):
     def _order_by_in_schema(cls, v: str | None, info: ValidationInfo) -> str | None:
         source = info.data.get("source")
         if v is not None and source is not None and v not in source.schema:
-            raise problem(f"{v!r} is not a column of source.schema")
+            raise _problem(f"{v!r} is not a column of source.schema")
         return v
 
     @field_validator("expiry")
@@ -372,24 +372,24 @@ class DatasetConfig(_Model):
         if v is None or source is None:
             return v
         if v.column not in source.schema:
-            raise problem(f"{v.column!r} is not a column of source.schema", "expiry.column")
+            raise _problem(f"{v.column!r} is not a column of source.schema", "expiry.column")
         ctype = source.schema[v.column]
         categorical = v.categories is not None
         kind = kind_of(ctype, categorical)
         if kind is None and categorical:
-            raise problem(f"a categorical expiry needs a string column, {v.column!r} is {ctype}",
+            raise _problem(f"a categorical expiry needs a string column, {v.column!r} is {ctype}",
                           "expiry.column")
         if kind is None:
-            raise problem(f"{v.column!r} has type {ctype}; expiry needs timestamp, date, long, "
+            raise _problem(f"{v.column!r} has type {ctype}; expiry needs timestamp, date, long, "
                           "double, or a string column with categories", "expiry.column")
         if v.basis != "event" and categorical:
-            raise problem("a categorical expiry only supports basis 'event'", "expiry.basis")
+            raise _problem("a categorical expiry only supports basis 'event'", "expiry.basis")
         if v.basis != "event" and kind != "timestamp":
-            raise problem("basis 'processing' needs a timestamp column", "expiry.basis")
+            raise _problem("basis 'processing' needs a timestamp column", "expiry.basis")
         try:
-            period = in_units(kind, v.period_text)
+            period = _in_units(kind, v.period_text)
         except ValueError as e:
-            raise problem(str(e), "expiry.period") from None
+            raise _problem(str(e), "expiry.period") from None
         out = v.model_copy()
         out._period = period
         return out
@@ -408,16 +408,16 @@ class DatasetConfig(_Model):
             return v
         ds_expiry, source = info.data["expiry"], info.data.get("source")
         if ds_expiry is None:
-            raise problem("only applies when expiry is configured", "index.slice_span")
+            raise _problem("only applies when expiry is configured", "index.slice_span")
         if source is None:
             return v  # its own error is reported
         kind = kind_of(source.schema[ds_expiry.column], ds_expiry.categories is not None)
         try:
-            span = in_units(kind, v.slice_span)  # type: ignore[arg-type]
+            span = _in_units(kind, v.slice_span)  # type: ignore[arg-type]
         except ValueError as e:
-            raise problem(str(e), "index.slice_span") from None
+            raise _problem(str(e), "index.slice_span") from None
         if span <= 0:
-            raise problem("must be > 0", "index.slice_span")
+            raise _problem("must be > 0", "index.slice_span")
         return v
 
     @property
@@ -434,7 +434,7 @@ class DatasetConfig(_Model):
         kind = self.expiry_type
         assert self.expiry is not None and kind is not None
         if self.index.slice_span is not None:
-            return in_units(kind, self.index.slice_span)
+            return _in_units(kind, self.index.slice_span)
         return default_slice_span(kind, self.expiry.period)
 
 
@@ -442,7 +442,7 @@ def _in_schema(cols: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
     source = info.data.get("source")
     for c in cols:
         if source is not None and c not in source.schema:
-            raise problem(f"column {c!r} is not in source.schema")
+            raise _problem(f"column {c!r} is not in source.schema")
     return cols
 
 
@@ -451,7 +451,7 @@ def _spark_conf(v: Any) -> Any:
     if v is None:
         return {}
     if not isinstance(v, dict):
-        raise problem("expected a mapping of Spark settings")
+        raise _problem("expected a mapping of Spark settings")
     return {str(k): str(x) for k, x in v.items()}
 
 
@@ -465,13 +465,13 @@ class SparkConfig(_Model):
     @model_validator(mode="after")
     def _master_or_remote(self) -> SparkConfig:
         if self.master and self.remote:
-            raise problem("set master or remote, not both (Spark rejects the pair)")
+            raise _problem("set master or remote, not both (Spark rejects the pair)")
         return self
 
 
 def _datasets(v: Any) -> Any:
     if not isinstance(v, list) or not v:
-        raise problem("expected a non-empty list of datasets")
+        raise _problem("expected a non-empty list of datasets")
     return tuple(v)
 
 
@@ -498,7 +498,7 @@ class PipelineConfig(_Model):
         seen: set[str] = set()
         for d in self.datasets:
             if d.name in seen:
-                raise problem("two datasets share this name", "name", d.name)
+                raise _problem("two datasets share this name", "name", d.name)
             seen.add(d.name)
         roots = [(d, _comparable_root(d.output)) for d in self.datasets]
         for d, root in roots:
@@ -506,10 +506,10 @@ class PipelineConfig(_Model):
                 if other is d:
                     continue
                 if root == other_root:
-                    raise problem(f"{d.output} is also the output of dataset {other.name!r}",
+                    raise _problem(f"{d.output} is also the output of dataset {other.name!r}",
                                   "output", d.name)
                 if root.startswith(other_root):
-                    raise problem(f"{d.output} lies inside the output of dataset {other.name!r} "
+                    raise _problem(f"{d.output} lies inside the output of dataset {other.name!r} "
                                   f"({other.output}); each dataset needs its own directory",
                                   "output", d.name)
         return self
@@ -639,7 +639,7 @@ def _check_output_not_a_file(output: str) -> None:
         if q.exists():
             if not q.is_dir():
                 what = "is a file" if q == p else f"lies under {q}, which is a file"
-                raise problem(f"{output} {what}, not a directory")
+                raise _problem(f"{output} {what}, not a directory")
             return
 
 

@@ -16,7 +16,6 @@ Nothing is asserted: it reports (a test runs it on tiny data so it never rots).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shutil
 import statistics
@@ -69,7 +68,7 @@ def profile(work: Path, rows: int, hours: int, rerun_last: int, conf: dict[str, 
         generate_landing(data, hours=hours, rows_per_hour=rows, seed=7, start=START)
         stamp.write_text(want)
     ds = load_config(str(data / "dedup.yaml")).datasets[0]
-    ds = dataclasses.replace(ds, output=str(work / "out"))
+    ds = ds.model_copy(update={"output": str(work / "out")})
     shutil.rmtree(ds.output, ignore_errors=True)
     spark = get_session(SparkSettings(conf={"spark.ui.enabled": "false", **conf}))
     spark.sparkContext.setLogLevel("ERROR")

@@ -168,9 +168,12 @@ def run(config: str, dataset: str | None, first: str, last: str, verbose: bool) 
     """Load hours FROM..TO in order, through Dagster (records in DAGSTER_HOME)."""
     cfg = _load(config)
     try:
-        cfg.dataset(dataset)
+        ds = cfg.dataset(dataset)
         from dedup_pipeline.hours import parse_key
-        parse_key(first), parse_key(last)
+        parse_key(last)
+        if parse_key(first) < parse_key(ds.start):  # Dagster would refuse it with a CheckError
+            raise ValueError(f"dataset {ds.name!r}: hour {first} is before the dataset's start "
+                             f"{ds.start}")
     except (ConfigError, ValueError) as e:
         _fail(str(e))
     _run(cfg, dataset, first, last, verbose)

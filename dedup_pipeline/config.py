@@ -1,7 +1,15 @@
-"""Dataset configuration (SPEC C1, C2): parse and validate the YAML, fail fast with file/dataset/field.
+"""Dataset configuration (SPEC C1, C2): the YAML as frozen pydantic models; fail fast, naming
+file, dataset and field.
 
-Pure Python: no Spark, no Dagster. Loading a bad file raises `ConfigError` whose message names the
-file, the dataset and the field, so nothing runs on a bad config.
+Pure Python: no Spark, no Dagster. Every model is frozen and forbids unknown keys; a field's own
+shape is its type, and the rules that tie fields together (a key column must be in the schema, a
+period reads by the expiry column's type, outputs must not overlap) are validators of the model
+that holds both. `parse_config` turns pydantic's `ValidationError` into a one-line `ConfigError`
+naming the file, the dataset and the field, so nothing runs on a bad config and users never see
+pydantic's multi-line dump.
+
+A `start` in the future is accepted: the definitions load the same today as tomorrow, and no hour
+of such a dataset is ready before its start (the sensor and schedule skip, `run` refuses).
 """
 
 from __future__ import annotations
@@ -9,18 +17,37 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
+from dedup_pipeline.engine.expiry_units import (
+    DURATION_KINDS,
+    ExpiryKind,
+    default_slice_span,
+    duration_in_units,
+    kind_of,
+)
 from dedup_pipeline.hours import PARTITION_FMT
 
-TYPES = ("string", "long", "double", "boolean", "timestamp", "date")
-FORMATS = ("jsonl", "csv", "parquet")
-BASES = ("event", "processing")
+ColumnType = Literal["string", "long", "double", "boolean", "timestamp", "date"]
+Format = Literal["jsonl", "csv", "parquet"]
+Basis = Literal["event", "processing"]
 NAME_RE = re.compile(r"^[a-z0-9_]+$")
 DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|h|d|w)\s*$")
 UNIT_MICROS = {
@@ -32,7 +59,6 @@ UNIT_MICROS = {
     "d": 86_400_000_000,
     "w": 604_800_000_000,
 }
-MICROS_PER_DAY = UNIT_MICROS["d"]
 BUILTIN_DEMO = "<built-in demo>"
 
 
@@ -40,107 +66,453 @@ class ConfigError(ValueError):
     """A configuration problem; the message names the file, dataset and field."""
 
 
+def config_error(source: str, dataset: Any, fld: str, msg: str) -> ConfigError:
+    """The one format of a config error: `config error in FILE: dataset 'D', field 'F': problem`."""
+    where = f"dataset {dataset!r}, " if dataset is not None else ""
+    return ConfigError(f"config error in {source}: {where}field {fld!r}: {msg}")
+
+
+def _problem(msg: str, fld: str | None = None, dataset: str | None = None) -> PydanticCustomError:
+    """A validator's error; `fld` (a path inside the dataset) names the field when the validator
+    sits on a model that holds several (cross-field rules), `dataset` when it sits on the file."""
+    ctx: dict[str, Any] = {"problem": msg}
+    if fld is not None:
+        ctx["field"] = fld
+    if dataset is not None:
+        ctx["dataset"] = dataset
+    return PydanticCustomError("config", "{problem}", ctx)
+
+
+def parse_duration_micros(text: str) -> int:
+    """'90s', '30m', '24h', '7d' -> microseconds. Raises ValueError on anything else.
+
+    The one duration parser: expiry periods, index slice spans and the landing grace use it.
+    """
+    m = DURATION_RE.match(str(text))
+    if not m:
+        raise ValueError(f"cannot parse duration {text!r} (use e.g. 30m, 24h, 7d)")
+    micros = float(m.group(1)) * UNIT_MICROS[m.group(2)]
+    if micros != int(micros):
+        raise ValueError(f"duration {text!r} is not a whole number of microseconds")
+    return int(micros)
+
+
+def _parse_number(text: str, integral: bool) -> float:
+    """A period or span written as a number ('5', '0.5'); ValueError says what is wrong."""
+    try:
+        num = float(text)
+    except ValueError:
+        raise ValueError(f"cannot parse period {text!r} as a number") from None
+    if not math.isfinite(num) or num < 0:
+        raise ValueError(f"period must be a finite number >= 0, got {text!r}")
+    if integral and num != int(num):
+        raise ValueError(f"period must be a whole number for this column type, got {text!r}")
+    return num
+
+
+def _in_units(kind: ExpiryKind, written: str) -> float:
+    """A period or slice span as written in the YAML, in the units of the expiry value v."""
+    if kind in DURATION_KINDS:
+        return duration_in_units(kind, parse_duration_micros(written))
+    return _parse_number(written, integral=kind != "double")
+
+
+# --- field types: the shape of a value, with its own message -------------------------------------
+
+def _written(v: Any) -> Any:
+    """A period or span as the user wrote it: a YAML number reads as its text ('24', '0.5')."""
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return str(v)
+    return v
+
+
+def _unique(what: str) -> Any:
+    """A validator: one name or a list of them -> a tuple of unique names (`what` are they)."""
+    def check(v: Any) -> Any:
+        if isinstance(v, str) and what == "column":
+            v = [v]
+        if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
+            raise _problem(f"expected a non-empty list of {what} names")
+        if len(set(v)) != len(v):
+            raise _problem(f"lists a {what} twice")
+        return tuple(v)
+    return check
+
+
+_names = _unique("column")
+
+
+def _seconds(v: Any) -> Any:
+    """`landing.grace` is written as a duration and kept in seconds."""
+    try:
+        return parse_duration_micros(v) / 1e6
+    except ValueError as e:
+        raise _problem(str(e)) from None
+
+
+def _text(v: Any) -> Any:
+    """A value YAML may have typed (a date) read as the text it was written as."""
+    return v if v is None else str(v)
+
+
+def _none_is_empty(v: Any) -> Any:
+    """An empty section (`index:` with nothing under it) means its defaults."""
+    return {} if v is None else v
+
+
+Written = Annotated[str, BeforeValidator(_written)]
+Names = Annotated[tuple[str, ...], BeforeValidator(_names)]
+Seconds = Annotated[float, BeforeValidator(_seconds)]
+Section = BeforeValidator(_none_is_empty)
+
+
+class _Model(BaseModel):
+    """Frozen, no unknown keys, no silent coercion (`"yes"` is not a boolean)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
 @dataclass(frozen=True)
-class ExpiryConfig:
+class _Where:
+    """The validation context: where the document came from, and its directory for relative
+    paths."""
+
+    source: str
+    base: Path | None
+
+
+def _base(info: ValidationInfo) -> Path | None:
+    return info.context.base if isinstance(info.context, _Where) else None
+
+
+# --- the models -----------------------------------------------------------------------------------
+
+class CsvConfig(_Model):
+    """`source.csv`: RFC 4180 files with or without a header line."""
+
+    header: bool = True
+    delimiter: str = Field(",", min_length=1, max_length=1)
+
+
+class SourceConfig(_Model):
+    """`source`: where hour H's files land ({path}/date=YYYY-MM-DD/hour=HH/) and how to read them."""
+
+    path: str
+    format: Format
+    schema_: dict[str, ColumnType] = Field(alias="schema", min_length=1)
+    csv: Annotated[CsvConfig, Section] = CsvConfig()
+
+    @field_validator("path")
+    @classmethod
+    def _resolve(cls, v: str, info: ValidationInfo) -> str:
+        return _resolve_path(_base(info), v)
+
+    @field_validator("schema_")
+    @classmethod
+    def _column_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for col in v:
+            if not col or col.startswith("_"):
+                raise _problem(f"bad column name {col!r} (names starting with _ are reserved for "
+                              "the pipeline's own columns)")
+        return v
+
+    @property
+    def schema(self) -> dict[str, str]:  # type: ignore[override]
+        """column -> declared type (`schema` is a BaseModel method name, hence the alias)."""
+        return self.schema_
+
+    @property
+    def csv_header(self) -> bool:
+        return self.csv.header
+
+    @property
+    def csv_delimiter(self) -> str:
+        return self.csv.delimiter
+
+
+class ExpiryConfig(_Model):
+    """The `expiry:` section (R6). `period_text` is the period as written; `period` is it in the
+    units of the expiry value (see `engine/expiry_units.py`), set by `DatasetConfig`, which knows
+    the column's type."""
+
     column: str
-    period: float  # in expiry-value units: micros (timestamp), days (date), number, positions
-    period_text: str
-    basis: str = "event"
-    categories: tuple[str, ...] | None = None
+    period_text: Written = Field(alias="period")
+    basis: Basis = "event"
+    categories: Annotated[tuple[str, ...], BeforeValidator(_unique("category"))] | None = None
+    _period: float = PrivateAttr(math.nan)
+
+    @property
+    def period(self) -> float:
+        return self._period
 
 
-@dataclass(frozen=True)
-class IndexConfig:
+class IndexConfig(_Model):
+    """`index`: how the key index is kept (R2, R7); every field has a default."""
+
     store_keys: bool = False
-    buckets: int = 8  # hash buckets of the index when no expiry is configured
-    slice_span: float | None = None  # width of an index slice in expiry-value units
-    retention_lag_hours: int = 168  # keep expired index slices this long for reruns (R7, R10)
+    buckets: int = Field(8, ge=1, le=4096)  # hash buckets of the index when no expiry is configured
+    # width of an index slice as written (a duration or a number, like the period);
+    # `DatasetConfig.slice_span` is it in expiry-value units, or the default
+    slice_span: Written | None = None
+    retention_lag_hours: int = Field(168, ge=0)  # keep expired index slices this long (R7, R10)
     compact_after: int = 8  # merge a slice's per-load directories once it has this many; 0: never
 
+    @field_validator("compact_after")
+    @classmethod
+    def _never_or_two(cls, v: int) -> int:
+        if v == 1 or v < 0:
+            raise _problem(f"expected 0 (never) or an integer >= 2, got {v!r}")
+        return v
 
-@dataclass(frozen=True)
-class LandingConfig:
+
+class LandingConfig(_Model):
     """When an hour's input is complete (the landing sensor, SPEC D2)."""
 
     marker: str | None = "_SUCCESS"  # file whose presence in the hour's directory closes the hour
-    grace_s: float = 900.0  # without a marker: the hour is complete this long after it ended
-    watch_hours: int = 48  # how many loaded hours back the sensor looks for late-arriving files
+    grace_s: Seconds = Field(900.0, alias="grace")  # without a marker: complete this long after
+    watch_hours: int = Field(48, ge=0)  # how many loaded hours back to look for late files
+
+    @field_validator("marker")
+    @classmethod
+    def _file_name(cls, v: str | None) -> str | None:
+        if v is not None and (not v or "/" in v):
+            raise _problem(f"expected a file name or null, got {v!r}")
+        return v
 
 
-@dataclass(frozen=True)
-class ChecksConfig:
+def _whole(v: Any) -> Any:
+    """`max_index_keys: 1.0e9` reads as the integer it names."""
+    return int(v) if isinstance(v, float) and math.isfinite(v) and v >= 0 else v
+
+
+class ChecksConfig(_Model):
     """Thresholds of the asset checks (SPEC D4); a breach is a WARN, not a failure."""
 
-    max_index_keys: int = 1_000_000_000
-    max_duplicate_rate: float = 0.5
-    max_conflict_rate: float = 0.05
-    max_rejected_rate: float = 0.05
+    max_index_keys: Annotated[int, BeforeValidator(_whole)] = Field(1_000_000_000, ge=0)
+    max_duplicate_rate: float = Field(0.5, ge=0, le=1)
+    max_conflict_rate: float = Field(0.05, ge=0, le=1)
+    max_rejected_rate: float = Field(0.05, ge=0, le=1)
 
 
-@dataclass(frozen=True)
-class SourceConfig:
-    path: str
-    format: str
-    schema: dict[str, str]
-    csv_header: bool = True
-    csv_delimiter: str = ","
+class DatasetConfig(_Model):
+    """One dataset (C1). Fields are declared in dependency order: the validators of `key`,
+    `fingerprint`, `order_by`, `expiry` and `index` read the fields before them (`info.data`)."""
 
-
-@dataclass(frozen=True)
-class DatasetConfig:
     name: str
-    start: str  # partition key of the first hour, "YYYY-MM-DD-HH:MM"
+    start: Annotated[str, BeforeValidator(_text)]  # partition key of the first hour (UTC)
     source: SourceConfig
-    key: tuple[str, ...]
-    output: str
+    key: Names
     fingerprint: tuple[str, ...] = ()
     order_by: str | None = None
     expiry: ExpiryConfig | None = None
-    index: IndexConfig = field(default_factory=IndexConfig)
-    landing: LandingConfig = field(default_factory=LandingConfig)
-    checks: ChecksConfig = field(default_factory=ChecksConfig)
-    on_damaged_index: str = "fail"  # fail | rebuild
+    output: str
+    index: Annotated[IndexConfig, Section] = IndexConfig()
+    landing: Annotated[LandingConfig, Section] = LandingConfig()
+    checks: Annotated[ChecksConfig, Section] = ChecksConfig()
+    on_damaged_index: Literal["fail", "rebuild"] = "fail"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise _problem(f"must match [a-z0-9_]+, got {v!r}")
+        return v
+
+    @field_validator("start")
+    @classmethod
+    def _on_the_hour(cls, v: str) -> str:
+        try:
+            dt = datetime.strptime(v, PARTITION_FMT)
+        except ValueError:
+            raise _problem(f"expected 'YYYY-MM-DD-HH:00' (UTC), got {v!r}") from None
+        if dt.minute:
+            raise _problem(f"must be on the hour, got {v!r}")
+        return dt.strftime(PARTITION_FMT)
+
+    @field_validator("key")
+    @classmethod
+    def _key_in_schema(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        return _in_schema(v, info)
+
+    @field_validator("fingerprint", mode="before")
+    @classmethod
+    def _fingerprint(cls, v: Any, info: ValidationInfo) -> Any:
+        """`all`: every non-key column (R5); absent: no fingerprint."""
+        if v is None:
+            return ()
+        if v != "all":
+            return _names(v)
+        source, key = info.data.get("source"), info.data.get("key")
+        if source is None or key is None:
+            return ()  # their own error is reported
+        cols = tuple(c for c in source.schema if c not in key)
+        if not cols:
+            raise _problem("'all' needs at least one non-key column")
+        return cols
+
+    @field_validator("fingerprint")
+    @classmethod
+    def _fingerprint_in_schema(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        return _in_schema(v, info)
+
+    @field_validator("order_by")
+    @classmethod
+    def _order_by_in_schema(cls, v: str | None, info: ValidationInfo) -> str | None:
+        source = info.data.get("source")
+        if v is not None and source is not None and v not in source.schema:
+            raise _problem(f"{v!r} is not a column of source.schema")
+        return v
+
+    @field_validator("expiry")
+    @classmethod
+    def _expiry_fits_column(cls, v: ExpiryConfig | None, info: ValidationInfo
+                            ) -> ExpiryConfig | None:
+        """The expiry column's type decides what an expiry can be and how its period reads."""
+        source = info.data.get("source")
+        if v is None or source is None:
+            return v
+        if v.column not in source.schema:
+            raise _problem(f"{v.column!r} is not a column of source.schema", "expiry.column")
+        ctype = source.schema[v.column]
+        categorical = v.categories is not None
+        kind = kind_of(ctype, categorical)
+        if kind is None and categorical:
+            raise _problem(f"a categorical expiry needs a string column, {v.column!r} is {ctype}",
+                          "expiry.column")
+        if kind is None:
+            raise _problem(f"{v.column!r} has type {ctype}; expiry needs timestamp, date, long, "
+                          "double, or a string column with categories", "expiry.column")
+        if v.basis != "event" and categorical:
+            raise _problem("a categorical expiry only supports basis 'event'", "expiry.basis")
+        if v.basis != "event" and kind != "timestamp":
+            raise _problem("basis 'processing' needs a timestamp column", "expiry.basis")
+        try:
+            period = _in_units(kind, v.period_text)
+        except ValueError as e:
+            raise _problem(str(e), "expiry.period") from None
+        out = v.model_copy()
+        out._period = period
+        return out
+
+    @field_validator("output")
+    @classmethod
+    def _output_dir(cls, v: str, info: ValidationInfo) -> str:
+        out = _resolve_path(_base(info), v)
+        _check_output_not_a_file(out)
+        return out
+
+    @field_validator("index")
+    @classmethod
+    def _slice_span(cls, v: IndexConfig, info: ValidationInfo) -> IndexConfig:
+        if v.slice_span is None or "expiry" not in info.data:
+            return v
+        ds_expiry, source = info.data["expiry"], info.data.get("source")
+        if ds_expiry is None:
+            raise _problem("only applies when expiry is configured", "index.slice_span")
+        if source is None:
+            return v  # its own error is reported
+        kind = kind_of(source.schema[ds_expiry.column], ds_expiry.categories is not None)
+        try:
+            span = _in_units(kind, v.slice_span)  # type: ignore[arg-type]
+        except ValueError as e:
+            raise _problem(str(e), "index.slice_span") from None
+        if span <= 0:
+            raise _problem("must be > 0", "index.slice_span")
+        return v
 
     @property
-    def expiry_type(self) -> str | None:
-        """Declared type of the expiry column, or 'category' for a categorical expiry."""
+    def expiry_type(self) -> ExpiryKind | None:
+        """Kind of the expiry value: the expiry column's type, or 'category' (expiry_units)."""
         if self.expiry is None:
             return None
-        if self.expiry.categories is not None:
-            return "category"
-        return self.source.schema[self.expiry.column]
+        return kind_of(self.source.schema[self.expiry.column], self.expiry.categories is not None)
 
     @property
     def slice_span(self) -> float:
-        """Width of one index slice in expiry-value units (Apex's bucket span).
-
-        Default: a quarter of the expiry period, so a load reads at most ~5 slices of which one is
-        partly expired, and late data spreads a load's entries over few files.
-        """
-        assert self.expiry is not None
-        if self.index.slice_span is not None:
-            return self.index.slice_span
+        """Width of one index slice in expiry-value units (Apex's bucket span): the configured
+        `index.slice_span`, else `expiry_units.default_slice_span` of the period."""
         kind = self.expiry_type
-        period = self.expiry.period
-        if kind == "timestamp":
-            return float(max(UNIT_MICROS["s"], int(period // 4)))
-        if kind in ("date", "long", "category"):
-            return float(max(1, int(period // 4)))
-        return period / 4 if period > 0 else 1.0
+        assert self.expiry is not None and kind is not None
+        if self.index.slice_span is not None:
+            return _in_units(kind, self.index.slice_span)
+        return default_slice_span(kind, self.expiry.period)
 
 
-@dataclass(frozen=True)
-class SparkConfig:
+def _in_schema(cols: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+    source = info.data.get("source")
+    for c in cols:
+        if source is not None and c not in source.schema:
+            raise _problem(f"column {c!r} is not in source.schema")
+    return cols
+
+
+def _spark_conf(v: Any) -> Any:
+    """Spark settings are strings; `spark.executor.cores: 2` is written as a YAML number."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise _problem("expected a mapping of Spark settings")
+    return {str(k): str(x) for k, x in v.items()}
+
+
+class SparkConfig(_Model):
+    """The file's `spark:` section (C3); the environment overrides it (engine/session.py)."""
+
     master: str | None = None
     remote: str | None = None
-    conf: dict[str, str] = field(default_factory=dict)
+    conf: Annotated[dict[str, str], BeforeValidator(_spark_conf)] = {}
+
+    @model_validator(mode="after")
+    def _master_or_remote(self) -> SparkConfig:
+        if self.master and self.remote:
+            raise _problem("set master or remote, not both (Spark rejects the pair)")
+        return self
 
 
-@dataclass(frozen=True)
-class PipelineConfig:
-    datasets: tuple[DatasetConfig, ...]
-    spark: SparkConfig
-    source: str  # the file it came from, or BUILTIN_DEMO
+def _datasets(v: Any) -> Any:
+    if not isinstance(v, list) or not v:
+        raise _problem("expected a non-empty list of datasets")
+    return tuple(v)
+
+
+class PipelineConfig(_Model):
+    """The whole file: its datasets and the Spark settings; `source` is the file it came from."""
+
+    datasets: Annotated[tuple[DatasetConfig, ...], BeforeValidator(_datasets)]
+    spark: Annotated[SparkConfig, Section] = SparkConfig()
+    _source: str = PrivateAttr(BUILTIN_DEMO)
+
+    def model_post_init(self, context: Any, /) -> None:
+        if isinstance(context, _Where):
+            self._source = context.source
+
+    @property
+    def source(self) -> str:
+        """The file the config came from, or BUILTIN_DEMO."""
+        return self._source
+
+    @model_validator(mode="after")
+    def _datasets_apart(self) -> PipelineConfig:
+        """C2: names are unique and each dataset owns its output tree (one output equal to or
+        inside another corrupts it)."""
+        seen: set[str] = set()
+        for d in self.datasets:
+            if d.name in seen:
+                raise _problem("two datasets share this name", "name", d.name)
+            seen.add(d.name)
+        roots = [(d, _comparable_root(d.output)) for d in self.datasets]
+        for d, root in roots:
+            for other, other_root in roots:
+                if other is d:
+                    continue
+                if root == other_root:
+                    raise _problem(f"{d.output} is also the output of dataset {other.name!r}",
+                                  "output", d.name)
+                if root.startswith(other_root):
+                    raise _problem(f"{d.output} lies inside the output of dataset {other.name!r} "
+                                  f"({other.output}); each dataset needs its own directory",
+                                  "output", d.name)
+        return self
 
     def dataset(self, name: str | None) -> DatasetConfig:
         if name is None:
@@ -155,318 +527,92 @@ class PipelineConfig:
         raise ConfigError(f"{self.source}: no dataset named {name!r} (have: {names})")
 
 
-def parse_duration_micros(text: str) -> int:
-    """'90s', '30m', '24h', '7d' -> microseconds. Raises ValueError on anything else."""
-    m = DURATION_RE.match(str(text))
-    if not m:
-        raise ValueError(f"cannot parse duration {text!r} (use e.g. 30m, 24h, 7d)")
-    micros = float(m.group(1)) * UNIT_MICROS[m.group(2)]
-    if micros != int(micros):
-        raise ValueError(f"duration {text!r} is not a whole number of microseconds")
-    return int(micros)
+# --- from pydantic's errors to one line -----------------------------------------------------------
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds (through Optional, Annotated, tuple[...]), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
-class _Ctx:
-    """Carries 'where am I' so that every error names file, dataset and field."""
-
-    def __init__(self, source: str, dataset: str | None = None):
-        self.source = source
-        self.dataset = dataset
-
-    def fail(self, fld: str, msg: str) -> ConfigError:
-        where = f"dataset {self.dataset!r}, " if self.dataset else ""
-        return ConfigError(f"config error in {self.source}: {where}field {fld!r}: {msg}")
-
-
-def _check_keys(ctx: _Ctx, prefix: str, obj: Any, allowed: set[str], required: set[str]) -> dict:
-    if not isinstance(obj, dict):
-        raise ctx.fail(prefix or "<top>", f"expected a mapping, got {type(obj).__name__}")
-    for k in obj:
-        if k not in allowed:
-            raise ctx.fail(
-                f"{prefix}.{k}" if prefix else str(k),
-                f"unknown key (allowed: {', '.join(sorted(allowed))})",
-            )
-    for k in sorted(required):
-        if k not in obj or obj[k] is None:
-            raise ctx.fail(f"{prefix}.{k}" if prefix else k, "is required")
-    return obj
+def _allowed_keys(loc: tuple[Any, ...]) -> str:
+    """The keys the mapping at `loc` may hold, for an 'unknown key' message."""
+    model: type[BaseModel] | None = PipelineConfig
+    for part in loc:
+        if model is None or isinstance(part, int):
+            continue
+        fld = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None)
+        model = _model_in(fld.annotation) if fld is not None else None
+    if model is None:
+        return ""
+    names = sorted(f.alias or n for n, f in model.model_fields.items())
+    return f" (allowed: {', '.join(names)})"
 
 
-def _str_list(ctx: _Ctx, fld: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        raise ctx.fail(fld, "expected a non-empty list of column names")
-    if len(set(value)) != len(value):
-        raise ctx.fail(fld, "lists a column twice")
-    return tuple(value)
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
 
+
+def _message(err: Any) -> str:
+    kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
+    if kind == "config":
+        return str(ctx["problem"])
+    if kind == "missing" or (value is None and kind.endswith("_type")):
+        return "is required"
+    if kind == "extra_forbidden":
+        return "unknown key" + _allowed_keys(err["loc"][:-1])
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return f"expected a mapping, got {type(value).__name__}"
+    if kind == "literal_error":
+        return f"must be one of {ctx['expected']}, got {_short(value)}"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return f"{msg[:1].lower()}{msg[1:]}, got {_short(value)}"
+
+
+def _dataset_label(data: Any, i: int) -> Any:
+    """How a message names dataset i: its `name` as written, else its position."""
+    try:
+        name = data["datasets"][i].get("name")
+    except (AttributeError, IndexError, KeyError, TypeError):
+        name = None
+    return name if name is not None else f"#{i + 1}"
+
+
+def _to_config_error(e: ValidationError, data: Any, source: str) -> ConfigError:
+    """The first of pydantic's errors as one line: file, dataset, field path, problem."""
+    err = e.errors(include_url=False)[0]
+    loc, ctx = tuple(err["loc"]), err.get("ctx") or {}
+    dataset = ctx.get("dataset")
+    inside = loc
+    if dataset is None and len(loc) >= 2 and loc[0] == "datasets" and isinstance(loc[1], int):
+        dataset, inside = _dataset_label(data, loc[1]), loc[2:]
+    fld = ctx.get("field") or ".".join(str(p) for p in inside
+                                       if isinstance(p, str) and p != "[key]")
+    return config_error(source, dataset, fld or "<top>", _message(err))
+
+
+def parse_config(data: Any, source: str, base_dir: Path | None) -> PipelineConfig:
+    """Validate an already-parsed YAML document; `base_dir` resolves relative paths."""
+    if not isinstance(data, dict):
+        raise config_error(source, None, "<top>", f"expected a mapping, got {type(data).__name__}")
+    try:
+        return PipelineConfig.model_validate(data, context=_Where(source, base_dir))
+    except ValidationError as e:
+        raise _to_config_error(e, data, source) from None
+
+
+# --- paths ----------------------------------------------------------------------------------------
 
 def _resolve_path(base: Path | None, p: str) -> str:
     if "://" in p or p.startswith("file:") or os.path.isabs(p) or base is None:
         return p if ("://" in p or p.startswith("file:")) else os.path.abspath(p)
     return str((base / p).resolve())
-
-
-def _parse_number(ctx: _Ctx, fld: str, value: Any, integral: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ctx.fail(fld, f"expected a number, got {value!r}")
-    try:
-        num = float(value)
-    except ValueError:
-        raise ctx.fail(fld, f"cannot parse period {value!r} as a number") from None
-    if not math.isfinite(num) or num < 0:
-        raise ctx.fail(fld, f"period must be a finite number >= 0, got {value!r}")
-    if integral and num != int(num):
-        raise ctx.fail(fld, f"period must be a whole number for this column type, got {value!r}")
-    return num
-
-
-def _parse_expiry(ctx: _Ctx, raw: Any, schema: dict[str, str]) -> ExpiryConfig:
-    allowed = {"column", "period", "basis", "categories"}
-    raw = _check_keys(ctx, "expiry", raw, allowed, {"column", "period"})
-    col = raw["column"]
-    if not isinstance(col, str) or col not in schema:
-        raise ctx.fail("expiry.column", f"{col!r} is not a column of source.schema")
-    basis = raw.get("basis", "event")
-    if basis not in BASES:
-        raise ctx.fail("expiry.basis", f"must be one of {', '.join(BASES)}, got {basis!r}")
-    ctype = schema[col]
-    cats = raw.get("categories")
-    period_raw = raw["period"]
-    if cats is not None:
-        if not isinstance(cats, list) or not cats or not all(isinstance(c, str) for c in cats):
-            raise ctx.fail("expiry.categories", "expected a non-empty list of category names")
-        if len(set(cats)) != len(cats):
-            raise ctx.fail("expiry.categories", "lists a category twice")
-        if ctype != "string":
-            raise ctx.fail(
-                "expiry.column", f"a categorical expiry needs a string column, {col!r} is {ctype}"
-            )
-        if basis != "event":
-            raise ctx.fail("expiry.basis", "a categorical expiry only supports basis 'event'")
-        period = _parse_number(ctx, "expiry.period", period_raw, integral=True)
-        return ExpiryConfig(col, period, str(period_raw), basis, tuple(cats))
-    if ctype in ("timestamp", "date"):
-        try:
-            micros = parse_duration_micros(period_raw)
-        except ValueError as e:
-            raise ctx.fail("expiry.period", str(e)) from None
-        if ctype == "date":
-            if micros % MICROS_PER_DAY:
-                raise ctx.fail("expiry.period", "a date column needs a whole number of days (7d)")
-            if basis != "event":
-                raise ctx.fail("expiry.basis", "basis 'processing' needs a timestamp column")
-            return ExpiryConfig(col, float(micros // MICROS_PER_DAY), str(period_raw), basis)
-        return ExpiryConfig(col, float(micros), str(period_raw), basis)
-    if ctype in ("long", "double"):
-        if basis != "event":
-            raise ctx.fail("expiry.basis", "basis 'processing' needs a timestamp column")
-        period = _parse_number(ctx, "expiry.period", period_raw, integral=(ctype == "long"))
-        return ExpiryConfig(col, period, str(period_raw), basis)
-    raise ctx.fail(
-        "expiry.column",
-        f"{col!r} has type {ctype}; expiry needs timestamp, date, long, double, "
-        "or a string column with categories",
-    )
-
-
-def _parse_index(ctx: _Ctx, raw: Any, expiry: ExpiryConfig | None, ctype: str | None) -> IndexConfig:
-    if raw is None:
-        return IndexConfig()
-    allowed = {"store_keys", "buckets", "slice_span", "retention_lag_hours", "compact_after"}
-    raw = _check_keys(ctx, "index", raw, allowed, set())
-    store_keys = raw.get("store_keys", False)
-    if not isinstance(store_keys, bool):
-        raise ctx.fail("index.store_keys", f"expected true or false, got {store_keys!r}")
-    buckets = raw.get("buckets", 8)
-    if isinstance(buckets, bool) or not isinstance(buckets, int) or not 1 <= buckets <= 4096:
-        raise ctx.fail("index.buckets", f"expected an integer in 1..4096, got {buckets!r}")
-    lag = raw.get("retention_lag_hours", 168)
-    if isinstance(lag, bool) or not isinstance(lag, int) or lag < 0:
-        raise ctx.fail("index.retention_lag_hours", f"expected an integer >= 0, got {lag!r}")
-    compact = raw.get("compact_after", 8)
-    if isinstance(compact, bool) or not isinstance(compact, int) or compact == 1 or compact < 0:
-        raise ctx.fail("index.compact_after", f"expected 0 (never) or an integer >= 2, got {compact!r}")
-    span: float | None = None
-    if "slice_span" in raw:
-        if expiry is None:
-            raise ctx.fail("index.slice_span", "only applies when expiry is configured")
-        val = raw["slice_span"]
-        if ctype == "timestamp":
-            try:
-                span = float(parse_duration_micros(val))
-            except ValueError as e:
-                raise ctx.fail("index.slice_span", str(e)) from None
-        elif ctype == "date":
-            try:
-                micros = parse_duration_micros(val)
-            except ValueError as e:
-                raise ctx.fail("index.slice_span", str(e)) from None
-            if micros % MICROS_PER_DAY:
-                raise ctx.fail("index.slice_span", "a date column needs whole days")
-            span = float(micros // MICROS_PER_DAY)
-        else:
-            span = _parse_number(ctx, "index.slice_span", val, integral=ctype in ("long", "category"))
-        if span <= 0:
-            raise ctx.fail("index.slice_span", "must be > 0")
-    return IndexConfig(store_keys, buckets, span, lag, compact)
-
-
-def _parse_dataset(src: str, base: Path | None, raw: Any, i: int) -> DatasetConfig:
-    ctx = _Ctx(src, raw.get("name") if isinstance(raw, dict) else None)
-    if ctx.dataset is None:
-        ctx.dataset = f"#{i + 1}"
-    allowed = {"name", "start", "source", "key", "fingerprint", "order_by", "expiry", "output",
-               "index", "landing", "checks", "on_damaged_index"}
-    raw = _check_keys(ctx, "", raw, allowed, {"name", "start", "source", "key", "output"})
-    name = raw["name"]
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise ctx.fail("name", f"must match [a-z0-9_]+, got {name!r}")
-    start = raw["start"]
-    try:
-        dt = datetime.strptime(str(start), PARTITION_FMT)
-    except ValueError:
-        raise ctx.fail("start", f"expected 'YYYY-MM-DD-HH:00' (UTC), got {start!r}") from None
-    if dt.minute:
-        raise ctx.fail("start", f"must be on the hour, got {start!r}")
-    if dt.replace(tzinfo=UTC) > datetime.now(UTC):
-        raise ctx.fail("start", f"{start!r} is in the future")
-
-    s = _check_keys(ctx, "source", raw["source"], {"path", "format", "schema", "csv"},
-                    {"path", "format", "schema"})
-    fmt = s["format"]
-    if fmt not in FORMATS:
-        raise ctx.fail("source.format", f"must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    schema = s["schema"]
-    if not isinstance(schema, dict) or not schema:
-        raise ctx.fail("source.schema", "expected a mapping of column: type")
-    for col, typ in schema.items():
-        if not isinstance(col, str) or not col or col.startswith("_"):
-            raise ctx.fail("source.schema", f"bad column name {col!r} (names starting with _ are "
-                           "reserved for the pipeline's own columns)")
-        if typ not in TYPES:
-            raise ctx.fail(f"source.schema.{col}", f"unknown type {typ!r} (one of {', '.join(TYPES)})")
-    header, delim = True, ","
-    if "csv" in s:
-        c = _check_keys(ctx, "source.csv", s["csv"], {"header", "delimiter"}, set())
-        header = c.get("header", True)
-        delim = c.get("delimiter", ",")
-        if not isinstance(header, bool):
-            raise ctx.fail("source.csv.header", f"expected true or false, got {header!r}")
-        if not isinstance(delim, str) or len(delim) != 1:
-            raise ctx.fail("source.csv.delimiter", f"expected one character, got {delim!r}")
-    if not isinstance(s["path"], str):
-        raise ctx.fail("source.path", "expected a path")
-    source = SourceConfig(_resolve_path(base, s["path"]), fmt, dict(schema), header, delim)
-
-    key = _str_list(ctx, "key", raw["key"])
-    for k in key:
-        if k not in schema:
-            raise ctx.fail("key", f"column {k!r} is not in source.schema")
-    fp_raw = raw.get("fingerprint")
-    fingerprint: tuple[str, ...] = ()
-    if fp_raw == "all":
-        fingerprint = tuple(c for c in schema if c not in key)
-        if not fingerprint:
-            raise ctx.fail("fingerprint", "'all' needs at least one non-key column")
-    elif fp_raw is not None:
-        fingerprint = _str_list(ctx, "fingerprint", fp_raw)
-        for c in fingerprint:
-            if c not in schema:
-                raise ctx.fail("fingerprint", f"column {c!r} is not in source.schema")
-    order_by = raw.get("order_by")
-    if order_by is not None and (not isinstance(order_by, str) or order_by not in schema):
-        raise ctx.fail("order_by", f"{order_by!r} is not a column of source.schema")
-    expiry = _parse_expiry(ctx, raw["expiry"], schema) if raw.get("expiry") is not None else None
-    ctype = None
-    if expiry is not None:
-        ctype = "category" if expiry.categories is not None else schema[expiry.column]
-    index = _parse_index(ctx, raw.get("index"), expiry, ctype)
-    if not isinstance(raw["output"], str):
-        raise ctx.fail("output", "expected a path")
-    _check_output_not_a_file(ctx, _resolve_path(base, raw["output"]))
-    on_damaged = raw.get("on_damaged_index", "fail")
-    if on_damaged not in ("fail", "rebuild"):
-        raise ctx.fail("on_damaged_index", f"must be 'fail' or 'rebuild', got {on_damaged!r}")
-    return DatasetConfig(
-        name=name,
-        start=dt.strftime(PARTITION_FMT),
-        source=source,
-        key=key,
-        output=_resolve_path(base, raw["output"]),
-        fingerprint=fingerprint,
-        order_by=order_by,
-        expiry=expiry,
-        index=index,
-        landing=_parse_landing(ctx, raw.get("landing")),
-        checks=_parse_checks(ctx, raw.get("checks")),
-        on_damaged_index=on_damaged,
-    )
-
-
-def _parse_landing(ctx: _Ctx, raw: Any) -> LandingConfig:
-    if raw is None:
-        return LandingConfig()
-    raw = _check_keys(ctx, "landing", raw, {"marker", "grace", "watch_hours"}, set())
-    marker = raw.get("marker", "_SUCCESS")
-    if marker is not None and (not isinstance(marker, str) or not marker or "/" in marker):
-        raise ctx.fail("landing.marker", f"expected a file name or null, got {marker!r}")
-    grace_s = 900.0
-    if "grace" in raw:
-        try:
-            grace_s = parse_duration_micros(raw["grace"]) / 1e6
-        except ValueError as e:
-            raise ctx.fail("landing.grace", str(e)) from None
-    watch = raw.get("watch_hours", 48)
-    if isinstance(watch, bool) or not isinstance(watch, int) or watch < 0:
-        raise ctx.fail("landing.watch_hours", f"expected an integer >= 0, got {watch!r}")
-    return LandingConfig(marker, grace_s, watch)
-
-
-def _parse_checks(ctx: _Ctx, raw: Any) -> ChecksConfig:
-    if raw is None:
-        return ChecksConfig()
-    names = {"max_index_keys", "max_duplicate_rate", "max_conflict_rate", "max_rejected_rate"}
-    raw = _check_keys(ctx, "checks", raw, names, set())
-    values: dict[str, Any] = {}
-    for k, v in raw.items():
-        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-            raise ctx.fail(f"checks.{k}", f"expected a number >= 0, got {v!r}")
-        if k.endswith("_rate") and v > 1:
-            raise ctx.fail(f"checks.{k}", f"a rate is between 0 and 1, got {v!r}")
-        values[k] = int(v) if k == "max_index_keys" else float(v)
-    return ChecksConfig(**values)
-
-
-def _parse_spark(ctx: _Ctx, raw: Any) -> SparkConfig:
-    if raw is None:
-        return SparkConfig()
-    raw = _check_keys(ctx, "spark", raw, {"master", "remote", "conf"}, set())
-    conf = raw.get("conf") or {}
-    if not isinstance(conf, dict):
-        raise ctx.fail("spark.conf", "expected a mapping of Spark settings")
-    if raw.get("master") and raw.get("remote"):
-        raise ctx.fail("spark", "set master or remote, not both (Spark rejects the pair)")
-    return SparkConfig(raw.get("master"), raw.get("remote"), {str(k): str(v) for k, v in conf.items()})
-
-
-def parse_config(data: Any, source: str, base_dir: Path | None) -> PipelineConfig:
-    """Validate an already-parsed YAML document; `base_dir` resolves relative paths."""
-    ctx = _Ctx(source)
-    data = _check_keys(ctx, "", data, {"datasets", "spark"}, {"datasets"})
-    raw_ds = data["datasets"]
-    if not isinstance(raw_ds, list) or not raw_ds:
-        raise ctx.fail("datasets", "expected a non-empty list of datasets")
-    datasets = tuple(_parse_dataset(source, base_dir, d, i) for i, d in enumerate(raw_ds))
-    seen: set[str] = set()
-    for d in datasets:
-        if d.name in seen:
-            raise _Ctx(source, d.name).fail("name", "two datasets share this name")
-        seen.add(d.name)
-    _check_outputs_apart(source, datasets)
-    return PipelineConfig(datasets, _parse_spark(ctx, data.get("spark")), source)
 
 
 def _local_path(uri: str) -> str | None:
@@ -483,7 +629,7 @@ def _local_path(uri: str) -> str | None:
     return os.path.normpath(uri)
 
 
-def _check_output_not_a_file(ctx: _Ctx, output: str) -> None:
+def _check_output_not_a_file(output: str) -> None:
     """An output root (or one of its parents) that is a file would fail at the first write."""
     local = _local_path(output)
     if local is None:
@@ -493,7 +639,7 @@ def _check_output_not_a_file(ctx: _Ctx, output: str) -> None:
         if q.exists():
             if not q.is_dir():
                 what = "is a file" if q == p else f"lies under {q}, which is a file"
-                raise ctx.fail("output", f"{output} {what}, not a directory")
+                raise _problem(f"{output} {what}, not a directory")
             return
 
 
@@ -502,21 +648,7 @@ def _comparable_root(uri: str) -> str:
     return (local if local is not None else uri).rstrip("/") + "/"
 
 
-def _check_outputs_apart(source: str, datasets: tuple[DatasetConfig, ...]) -> None:
-    """C2: each dataset owns its output tree; one output equal to or inside another corrupts it."""
-    roots = [(d, _comparable_root(d.output)) for d in datasets]
-    for d, root in roots:
-        for other, other_root in roots:
-            if other is d:
-                continue
-            if root == other_root:
-                raise _Ctx(source, d.name).fail(
-                    "output", f"{d.output} is also the output of dataset {other.name!r}")
-            if root.startswith(other_root):
-                raise _Ctx(source, d.name).fail(
-                    "output", f"{d.output} lies inside the output of dataset {other.name!r} "
-                    f"({other.output}); each dataset needs its own directory")
-
+# --- loading ------------------------------------------------------------------------------------------
 
 def _check_duplicate_keys(node: yaml.Node | None, src: str, fld: str = "",
                           dataset: str | None = None) -> None:
@@ -530,9 +662,9 @@ def _check_duplicate_keys(node: yaml.Node | None, src: str, fld: str = "",
             name = str(k.value) if isinstance(k, yaml.ScalarNode) else "?"
             here = f"{fld}.{name}" if fld else name
             if name in seen:
-                raise _Ctx(src, dataset).fail(
-                    here, f"given twice (lines {seen[name] + 1} and {k.start_mark.line + 1}); "
-                    "YAML would silently keep the last")
+                raise config_error(
+                    src, dataset, here, f"given twice (lines {seen[name] + 1} and "
+                    f"{k.start_mark.line + 1}); YAML would silently keep the last")
             seen[name] = k.start_mark.line
             if fld == "" and dataset is None and name == "datasets" \
                     and isinstance(v, yaml.SequenceNode):

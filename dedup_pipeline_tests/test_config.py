@@ -165,3 +165,63 @@ def test_valid_multi_dataset_file_resolves_paths_against_its_directory(
     assert o.source.csv_delimiter == ";" and o.index.store_keys is True
     assert o.start == "2026-10-01-05:00"
     assert cfg.dataset("logs") is lg
+
+
+def test_errors_are_one_line_without_pydantic_s_dump(tmp_path: Path) -> None:
+    """A pydantic error reads as today's one line: file, dataset, field, problem; no URL."""
+    msg = _error(tmp_path, _with(("index", "buckets"), "many"))
+    assert msg == (f"config error in {tmp_path / 'dedup.yaml'}: dataset 'clicks', "
+                   "field 'index.buckets': input should be a valid integer, got 'many'")
+    for text in (_error(tmp_path, _with(("colour",), 1)),
+                 _error(tmp_path, _with(("landing",), {"grace": "soon"})),
+                 _error(tmp_path, _with(("source", "schema"), ["a"]))):
+        assert "\n" not in text and "pydantic" not in text and "http" not in text
+    assert msg.count("field") == 1
+    assert "unknown key (allowed: " in _error(tmp_path, _with(("colour",), 1))
+
+
+def test_a_dataset_without_a_name_is_named_by_its_position(tmp_path: Path) -> None:
+    raw = _dataset()
+    del raw["name"]
+    msg = _error(tmp_path, raw)
+    assert "dataset '#1', field 'name': is required" in msg
+
+
+def test_models_are_frozen_and_periods_read_in_the_expiry_value_s_units(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from dedup_pipeline.engine.expiry_units import default_slice_span
+
+    ds = load_config(_write(tmp_path, {"datasets": [_dataset(
+        index={"slice_span": "2h"}, landing={"grace": "90s", "marker": None})]})).datasets[0]
+    with pytest.raises(ValidationError):
+        ds.name = "other"  # type: ignore[misc]
+    assert ds.expiry is not None and ds.expiry.period_text == "24h"
+    assert ds.expiry_type == "timestamp" and ds.slice_span == 2 * 3600 * 1_000_000
+    assert ds.index.slice_span == "2h"  # as written; `ds.slice_span` is it in v's units
+    assert ds.landing.grace_s == 90.0 and ds.landing.marker is None
+    assert ds.source.csv_header is True and ds.source.csv_delimiter == ","
+    plain = load_config(_write(tmp_path, {"datasets": [_dataset()]})).datasets[0]
+    assert plain.slice_span == default_slice_span("timestamp", 24 * 3600 * 1_000_000)
+
+
+def test_a_start_in_the_future_is_accepted(tmp_path: Path) -> None:
+    """A config prepared for tomorrow loads (no wall-clock check); no hour is ready before it."""
+    ds = load_config(_write(tmp_path, {"datasets": [_dataset(start="2099-01-01-00:00")]}))
+    assert ds.datasets[0].start == "2099-01-01-00:00"
+
+
+@pytest.mark.parametrize(("column", "period", "span", "fld", "problem"), [
+    ("day", "36h", None, "expiry.period", "whole number of days"),
+    ("n", "1.5", None, "expiry.period", "whole number"),
+    ("event_time", "24h", "0s", "index.slice_span", "must be > 0"),
+    ("day", "7d", "12h", "index.slice_span", "whole number of days"),
+])
+def test_periods_and_spans_follow_the_column_type(tmp_path: Path, column: str, period: str,
+                                                  span: str | None, fld: str, problem: str) -> None:
+    raw = _dataset(expiry={"column": column, "period": period})
+    raw["source"]["schema"]["day"] = "date"
+    if span is not None:
+        raw["index"] = {"slice_span": span}
+    msg = _error(tmp_path, raw)
+    assert f"field {fld!r}" in msg and problem in msg

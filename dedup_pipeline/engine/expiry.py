@@ -1,7 +1,10 @@
-"""The expiry rule (SPEC R6): latest point L_H, expiry point X_H = L_H - period, v < X_H expires.
+"""The expiry rule (SPEC R6), its one home: the expiry value v, latest point L_H, expiry point
+X_H = L_H - period, and v < X_H expires.
 
-v is the record's expiry value in numeric form (see `parse.expiry_value`): microseconds for
-timestamps, days for dates, the number itself for ordered keys, the position for categories.
+v is the record's expiry value in numeric form (`expiry_value`): microseconds for timestamps, days
+for dates, the number itself for ordered keys, the position for categories. Those units, the
+period in them and the default index slice width are in `expiry_units` (pure Python, so the config
+can validate with them without importing pyspark); everything that needs Spark is here.
 - basis `event`:      L_H = max v over all non-rejected records of loads <= H (a running max kept
                       in the commit record of each load, so a rerun sees the same L_{H-1});
 - basis `processing`: L_H = end of hour H, from the partition key, never the wall clock.
@@ -30,6 +33,24 @@ Number = int | float
 def _num(x: Number) -> Number:
     """Keep whole numbers as ints so JSON commit records and comparisons stay exact."""
     return int(x) if float(x).is_integer() else float(x)
+
+
+def expiry_value(ds: DatasetConfig) -> Column:
+    """The expiry value v (R6) as a number: micros, days, the number itself, or category position.
+
+    Parsing adds it to every typed row (`_v`); verify and rebuild recompute it from unique rows.
+    """
+    assert ds.expiry is not None
+    col = F.col(ds.expiry.column)
+    kind = ds.expiry_type
+    if kind == "timestamp":
+        return F.unix_micros(col)
+    if kind == "date":
+        return F.unix_date(col).cast("long")
+    if kind == "category":
+        cats = F.array(*[F.lit(c) for c in ds.expiry.categories or ()])
+        return (F.array_position(cats, col) - 1).cast("long")
+    return col  # long or double
 
 
 def latest_point(

@@ -40,6 +40,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine.expiry import expiry_value
 from dedup_pipeline.engine.storage import Storage
 
 SPARK_TYPES: dict[str, T.DataType] = {
@@ -431,21 +432,6 @@ def read_text_batch(spark: SparkSession, ds: DatasetConfig,
     if plan.unreadable:
         df = df.unionByName(_unreadable_rows(spark, ds, plan))
     return df
-
-
-def expiry_value(ds: DatasetConfig) -> Column:
-    """The expiry value v (R6) as a number: micros, days, the number itself, or category position."""
-    assert ds.expiry is not None
-    col = F.col(ds.expiry.column)
-    kind = ds.expiry_type
-    if kind == "timestamp":
-        return F.unix_micros(col)
-    if kind == "date":
-        return F.unix_date(col).cast("long")
-    if kind == "category":
-        cats = F.array(*[F.lit(c) for c in ds.expiry.categories or ()])
-        return (F.array_position(cats, col) - 1).cast("long")
-    return col  # long or double
 
 
 def type_and_reject(raw: DataFrame, ds: DatasetConfig) -> DataFrame:

@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
+from dedup_pipeline.engine.expiry import expiry_value
 from dedup_pipeline.engine.index import compaction, layout, live, store
 from dedup_pipeline.engine.index.health import (
     IndexDamage,
@@ -36,7 +37,7 @@ from dedup_pipeline.engine.index.health import (
     record_damage,
 )
 from dedup_pipeline.engine.index.layout import IndexFile
-from dedup_pipeline.engine.parse import V, expiry_value
+from dedup_pipeline.engine.parse import V
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import key_of
 

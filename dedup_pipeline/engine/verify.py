@@ -26,11 +26,10 @@ from pyspark.sql import functions as F
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.classify import DUPLICATES, EXPIRED, OUTPUTS, UNIQUE
-from dedup_pipeline.engine.expiry import expiry_point, latest_point
+from dedup_pipeline.engine.expiry import expiry_point, expiry_value, latest_point
 from dedup_pipeline.engine.index import health, layout
 from dedup_pipeline.engine.parse import (
     V,
-    expiry_value,
     failed_file,
     list_input_files,
     plan_batch,

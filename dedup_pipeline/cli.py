@@ -253,7 +253,7 @@ def rebuild_index_cmd(config: str, dataset: str | None, hours: tuple[str, ...],
 def generate(out: str, hours: int, rows_per_hour: int, seed: int, start: str | None,
              fmt: str) -> None:
     """Write a sample landing zone (duplicates, conflicts, late and malformed records) + config."""
-    from dedup_pipeline.engine.generate import generate_landing
+    from dedup_pipeline.sample.generate import generate_landing
 
     stats = generate_landing(out, hours=hours, rows_per_hour=rows_per_hour, seed=seed,
                              start=start, fmt=fmt, progress=lambda m: click.echo(f"  {m}"))
@@ -271,7 +271,7 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
     """Generate a sample landing zone and load every hour of it through Dagster on local Spark."""
     import shutil
 
-    from dedup_pipeline.engine.generate import generate_landing
+    from dedup_pipeline.sample.generate import generate_landing
 
     root = Path(directory).resolve()
     if (root / "dedup.yaml").exists():

@@ -31,8 +31,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from dedup_pipeline.engine.generate import generate_landing
 from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
+from dedup_pipeline.sample.generate import generate_landing
 from dedup_pipeline_tests.spark_services import (
     FAST_JVM,
     LOOPBACK,

@@ -37,8 +37,8 @@ import pytest
 
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
 from dedup_pipeline.config import load_config
-from dedup_pipeline.engine.generate import default_start, generate_landing
 from dedup_pipeline.hours import HOUR, hour_range, parse_key, to_key
+from dedup_pipeline.sample.generate import default_start, generate_landing
 from dedup_pipeline_tests.reference import Reference
 from dedup_pipeline_tests.spark_services import (
     FAST_JVM,

@@ -216,7 +216,7 @@ def rebuild_index_cmd(config: str, dataset: str | None, hours: tuple[str, ...],
                       verbose: bool) -> None:
     """Rebuild the key index from the unique output (reads only unique), through Dagster."""
     from dedup_pipeline.defs.definitions import build_definitions
-    from dedup_pipeline.defs.recovery import rebuild_job_name
+    from dedup_pipeline.defs.names import rebuild_job_name, rebuild_op_name
     from dedup_pipeline.defs.runner import QUIET_LOGGERS, failure_message
 
     cfg = _load(config)
@@ -225,11 +225,11 @@ def rebuild_index_cmd(config: str, dataset: str | None, hours: tuple[str, ...],
     except ConfigError as e:
         _fail(str(e))
     _quiet_dagster()
-    job = build_definitions(cfg).resolve_job_def(rebuild_job_name(ds))
+    job = build_definitions(cfg).resolve_job_def(rebuild_job_name(ds.name))
     click.echo(f"rebuilding the index of {ds.name!r} from {ds.output}/unique")
     click.echo(SPARK_NOISE)
     run_config = {**(QUIET_LOGGERS if not verbose else {}),
-                  "ops": {f"{ds.name}_rebuild_index": {"config": {"hours": list(hours)}}}}
+                  "ops": {rebuild_op_name(ds.name): {"config": {"hours": list(hours)}}}}
     with _instance() as inst:
         res = job.execute_in_process(instance=inst, run_config=run_config,  # type: ignore[arg-type]
                                      raise_on_error=False)
@@ -271,6 +271,7 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
     """Generate a sample landing zone and load every hour of it through Dagster on local Spark."""
     import shutil
 
+    from dedup_pipeline.defs.names import WRITTEN
     from dedup_pipeline.sample.generate import generate_landing
 
     root = Path(directory).resolve()
@@ -297,7 +298,7 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
     results = _run(cfg, ds.name, ds.start, last)
     click.echo("")
     click.echo(f"done in {time.perf_counter() - t0:.0f}s. Outputs (Parquet, by load_hour):")
-    for name in ("unique", "duplicates", "expired", "rejected", "index"):
+    for name in WRITTEN:
         click.echo(f"  {name:<10} {ds.output}/{name}/")
     click.echo(f"Dagster runs recorded in DAGSTER_HOME={os.environ['DAGSTER_HOME']}")
     click.echo("See them in the UI:  DAGSTER_HOME=" + os.environ["DAGSTER_HOME"] +

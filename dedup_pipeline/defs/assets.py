@@ -33,9 +33,8 @@ from dedup_pipeline.defs.resources import SparkResource
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.checks import LoadCheckError
 from dedup_pipeline.engine.classify import OUTPUTS
-from dedup_pipeline.engine.load import LoadResult, output_columns, run_load
-from dedup_pipeline.engine.session import connect_errors
-from dedup_pipeline.engine.storage import Lock, Storage
+from dedup_pipeline.engine.load import LoadResult, load_hours, output_columns
+from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import parse_key, to_tag
 
 PROGRESS_LOGGER = logging.getLogger("dedup_pipeline.progress")
@@ -151,6 +150,15 @@ def _hour_events(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: lis
     yield from _evaluations(context.instance, ds, pk, checks.evaluate(ds, r))
 
 
+def _failed_check(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str,
+                  err: LoadCheckError) -> dg.AssetCheckEvaluation:
+    """The failed blocking check of the hour that stopped the run (it committed nothing)."""
+    target = _latest_materialization(
+        context.instance, names.asset_key(ds.name, CHECKS_ASSET[err.check]), pk)
+    return checks.as_event(
+        ds, checks.Evaluation(err.check, False, {"error": str(err), **err.figures}), pk, target)
+
+
 def _restate(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str
              ) -> Iterator[dg.AssetCheckEvaluation]:
     """Evaluations of an hour this run did not load but an earlier load committed: the checks of
@@ -230,33 +238,20 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
 
         session = spark.get_session()
         results: list[LoadResult] = []
-        done: set[str] = set()
-        failed_check: dg.AssetCheckEvaluation | None = None
         try:
-            with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id}"), \
-                    connect_errors(spark.remote_url()):
-                for pk in partition_keys:
-                    try:
-                        r = run_load(session, ds, pk, progress)
-                    except LoadCheckError as err:  # blocking check failed: nothing committed
-                        done.add(pk)
-                        failed_check = checks.as_event(ds, checks.Evaluation(
-                            err.check, False, {"error": str(err), **err.figures}), pk,
-                            _latest_materialization(context.instance,
-                                                    names.asset_key(ds.name, CHECKS_ASSET[err.check]), pk))
-                        raise
-                    results.append(r)
-                    done.add(pk)
-        except Exception:
+            load_hours(session, ds, partition_keys, progress, f"dagster run {context.run.run_id}",
+                       remote=spark.remote_url(), on_hour=results.append)
+        except Exception as err:
             # Committed hours get their own events; the failing hour its failed check; hours this
             # run did not load keep the status of their committed load (restated).
             for r in results:
                 yield from _hour_events(context, ds, keys, raw_key, r)
-            if failed_check is not None:
-                yield failed_check
-            for pk in partition_keys:
-                if pk not in done:
-                    yield from _restate(context, ds, pk)
+            loaded = {parse_key(r.partition_key) for r in results}
+            rest = [pk for pk in sorted(partition_keys, key=parse_key) if parse_key(pk) not in loaded]
+            if isinstance(err, LoadCheckError):  # load_hours stopped at the first hour not loaded
+                yield _failed_check(context, ds, rest.pop(0), err)
+            for pk in rest:
+                yield from _restate(context, ds, pk)
             raise
         if len(results) == 1 and context.has_partition_key:
             # one partition (not a one-hour range, whose check results Dagster would record

@@ -49,11 +49,11 @@ from benchmarks import systems
 from benchmarks.probe import Cost, measured, run_process
 from benchmarks.worker import System, Worker, dataset_from_spec
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.generate import generate_landing
 from dedup_pipeline.engine.load import LoadResult, run_load
 from dedup_pipeline.engine.parse import list_input_files
 from dedup_pipeline.engine.session import BASE_CONF, SparkSettings, get_session
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
+from dedup_pipeline.sample.generate import generate_landing
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

@@ -37,11 +37,11 @@ from typing import Any
 import yaml
 
 from dedup_pipeline.engine import commits
-from dedup_pipeline.engine.generate import generate_landing
 from dedup_pipeline.engine.load import run_load
 from dedup_pipeline.engine.session import SparkSettings, get_session
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
+from dedup_pipeline.sample.generate import generate_landing
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent

@@ -14,7 +14,6 @@ from pathlib import Path
 import click
 
 from dedup_pipeline.config import ConfigError, PipelineConfig, load_config
-from dedup_pipeline.engine.index.layout import INDEX
 from dedup_pipeline.engine.load import LoadResult
 
 SPARK_NOISE = "Spark is starting (10-20 s the first time)..."
@@ -220,7 +219,7 @@ def rebuild_index_cmd(config: str, dataset: str | None, hours: tuple[str, ...],
                       verbose: bool) -> None:
     """Rebuild the key index from the unique output (reads only unique), through Dagster."""
     from dedup_pipeline.defs.definitions import build_definitions
-    from dedup_pipeline.defs.recovery import rebuild_job_name
+    from dedup_pipeline.defs.names import rebuild_job_name, rebuild_op_name
     from dedup_pipeline.defs.runner import QUIET_LOGGERS, failure_message
 
     cfg = _load(config)
@@ -229,11 +228,11 @@ def rebuild_index_cmd(config: str, dataset: str | None, hours: tuple[str, ...],
     except ConfigError as e:
         _fail(str(e))
     _quiet_dagster()
-    job = build_definitions(cfg).resolve_job_def(rebuild_job_name(ds))
+    job = build_definitions(cfg).resolve_job_def(rebuild_job_name(ds.name))
     click.echo(f"rebuilding the index of {ds.name!r} from {ds.output}/unique")
     click.echo(SPARK_NOISE)
     run_config = {**(QUIET_LOGGERS if not verbose else {}),
-                  "ops": {f"{ds.name}_rebuild_index": {"config": {"hours": list(hours)}}}}
+                  "ops": {rebuild_op_name(ds.name): {"config": {"hours": list(hours)}}}}
     with _instance() as inst:
         res = job.execute_in_process(instance=inst, run_config=run_config,  # type: ignore[arg-type]
                                      raise_on_error=False)
@@ -257,7 +256,7 @@ def rebuild_index_cmd(config: str, dataset: str | None, hours: tuple[str, ...],
 def generate(out: str, hours: int, rows_per_hour: int, seed: int, start: str | None,
              fmt: str) -> None:
     """Write a sample landing zone (duplicates, conflicts, late and malformed records) + config."""
-    from dedup_pipeline.engine.generate import generate_landing
+    from dedup_pipeline.sample.generate import generate_landing
 
     stats = generate_landing(out, hours=hours, rows_per_hour=rows_per_hour, seed=seed,
                              start=start, fmt=fmt, progress=lambda m: click.echo(f"  {m}"))
@@ -275,7 +274,8 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
     """Generate a sample landing zone and load every hour of it through Dagster on local Spark."""
     import shutil
 
-    from dedup_pipeline.engine.generate import generate_landing
+    from dedup_pipeline.defs.names import WRITTEN
+    from dedup_pipeline.sample.generate import generate_landing
 
     root = Path(directory).resolve()
     if (root / "dedup.yaml").exists():
@@ -301,7 +301,7 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
     results = _run(cfg, ds.name, ds.start, last)
     click.echo("")
     click.echo(f"done in {time.perf_counter() - t0:.0f}s. Outputs (Parquet, by load_hour):")
-    for name in ("unique", "duplicates", "expired", "rejected", INDEX):
+    for name in WRITTEN:
         click.echo(f"  {name:<10} {ds.output}/{name}/")
     click.echo(f"Dagster runs recorded in DAGSTER_HOME={os.environ['DAGSTER_HOME']}")
     click.echo("See them in the UI:  DAGSTER_HOME=" + os.environ["DAGSTER_HOME"] +

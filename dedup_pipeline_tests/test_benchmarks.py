@@ -136,9 +136,9 @@ def test_worker_process_loads_like_the_runner_and_reports_its_own_cost(spark, tm
     import yaml
 
     from benchmarks.worker import Worker, dataset_from_spec
-    from dedup_pipeline.engine.generate import generate_landing
     from dedup_pipeline.engine.load import load_hours
     from dedup_pipeline.hours import HOUR, parse_key, to_key
+    from dedup_pipeline.sample.generate import generate_landing
     from dedup_pipeline_tests.conftest import read_output
 
     generate_landing(tmp_path, hours=2, rows_per_hour=400, seed=3)

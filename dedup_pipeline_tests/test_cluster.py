@@ -25,10 +25,10 @@ import yaml
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import load_config
-from dedup_pipeline.engine.generate import generate_landing
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline.hours import hour_range, to_key
+from dedup_pipeline.sample.generate import generate_landing
 from dedup_pipeline_tests.spark_services import (
     FAST_JVM,
     LOOPBACK,

@@ -21,11 +21,12 @@ import yaml
 # tick history has no public API in Dagster 1.13 (the UI reads it through GraphQL)
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
+from dedup_pipeline.defs.names import RANGE_END, RANGE_START, asset_key, landing_sensor_name, load_job_name
 from dedup_pipeline.hours import HOUR, to_key, to_tag
 
 REPO = Path(__file__).resolve().parents[1]
-SENSOR = "clicks_landing_sensor"
-JOB = "clicks_hourly_load"
+SENSOR = landing_sensor_name("clicks")
+JOB = load_job_name("clicks")
 
 
 def _wait(what: str, fn: Callable[[], Any], timeout: float, proc: subprocess.Popen, log: Path) -> Any:
@@ -117,10 +118,10 @@ def test_daemon_landing_sensor_launches_and_completes_a_run(tmp_path: Path, monk
             run = _wait("a landing-sensor run to finish", finished_run, 300, proc, log)
             assert run.status == dg.DagsterRunStatus.SUCCESS, _run_errors(inst, run.run_id)
             assert run.tags.get("dagster/sensor_name") == SENSOR
-            assert run.tags["dagster/asset_partition_range_start"] == key
-            assert run.tags["dagster/asset_partition_range_end"] == key
+            assert run.tags[RANGE_START] == key
+            assert run.tags[RANGE_END] == key
             assert len(inst.get_run_records(dg.RunsFilter(job_name=JOB))) == 1
-            assert inst.get_materialized_partitions(dg.AssetKey(["clicks", "unique"])) == {key}
+            assert inst.get_materialized_partitions(asset_key("clicks", "unique")) == {key}
         record = json.loads((tmp_path / "warehouse" / "_commits" / f"load_hour={tag}.json").read_text())
         assert record["rows_in"] == 5 and record["unique"] == 3
         assert list((tmp_path / "warehouse" / "unique" / f"load_hour={tag}").glob("*.parquet"))

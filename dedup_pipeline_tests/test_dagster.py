@@ -12,12 +12,14 @@ import pytest
 import yaml
 
 from dedup_pipeline.config import parse_config
-from dedup_pipeline.defs.definitions import build_definitions, load_job_name
-from dedup_pipeline.defs.runner import RANGE_END, RANGE_START, run_range
+from dedup_pipeline.defs import names
+from dedup_pipeline.defs.definitions import build_definitions
+from dedup_pipeline.defs.names import INDEX, RANGE_END, RANGE_START, RAW, asset_key, load_job_name
+from dedup_pipeline.defs.runner import run_range
 from dedup_pipeline_tests.conftest import read_output, write_hour
 
 REPO = Path(__file__).resolve().parents[1]
-OUTPUT_NAMES = ("unique", "duplicates", "expired", "rejected", "index")
+OUTPUT_NAMES = names.WRITTEN
 
 
 def _cfg(tmp: Path):
@@ -65,7 +67,7 @@ def test_definitions_load_without_spark_and_validate(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    for name in (*OUTPUT_NAMES, "raw_batch"):
+    for name in (*OUTPUT_NAMES, RAW):
         assert f"clicks/{name}" in out.stdout
     dagster = str(Path(sys.executable).parent / "dagster")
     for args in ([], ["-w", "workspace.yaml"]):
@@ -89,21 +91,43 @@ def test_bad_config_fails_definitions_with_named_field(tmp_path: Path) -> None:
 def test_asset_graph_shape(landing) -> None:
     defs = build_definitions(landing)
     graph = defs.resolve_asset_graph()
-    index_key = dg.AssetKey(["clicks", "index"])
-    raw_key = dg.AssetKey(["clicks", "raw_batch"])
+    index_key = asset_key("clicks", INDEX)
+    raw_key = asset_key("clicks", RAW)
     node = graph.get(index_key)
     assert index_key in node.parent_keys and raw_key in node.parent_keys
     mapping = graph.get_partition_mapping(index_key, index_key)
     assert isinstance(mapping, dg.TimeWindowPartitionMapping)
     assert (mapping.start_offset, mapping.end_offset) == (-1, -1)
     for name in ("unique", "duplicates", "expired", "rejected"):
-        assert raw_key in graph.get(dg.AssetKey(["clicks", name])).parent_keys
+        assert raw_key in graph.get(asset_key("clicks", name)).parent_keys
     assets_def = graph.get(index_key).assets_def
     assert assets_def.backfill_policy == dg.BackfillPolicy.single_run()
     pdef = assets_def.partitions_def
     assert isinstance(pdef, dg.HourlyPartitionsDefinition)
     assert pdef.get_first_partition_key() == "2026-11-01-00:00"
     assert not graph.get(raw_key).is_materializable
+
+
+def test_names_are_spelled_once_here_as_the_ui_and_deploy_files_see_them(landing) -> None:
+    """Names are an interface (the UI, deploy/dagster.yaml's limits, run configs): the other tests
+    import them from defs/names.py; this one pins their spelling."""
+    defs = build_definitions(landing)
+    load = defs.resolve_job_def("clicks_hourly_load")
+    rebuild = defs.resolve_job_def("clicks_index_rebuild")
+    assert load.tags["dedup_pipeline/dataset"] == rebuild.tags["dedup_pipeline/dataset"] == "clicks"
+    assert {n.name: n.definition.pool for n in (*load.nodes, *rebuild.nodes)} == {
+        "clicks_load": "dedup_clicks", "clicks_rebuild_index": "dedup_clicks"}
+    for sensor in ("clicks_landing_sensor", "clicks_index_recovery_sensor",
+                   "dedup_run_failure_summary"):
+        defs.resolve_sensor_def(sensor)
+    for schedule in ("clicks_hourly_schedule", "clicks_reconcile_schedule"):
+        defs.resolve_schedule_def(schedule)
+    assert {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()} == {
+        "clicks/raw_batch", "clicks/unique", "clicks/duplicates", "clicks/expired",
+        "clicks/rejected", "clicks/index"}
+    assert (names.RANGE_START, names.RANGE_END, names.PARTITION) == (
+        "dagster/asset_partition_range_start", "dagster/asset_partition_range_end",
+        "dagster/partition")
 
 
 def test_single_hour_materialization_metadata(spark, landing) -> None:
@@ -113,14 +137,14 @@ def test_single_hour_materialization_metadata(spark, landing) -> None:
         assert res.success
         unique = read_output(spark, landing.datasets[0], "unique", "2026-11-01-00")
         for name in OUTPUT_NAMES:
-            ev = inst.get_latest_materialization_event(dg.AssetKey(["clicks", name]))
+            ev = inst.get_latest_materialization_event(asset_key("clicks", name))
             assert ev is not None and ev.asset_materialization.partition == "2026-11-01-00:00"
             md = ev.asset_materialization.metadata
             for field in ("rows_in", "duplicate_rate", "conflicts", "expiry_point",
                           "latest_point", "seconds_classify", "index_keys_written"):
                 assert isinstance(md[field].value, int | float), field
         md = inst.get_latest_materialization_event(
-            dg.AssetKey(["clicks", "unique"])).asset_materialization.metadata
+            asset_key("clicks", "unique")).asset_materialization.metadata
         assert md["dagster/row_count"].value == len(unique) == 2
         assert md["rows_in"].value == 4 and md["rejected"].value == 1
 
@@ -133,7 +157,7 @@ def test_ranged_run_is_one_run_in_order_with_per_partition_figures(spark, landin
             instance=inst, tags={RANGE_START: "2026-11-01-00:00", RANGE_END: "2026-11-01-02:00"})
         assert res.success
         assert len(inst.get_run_records()) == 1
-        key = dg.AssetKey(["clicks", "unique"])
+        key = asset_key("clicks", "unique")
         assert inst.get_materialized_partitions(key) == {
             "2026-11-01-00:00", "2026-11-01-01:00", "2026-11-01-02:00"}
         obs = [e for e in res.all_events if e.event_type_value == "ASSET_OBSERVATION"]
@@ -150,7 +174,7 @@ def test_ranged_run_is_one_run_in_order_with_per_partition_figures(spark, landin
             ("e2", "conflict", "2026-11-01-00")]
         raw_obs = [e.event_specific_data.asset_observation for e in obs
                    if e.event_specific_data.asset_observation.asset_key
-                   == dg.AssetKey(["clicks", "raw_batch"])]
+                   == asset_key("clicks", RAW)]
         assert {o.partition: o.metadata["rows"].value for o in raw_obs} == {
             "2026-11-01-00:00": 4, "2026-11-01-01:00": 2, "2026-11-01-02:00": 2}
 

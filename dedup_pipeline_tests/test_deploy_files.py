@@ -19,6 +19,9 @@ from dagster._core.instance.config import dagster_instance_config
 from dagster._core.storage.config import pg_config
 from dagster._core.workspace.config_schema import process_workspace_config
 
+from dedup_pipeline.cli import DEMO_INSTANCE_YAML
+from dedup_pipeline.defs.names import DATASET_TAG
+
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 PG_VARS = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_PG_PASSWORD",
@@ -256,8 +259,10 @@ def test_dagster_yaml_is_valid_and_reads_postgres_from_env(monkeypatch: pytest.M
     assert config["run_coordinator"]["class"] == "QueuedRunCoordinator"
     runs = config["concurrency"]["runs"]
     assert runs["max_concurrent_runs"] >= 1
-    assert {"key": "dedup_pipeline/dataset", "value": {"applyLimitPerUniqueValue": True},
-            "limit": 1} in runs["tag_concurrency_limits"]
+    per_dataset = {"key": DATASET_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
+    assert per_dataset in runs["tag_concurrency_limits"]
+    # the demo's instance (written by `dedup-pipeline demo`) queues on the same tag
+    assert per_dataset in yaml.safe_load(DEMO_INSTANCE_YAML)["concurrency"]["runs"]["tag_concurrency_limits"]
     assert config["concurrency"]["pools"] == {"default_limit": 1, "granularity": "run"}
     assert config["run_retries"]["enabled"] and config["run_retries"]["max_retries"] >= 1
     assert config["telemetry"]["enabled"] is False

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from dedup_pipeline.config import load_config
-from dedup_pipeline.engine.generate import (
+from dedup_pipeline.hours import parse_key
+from dedup_pipeline.sample.generate import (
     COLUMNS,
     URLS,
     GenerateStats,
     default_start,
     generate_landing,
 )
-from dedup_pipeline.hours import parse_key
 
 START = "2026-11-01-00:00"
 HOURS, ROWS = 3, 2000

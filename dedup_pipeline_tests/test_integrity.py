@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from dedup_pipeline.defs.names import rebuild_op_name
 from dedup_pipeline.defs.recovery import build_rebuild_job, build_recovery_sensor
 from dedup_pipeline.engine.commits import CommitRecordError, read_commit
 from dedup_pipeline.engine.index.health import IndexDamagedError, check_index, checksum_failure
@@ -141,7 +142,7 @@ def test_flipped_bits_in_index_are_caught_before_a_result_changes(spark, tmp_pat
     assert check_index(Storage(ds.output), ds).ok  # listing alone cannot see it
     # the recovery sensor's rolling content check finds it before any load reads it
     res = build_recovery_sensor(ds, build_rebuild_job(ds))(dg.build_sensor_context())
-    assert [r.run_config["ops"]["clicks_rebuild_index"]["config"]["hours"]
+    assert [r.run_config["ops"][rebuild_op_name("clicks")]["config"]["hours"]
             for r in res.run_requests] == [["2026-11-01-00:00"]]
     with pytest.raises(IndexDamagedError, match=r"2026-11-01-00:00.*rebuild-index"):
         load_hours(spark, ds, [H[2]])
@@ -151,7 +152,7 @@ def test_flipped_bits_in_index_are_caught_before_a_result_changes(spark, tmp_pat
     assert not damage.ok and damage.damaged_loads == ["2026-11-01-00"]
     sensor = build_recovery_sensor(ds, build_rebuild_job(ds))
     res = sensor(dg.build_sensor_context())
-    assert [r.run_config["ops"]["clicks_rebuild_index"]["config"]["hours"]
+    assert [r.run_config["ops"][rebuild_op_name("clicks")]["config"]["hours"]
             for r in res.run_requests] == [["2026-11-01-00:00"]]
     # with on_damaged_index: rebuild the load rebuilds first, and the results follow the rules
     ds_rebuild = dataset_config(tmp_path, on_damaged_index="rebuild")

@@ -18,9 +18,18 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.config import parse_config
-from dedup_pipeline.defs.definitions import build_definitions, load_job_name
-from dedup_pipeline.defs.recovery import build_recovery_sensor, rebuild_job_name, run_failure_summary
-from dedup_pipeline.defs.runner import RANGE_END, RANGE_START, run_range
+from dedup_pipeline.defs.definitions import build_definitions
+from dedup_pipeline.defs.names import (
+    RANGE_END,
+    RANGE_START,
+    RUN_FAILURE_SENSOR,
+    asset_key,
+    load_job_name,
+    rebuild_job_name,
+    rebuild_op_name,
+)
+from dedup_pipeline.defs.recovery import build_recovery_sensor, run_failure_summary
+from dedup_pipeline.defs.runner import run_range
 from dedup_pipeline.engine.index.health import IndexDamagedError, check_index
 from dedup_pipeline.engine.load import FAULT_ENV
 from dedup_pipeline.engine.storage import Storage
@@ -89,7 +98,7 @@ def site(tmp_path: Path):
 
 
 def _downstream(ds_name: str, pdef: dg.PartitionsDefinition) -> dg.AssetsDefinition:
-    @dg.asset(key=["report"], deps=[dg.AssetKey([ds_name, "unique"])], partitions_def=pdef)
+    @dg.asset(key=["report"], deps=[asset_key(ds_name, "unique")], partitions_def=pdef)
     def report() -> dg.MaterializeResult:
         return dg.MaterializeResult()
 
@@ -138,7 +147,7 @@ def test_blocking_check_failure_commits_nothing_and_stops_downstream(
         monkeypatch.delenv(FAULT_ENV)
         assert not res.success
         asset = "index" if check == "index_agrees" else "unique"
-        key = dg.AssetCheckKey(dg.AssetKey(["clicks", asset]), check)
+        key = dg.AssetCheckKey(asset_key("clicks", asset), check)
         failed = [h.event.dagster_event.event_specific_data
                   for h in inst.event_log_storage.get_asset_check_execution_history(key, limit=10)
                   if h.status == AssetCheckExecutionRecordStatus.FAILED]
@@ -198,13 +207,13 @@ def test_deleted_index_is_detected_rebuilt_and_later_loads_match(spark, tmp_path
         run = run_range(damaged, "clicks", HOURS[3], HOURS[3], inst)
         assert not run.success and "IndexDamagedError" in run.error and "rebuild-index" in run.error
         # the recovery sensor requests a rebuild of exactly the damaged hours
-        sensor = build_recovery_sensor(ds, defs.resolve_job_def(rebuild_job_name(ds)))
+        sensor = build_recovery_sensor(ds, defs.resolve_job_def(rebuild_job_name(ds.name)))
         result = sensor(dg.build_sensor_context(instance=inst))
         (req,) = result.run_requests
-        assert req.run_config["ops"]["clicks_rebuild_index"]["config"]["hours"] == HOURS[:3]
+        assert req.run_config["ops"][rebuild_op_name("clicks")]["config"]["hours"] == HOURS[:3]
         again = sensor(dg.build_sensor_context(instance=inst))
         assert again.run_requests[0].run_key == req.run_key  # same damage, same key: no new run
-        rebuild = defs.resolve_job_def(rebuild_job_name(ds))
+        rebuild = defs.resolve_job_def(rebuild_job_name(ds.name))
         assert rebuild.execute_in_process(run_config=req.run_config, instance=inst).success
         assert check_index(Storage(ds.output), ds).ok
         assert isinstance(sensor(dg.build_sensor_context(instance=inst)), dg.SkipReason)
@@ -298,7 +307,7 @@ def test_run_failure_summary_lands_in_the_runs_log(spark, site) -> None:
         failure = [e for e in inst.all_logs(run.run_id) if e.dagster_event
                    and e.dagster_event.event_type_value == "PIPELINE_FAILURE"][0]
         ctx = dg.build_run_status_sensor_context(
-            sensor_name="dedup_run_failure_summary", dagster_event=failure.dagster_event,
+            sensor_name=RUN_FAILURE_SENSOR, dagster_event=failure.dagster_event,
             dagster_instance=inst, dagster_run=dagster_run).for_run_failure()
         run_failure_summary(ctx)
         texts = [e.message for e in inst.all_logs(run.run_id)]

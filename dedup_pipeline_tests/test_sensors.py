@@ -16,15 +16,25 @@ import pytest
 import yaml
 
 from dedup_pipeline.config import PipelineConfig, parse_config
-from dedup_pipeline.defs.definitions import build_definitions, load_job_name
+from dedup_pipeline.defs.definitions import build_definitions
 from dedup_pipeline.defs.landing_checks import CHECK_NAME, build_input_check
-from dedup_pipeline.defs.sensors import RANGE_END, RANGE_START, build_landing_sensor
+from dedup_pipeline.defs.names import (
+    RANGE_END,
+    RANGE_START,
+    hourly_schedule_name,
+    landing_sensor_name,
+    load_job_name,
+    reconcile_schedule_name,
+)
+from dedup_pipeline.defs.sensors import build_landing_sensor
 from dedup_pipeline.engine import landing
 from dedup_pipeline.hours import parse_key
 from dedup_pipeline_tests.conftest import read_output, write_hour
 
 H = [f"2026-11-01-{h:02d}:00" for h in range(6)]
-SENSOR, HOURLY, RECONCILE = "clicks_landing_sensor", "clicks_hourly_schedule", "clicks_reconcile_schedule"
+SENSOR, HOURLY, RECONCILE = (landing_sensor_name("clicks"), hourly_schedule_name("clicks"),
+                             reconcile_schedule_name("clicks"))
+JOB = load_job_name("clicks")
 OUTPUTS = ("unique", "duplicates", "expired", "rejected")
 
 
@@ -80,7 +90,7 @@ def _schedule_tick(inst: dg.DagsterInstance, schedule: dg.ScheduleDefinition,
 
 def _run(defs: dg.Definitions, inst: dg.DagsterInstance, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
     """Execute a requested run as the daemon would: the load job with the request's tags."""
-    job = defs.resolve_job_def(request.job_name or load_job_name("clicks"))
+    job = defs.resolve_job_def(request.job_name or JOB)
     return job.execute_in_process(instance=inst, tags=request.tags, raise_on_error=False)
 
 
@@ -108,7 +118,7 @@ def test_landing_sensor_requests_each_complete_hour_once_in_order(spark, tmp_pat
         res = _tick(defs, inst, None)
         req = _only_request(res)
         assert req.run_key == f"clicks:{H[0]}..{H[1]}"
-        assert req.job_name == "clicks_hourly_load"
+        assert req.job_name == JOB
         assert (req.tags[RANGE_START], req.tags[RANGE_END]) == (H[0], H[1])
         cursor = res.cursor
         # as the daemon would, create the run: while it is not finished the sensor waits for it
@@ -192,7 +202,7 @@ def test_reconcile_reprocessing_equals_a_load_that_had_all_files(spark, tmp_path
 
         [req] = _schedule_tick(inst, sched, tick_at).run_requests
         assert (req.tags[RANGE_START], req.tags[RANGE_END]) == (H[1], H[2])
-        assert req.job_name == "clicks_hourly_load" and req.run_key.startswith(f"clicks:reconcile:{H[1]}..")
+        assert req.job_name == JOB and req.run_key.startswith(f"clicks:reconcile:{H[1]}..")
         assert _run(defs, inst, req).success
         assert not _schedule_tick(inst, sched, tick_at).run_requests
         res = _tick(defs, inst, cursor)  # the WARN turns green; nothing left to report
@@ -205,7 +215,7 @@ def test_reconcile_reprocessing_equals_a_load_that_had_all_files(spark, tmp_path
     shutil.copytree(ds.source.path, clean.source.path)
     with dg.instance_for_test() as inst:
         assert _run(build_definitions(clean_cfg), inst, dg.RunRequest(
-            job_name="clicks_hourly_load", tags={RANGE_START: H[0], RANGE_END: H[2]})).success
+            job_name=JOB, tags={RANGE_START: H[0], RANGE_END: H[2]})).success
 
     def rows(d: Any, output: str, hour: str) -> Counter:
         out = Counter()
@@ -252,7 +262,7 @@ def test_completeness_rules_with_a_fixed_clock(tmp_path: Path) -> None:
         for now, expected in ((datetime(2026, 11, 1, 1, 19, tzinfo=UTC), None),
                               (datetime(2026, 11, 1, 2, 19, tzinfo=UTC), (H[0], H[0])),
                               (datetime(2026, 11, 1, 4, 20, tzinfo=UTC), (H[0], H[3]))):
-            sensor = build_landing_sensor(nds, "clicks_hourly_load", clock=lambda now=now: now)
+            sensor = build_landing_sensor(nds, JOB, clock=lambda now=now: now)
             res = _tick(defs, inst, None, sensor)
             if expected is None:
                 assert "complete at 2026-11-01 01:20:00Z" in _skip(res)
@@ -271,7 +281,7 @@ def test_defaults_and_hourly_schedule(tmp_path: Path) -> None:
     assert hourly.cron_schedule == "10 * * * *" and reconcile.cron_schedule == "30 0 * * *"
     with dg.instance_for_test() as inst:
         [req] = _schedule_tick(inst, hourly, datetime(2026, 11, 1, 5, 10, tzinfo=UTC)).run_requests
-    assert req.job_name == "clicks_hourly_load" and req.partition_key == H[4]
+    assert req.job_name == JOB and req.partition_key == H[4]
 
 
 def test_reconcile_range_also_closes_a_gap(tmp_path: Path) -> None:

@@ -31,8 +31,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from dedup_pipeline.engine.generate import generate_landing
+from dedup_pipeline.defs.names import DATASET_TAG, RANGE_END, RANGE_START, pool_name
 from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
+from dedup_pipeline.sample.generate import generate_landing
 from dedup_pipeline_tests.spark_services import (
     FAST_JVM,
     LOOPBACK,
@@ -310,8 +311,7 @@ def test_backfill_through_graphql_loads_every_hour(service_env: dict[str, Any],
     tags = {t["key"]: t["value"] for t in run["tags"]}
     assert run["status"] == "SUCCESS", f"{run}\n{logs}"
     assert tags["dagster/backfill"] == backfill["id"]
-    assert (tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]) \
-        == (FIRST, LAST)
+    assert (tags[RANGE_START], tags[RANGE_END]) == (FIRST, LAST)
 
     out: Path = service_env["output"]
     for key in HOURS:
@@ -377,7 +377,7 @@ def test_materializations_are_recorded_in_postgres(service_env: dict[str, Any],
         queue = inst.get_concurrency_config().run_queue_config
         assert queue is not None and queue.max_concurrent_runs == 4
         assert [(t["key"], t["limit"]) for t in queue.tag_concurrency_limits] == \
-            [("dedup_pipeline/dataset", 1)]
+            [(DATASET_TAG, 1)]
         assert inst.run_retries_enabled and inst.run_retries_max_retries == 2
         # the run's pool got the default limit of 1, stored in PostgreSQL
-        assert inst.event_log_storage.get_concurrency_info("dedup_clicks").slot_count == 1
+        assert inst.event_log_storage.get_concurrency_info(pool_name("clicks")).slot_count == 1

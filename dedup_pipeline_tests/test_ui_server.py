@@ -37,8 +37,16 @@ import pytest
 
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
 from dedup_pipeline.config import load_config
-from dedup_pipeline.engine.generate import default_start, generate_landing
+from dedup_pipeline.defs.names import (
+    PARTITION,
+    RANGE_END,
+    RANGE_START,
+    WRITTEN,
+    landing_sensor_name,
+    pool_name,
+)
 from dedup_pipeline.hours import HOUR, hour_range, parse_key, to_key
+from dedup_pipeline.sample.generate import default_start, generate_landing
 from dedup_pipeline_tests.reference import Reference
 from dedup_pipeline_tests.spark_services import (
     FAST_JVM,
@@ -62,15 +70,15 @@ FIRST = default_start(6)
 HOURS = [to_key(parse_key(FIRST) + i * HOUR) for i in range(6)]
 ROWS_PER_HOUR = 200
 DS = "clicks"
-OUTPUTS = ("unique", "duplicates", "expired", "rejected", "index")
+OUTPUTS = WRITTEN
 CHECKS = ("conservation", "unique_keys", "index_agrees", "index_size", "duplicate_rate",
           "conflict_rate", "rejected_rate")
 CHECK_ASSET = {"conservation": "unique", "unique_keys": "unique", "index_agrees": "index",
                "index_size": "index", "duplicate_rate": "duplicates", "conflict_rate": "duplicates",
                "rejected_rate": "rejected"}
 LOCATION, REPOSITORY = "dedup_pipeline", "__repository__"
-SENSOR = f"{DS}_landing_sensor"
-POOL = f"dedup_{DS}"
+SENSOR = landing_sensor_name(DS)
+POOL = pool_name(DS)
 
 
 def gql(url: str, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -176,7 +184,7 @@ def launch_one_hour(url: str, hour: str) -> str:
             "assetCheckSelection": [{"assetKey": {"path": [DS, a]}, "name": c}
                                     for c, a in CHECK_ASSET.items()],
         },
-        "executionMetadata": {"tags": [{"key": "dagster/partition", "value": hour}]},
+        "executionMetadata": {"tags": [{"key": PARTITION, "value": hour}]},
     }})["launchRun"]
     assert res["__typename"] == "LaunchRunSuccess", res
     return res["run"]["runId"]
@@ -365,8 +373,8 @@ def test_every_ui_and_sensor_run_succeeded_once_per_hour(ui_session: dict[str, A
     loaded_by: dict[str, list[str]] = {}
     for r in runs:
         tags = {t["key"]: t["value"] for t in r["tags"]}
-        first = tags.get("dagster/asset_partition_range_start") or tags["dagster/partition"]
-        last = tags.get("dagster/asset_partition_range_end") or first
+        first = tags.get(RANGE_START) or tags[PARTITION]
+        last = tags.get(RANGE_END) or first
         for h in hour_range(first, last):
             loaded_by.setdefault(to_key(h), []).append(r["runId"])
     assert {h: len(ids) for h, ids in loaded_by.items()} == dict.fromkeys(HOURS, 1), loaded_by

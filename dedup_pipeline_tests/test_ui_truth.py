@@ -20,17 +20,26 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.defs import runs
 from dedup_pipeline.defs.checks import CHECKS
-from dedup_pipeline.defs.definitions import build_definitions, load_job_name
+from dedup_pipeline.defs.definitions import build_definitions
+from dedup_pipeline.defs.names import (
+    PARTITION,
+    RANGE_END,
+    RANGE_START,
+    WRITTEN,
+    asset_key,
+    hourly_schedule_name,
+    load_job_name,
+    rebuild_job_name,
+)
 from dedup_pipeline.defs.partitions import hourly_partitions
-from dedup_pipeline.defs.recovery import rebuild_job_name
 from dedup_pipeline.defs.runner import run_range
-from dedup_pipeline.defs.schedules import build_reconcile_schedule, hourly_schedule_name
+from dedup_pipeline.defs.schedules import build_reconcile_schedule
 from dedup_pipeline.defs.sensors import build_landing_sensor
 from dedup_pipeline.engine.storage import Lock, Storage
 from dedup_pipeline_tests.conftest import write_hour
 from dedup_pipeline_tests.test_dagster import _cfg, _ev
 
-OUTPUTS = ("unique", "duplicates", "expired", "rejected", "index")
+OUTPUTS = WRITTEN
 H = [f"2026-11-01-{h:02d}:00" for h in range(6)]
 Status = AssetCheckExecutionResolvedStatus
 
@@ -39,7 +48,7 @@ def check_statuses(inst: dg.DagsterInstance, cfg: PipelineConfig) -> dict[str, d
     """check name -> status -> partitions, as the check's Partitions tab gets them."""
     ds = cfg.datasets[0]
     pdef = hourly_partitions(ds)
-    keys = [dg.AssetCheckKey(dg.AssetKey([ds.name, asset]), name) for name, (asset, _, _) in CHECKS.items()]
+    keys = [dg.AssetCheckKey(asset_key(ds.name, asset), name) for name, (asset, _, _) in CHECKS.items()]
     states = inst.event_log_storage.get_asset_check_state([(k, pdef) for k in keys])
     return {k.name: {s: set(sub.subset_value.get_partition_keys())
                      for s, sub in states[k].subsets.items() if not sub.is_empty}
@@ -48,7 +57,7 @@ def check_statuses(inst: dg.DagsterInstance, cfg: PipelineConfig) -> dict[str, d
 
 def latest_metadata(inst: dg.DagsterInstance, asset: str, pk: str) -> dict[str, object]:
     recs = inst.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey(["clicks", asset]), asset_partitions=[pk]),
+        dg.AssetRecordsFilter(asset_key=asset_key("clicks", asset), asset_partitions=[pk]),
         limit=1).records
     assert recs, f"no materialization of clicks/{asset} for {pk}"
     return {k: v.value for k, v in recs[0].asset_materialization.metadata.items()}
@@ -96,7 +105,7 @@ def test_every_in_process_launch_path_shows_each_hour(tmp_path: Path, monkeypatc
 
         # the hourly schedule's request for H3 (one partition), run as the daemon would
         job = defs.resolve_job_def(load_job_name("clicks"))
-        hourly = defs.resolve_schedule_def(hourly_schedule_name(ds))
+        hourly = defs.resolve_schedule_def(hourly_schedule_name(ds.name))
         tick = hourly.evaluate_tick(dg.build_schedule_context(
             instance=inst, scheduled_execution_time=datetime(2026, 11, 1, 4, 5, tzinfo=UTC)))
         (req,) = tick.run_requests or []
@@ -122,8 +131,8 @@ def test_every_in_process_launch_path_shows_each_hour(tmp_path: Path, monkeypatc
         rec_sched = build_reconcile_schedule(ds, load_job_name("clicks"))
         req = rec_sched.evaluate_tick(dg.build_schedule_context(
             instance=inst, scheduled_execution_time=datetime(2026, 11, 2, 0, 30, tzinfo=UTC))).run_requests
-        assert req and (req[0].tags["dagster/asset_partition_range_start"],
-                        req[0].tags["dagster/asset_partition_range_end"]) == (H[1], H[3])
+        assert req and (req[0].tags[RANGE_START],
+                        req[0].tags[RANGE_END]) == (H[1], H[3])
         assert job.execute_in_process(instance=inst, tags=req[0].tags).success
         assert_ui_truth(inst, cfg, {**{h: fig for h in H[:4]},
                                     H[1]: {**fig, "rows_in": 5, "unique": 4}})
@@ -133,7 +142,7 @@ def test_every_in_process_launch_path_shows_each_hour(tmp_path: Path, monkeypatc
         assert run_range(cfg, "clicks", H[4], H[4], inst).success
         expected = {**{h: fig for h in H[:5]}, H[1]: {**fig, "rows_in": 5, "unique": 4}}
         assert_ui_truth(inst, cfg, expected)
-        rebuild = defs.resolve_job_def(rebuild_job_name(ds))
+        rebuild = defs.resolve_job_def(rebuild_job_name(ds.name))
         assert rebuild.execute_in_process(instance=inst).success
         assert_ui_truth(inst, cfg, expected)
 
@@ -147,8 +156,8 @@ def test_a_ui_run_without_our_tags_is_the_datasets_run(tmp_path: Path, monkeypat
     write_hour(ds, H[0], [_ev(1, 0)])
     ui_run = dg.DagsterRun(
         job_name="__ASSET_JOB", run_id="ui-run-1", status=dg.DagsterRunStatus.STARTED,
-        asset_selection=frozenset(dg.AssetKey(["clicks", o]) for o in OUTPUTS),
-        tags={"dagster/partition": H[0]})
+        asset_selection=frozenset(asset_key("clicks", o) for o in OUTPUTS),
+        tags={PARTITION: H[0]})
     assert runs.dataset_of_run(ui_run) == "clicks"
     with dg.instance_for_test() as inst:
         inst.add_run(ui_run)

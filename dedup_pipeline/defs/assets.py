@@ -26,21 +26,18 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.defs import checks
+from dedup_pipeline.defs import checks, names
+from dedup_pipeline.defs.names import INDEX, RAW
 from dedup_pipeline.defs.partitions import hourly_partitions
 from dedup_pipeline.defs.resources import SparkResource
-from dedup_pipeline.defs.runs import DATASET_TAG
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.checks import LoadCheckError
 from dedup_pipeline.engine.classify import OUTPUTS
-from dedup_pipeline.engine.load import LoadResult, output_columns, run_load
-from dedup_pipeline.engine.session import connect_errors
-from dedup_pipeline.engine.storage import Lock, Storage
+from dedup_pipeline.engine.load import LoadResult, load_hours, output_columns
+from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import parse_key, to_tag
 
 PROGRESS_LOGGER = logging.getLogger("dedup_pipeline.progress")
-INDEX = "index"
-RAW = "raw_batch"
 
 DESCRIPTIONS = {
     RAW: "Landing files of the hour ({path}/date=YYYY-MM-DD/hour=HH/), read in place.",
@@ -127,7 +124,7 @@ def _evaluations(instance: dg.DagsterInstance, ds: DatasetConfig, pk: str,
     targets: dict[str, Any] = {}
     for e in evals:
         if e.asset not in targets:
-            targets[e.asset] = _latest_materialization(instance, dg.AssetKey([ds.name, e.asset]), pk)
+            targets[e.asset] = _latest_materialization(instance, names.asset_key(ds.name, e.asset), pk)
         yield checks.as_event(ds, e, pk, targets[e.asset])
 
 
@@ -153,6 +150,15 @@ def _hour_events(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: lis
     yield from _evaluations(context.instance, ds, pk, checks.evaluate(ds, r))
 
 
+def _failed_check(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str,
+                  err: LoadCheckError) -> dg.AssetCheckEvaluation:
+    """The failed blocking check of the hour that stopped the run (it committed nothing)."""
+    target = _latest_materialization(
+        context.instance, names.asset_key(ds.name, CHECKS_ASSET[err.check]), pk)
+    return checks.as_event(
+        ds, checks.Evaluation(err.check, False, {"error": str(err), **err.figures}), pk, target)
+
+
 def _restate(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str
              ) -> Iterator[dg.AssetCheckEvaluation]:
     """Evaluations of an hour this run did not load but an earlier load committed: the checks of
@@ -168,11 +174,6 @@ def _restate(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str
     yield from _evaluations(context.instance, ds, pk, evals)
 
 
-def pool_name(ds: DatasetConfig) -> str:
-    """The concurrency pool of every step that writes the dataset (load, index rebuild)."""
-    return f"dedup_{ds.name}"
-
-
 @dataclass(frozen=True)
 class DatasetDefs:
     raw: dg.AssetSpec
@@ -182,23 +183,23 @@ class DatasetDefs:
 
 def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
     pdef = hourly_partitions(ds)
-    raw_key = dg.AssetKey([ds.name, RAW])
-    index_key = dg.AssetKey([ds.name, INDEX])
+    raw_key = names.asset_key(ds.name, RAW)
+    index_key = names.asset_key(ds.name, INDEX)
     raw = dg.AssetSpec(
         raw_key,
         description=DESCRIPTIONS[RAW].format(path=ds.source.path),
         partitions_def=pdef,
-        group_name=ds.name,
+        group_name=names.group_name(ds.name),
         kinds={ds.source.format},
         metadata={"path": ds.source.path, "format": ds.source.format},
     )
     specs = [
         dg.AssetSpec(
-            dg.AssetKey([ds.name, name]),
+            names.asset_key(ds.name, name),
             deps=[raw_key],
             description=DESCRIPTIONS[name].format(output=ds.output),
             partitions_def=pdef,
-            group_name=ds.name,
+            group_name=names.group_name(ds.name),
             kinds={"spark", "parquet"},
             metadata={"dagster/column_schema": _column_schema(ds, name),
                       "path": f"{ds.output}/{name}"},
@@ -212,7 +213,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
                 start_offset=-1, end_offset=-1))],
             description=DESCRIPTIONS[INDEX],
             partitions_def=pdef,
-            group_name=ds.name,
+            group_name=names.group_name(ds.name),
             kinds={"spark", "parquet"},
             metadata={"path": f"{ds.output}/index"},
         )
@@ -220,13 +221,13 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
     keys = [s.key for s in specs]
 
     @dg.multi_asset(
-        name=f"{ds.name}_load",
+        name=names.load_op_name(ds.name),
         specs=specs,
         check_specs=checks.check_specs(ds, pdef),
         partitions_def=pdef,
         backfill_policy=dg.BackfillPolicy.single_run(),
-        pool=pool_name(ds),
-        op_tags={DATASET_TAG: ds.name},
+        pool=names.pool_name(ds.name),
+        op_tags={names.DATASET_TAG: ds.name},
     )
     def load(context: dg.AssetExecutionContext, spark: SparkResource) -> Iterator[Any]:
         partition_keys = list(context.partition_keys)
@@ -237,33 +238,20 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
 
         session = spark.get_session()
         results: list[LoadResult] = []
-        done: set[str] = set()
-        failed_check: dg.AssetCheckEvaluation | None = None
         try:
-            with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id}"), \
-                    connect_errors(spark.remote_url()):
-                for pk in partition_keys:
-                    try:
-                        r = run_load(session, ds, pk, progress)
-                    except LoadCheckError as err:  # blocking check failed: nothing committed
-                        done.add(pk)
-                        failed_check = checks.as_event(ds, checks.Evaluation(
-                            err.check, False, {"error": str(err), **err.figures}), pk,
-                            _latest_materialization(context.instance,
-                                                    dg.AssetKey([ds.name, CHECKS_ASSET[err.check]]), pk))
-                        raise
-                    results.append(r)
-                    done.add(pk)
-        except Exception:
+            load_hours(session, ds, partition_keys, progress, f"dagster run {context.run.run_id}",
+                       remote=spark.remote_url(), on_hour=results.append)
+        except Exception as err:
             # Committed hours get their own events; the failing hour its failed check; hours this
             # run did not load keep the status of their committed load (restated).
             for r in results:
                 yield from _hour_events(context, ds, keys, raw_key, r)
-            if failed_check is not None:
-                yield failed_check
-            for pk in partition_keys:
-                if pk not in done:
-                    yield from _restate(context, ds, pk)
+            loaded = {parse_key(r.partition_key) for r in results}
+            rest = [pk for pk in sorted(partition_keys, key=parse_key) if parse_key(pk) not in loaded]
+            if isinstance(err, LoadCheckError):  # load_hours stopped at the first hour not loaded
+                yield _failed_check(context, ds, rest.pop(0), err)
+            for pk in rest:
+                yield from _restate(context, ds, pk)
             raise
         if len(results) == 1 and context.has_partition_key:
             # one partition (not a one-hour range, whose check results Dagster would record
@@ -296,10 +284,10 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
                 f"{sum(r.rejected for r in results)}")
 
     job = dg.define_asset_job(
-        name=f"{ds.name}_hourly_load",
+        name=names.load_job_name(ds.name),
         selection=dg.AssetSelection.assets(*keys),
         description=f"Load hours of dataset {ds.name!r}: unique, duplicates, expired, rejected "
                     "and the key index. A range runs as one run, hours in ascending order.",
-        tags={DATASET_TAG: ds.name},
+        tags={names.DATASET_TAG: ds.name},
     )
     return DatasetDefs(raw, load, job)

@@ -22,6 +22,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.defs.names import asset_key
 from dedup_pipeline.engine.checks import CONSERVATION, INDEX_AGREES, UNIQUE_KEYS
 from dedup_pipeline.engine.load import LoadResult
 
@@ -48,7 +49,7 @@ CHECKS: dict[str, tuple[str, bool, str]] = {
 
 def check_specs(ds: DatasetConfig, partitions_def: dg.PartitionsDefinition) -> list[dg.AssetCheckSpec]:
     return [
-        dg.AssetCheckSpec(name, asset=dg.AssetKey([ds.name, asset]), blocking=blocking,
+        dg.AssetCheckSpec(name, asset=asset_key(ds.name, asset), blocking=blocking,
                           description=desc, partitions_def=partitions_def)
         for name, (asset, blocking, desc) in CHECKS.items()
     ]
@@ -103,13 +104,13 @@ def as_event(ds: DatasetConfig, e: Evaluation, partition: str,
     """The evaluation of one hour, for that partition, targeting that hour's latest
     materialization (so Dagster counts it as current: Passed/Failed, not Missing)."""
     return dg.AssetCheckEvaluation(
-        asset_key=dg.AssetKey([ds.name, e.asset]), check_name=e.name, passed=e.passed,
+        asset_key=asset_key(ds.name, e.asset), check_name=e.name, passed=e.passed,
         severity=e.severity, partition=partition, metadata=e.metadata,
         blocking=CHECKS[e.name][1], target_materialization_data=target)
 
 
 def as_result(ds: DatasetConfig, e: Evaluation) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(asset_key=dg.AssetKey([ds.name, e.asset]), check_name=e.name,
+    return dg.AssetCheckResult(asset_key=asset_key(ds.name, e.asset), check_name=e.name,
                                passed=e.passed, severity=e.severity, metadata=e.metadata)
 
 

@@ -39,7 +39,3 @@ def build_definitions(cfg: PipelineConfig) -> dg.Definitions:
         resources={"spark": SparkResource.from_config(cfg.spark)},
         executor=dg.in_process_executor,
     )
-
-
-def load_job_name(dataset: str) -> str:
-    return f"{dataset}_hourly_load"

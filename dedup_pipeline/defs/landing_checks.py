@@ -17,7 +17,7 @@ import warnings
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.defs.assets import RAW
+from dedup_pipeline.defs.names import RAW, asset_key
 from dedup_pipeline.defs.partitions import hourly_partitions
 from dedup_pipeline.engine import commits, landing
 from dedup_pipeline.engine.storage import Storage
@@ -28,7 +28,7 @@ MAX_LISTED = 20  # files named in the metadata per kind of change
 
 
 def raw_key(ds: DatasetConfig) -> dg.AssetKey:
-    return dg.AssetKey([ds.name, RAW])
+    return asset_key(ds.name, RAW)
 
 
 def check_key(ds: DatasetConfig) -> dg.AssetCheckKey:

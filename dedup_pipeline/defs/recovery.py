@@ -18,8 +18,7 @@ import hashlib
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.defs import runs
-from dedup_pipeline.defs.assets import pool_name
+from dedup_pipeline.defs import names, runs
 from dedup_pipeline.defs.resources import SparkResource
 from dedup_pipeline.engine.index.health import check_index, scrub
 from dedup_pipeline.engine.rebuild import rebuild_index
@@ -32,17 +31,13 @@ RECOVERY_INTERVAL_S = 120
 SCRUB_BYTES_PER_TICK = 512 << 20
 
 
-def rebuild_job_name(ds: DatasetConfig) -> str:
-    return f"{ds.name}_index_rebuild"
-
-
 class RebuildConfig(dg.Config):
     hours: list[str] = []  # partition keys like 2026-11-01-05:00; empty = every committed hour
 
 
 def build_rebuild_job(ds: DatasetConfig) -> dg.JobDefinition:
-    @dg.op(name=f"{ds.name}_rebuild_index", tags={runs.DATASET_TAG: ds.name},
-           pool=pool_name(ds))
+    @dg.op(name=names.rebuild_op_name(ds.name), tags={names.DATASET_TAG: ds.name},
+           pool=names.pool_name(ds.name))
     def rebuild(context: dg.OpExecutionContext, config: RebuildConfig, spark: SparkResource) -> None:
         tags = [to_tag(parse_key(h)) for h in config.hours] or None
         scope = f"{len(tags)} hour(s)" if tags else "every committed hour"
@@ -55,11 +50,11 @@ def build_rebuild_job(ds: DatasetConfig) -> dg.JobDefinition:
         if not after.index_ok:
             raise RuntimeError(f"{ds.name}: index still damaged after rebuild: {after.summary()}")
         context.log_event(dg.AssetObservation(
-            asset_key=dg.AssetKey([ds.name, "index"]),
+            asset_key=names.asset_key(ds.name, names.INDEX),
             metadata={"rebuilt_loads": res.loads, "rebuilt_entries": res.entries,
                       "rebuild_seconds": res.seconds}))
 
-    @dg.job(name=rebuild_job_name(ds), tags={runs.DATASET_TAG: ds.name},
+    @dg.job(name=names.rebuild_job_name(ds.name), tags={names.DATASET_TAG: ds.name},
             description=f"Rebuild the key index of {ds.name!r} from its unique output (R12).")
     def job() -> None:
         rebuild()
@@ -68,7 +63,7 @@ def build_rebuild_job(ds: DatasetConfig) -> dg.JobDefinition:
 
 
 def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition) -> dg.SensorDefinition:
-    @dg.sensor(name=f"{ds.name}_index_recovery_sensor", job=job,
+    @dg.sensor(name=names.recovery_sensor_name(ds.name), job=job,
                minimum_interval_seconds=RECOVERY_INTERVAL_S,
                default_status=dg.DefaultSensorStatus.RUNNING,
                description="Detects a missing or damaged key index (files vs commit records) and "
@@ -87,21 +82,17 @@ def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition) -> dg.Sensor
                                            damage.old_format)).encode()).hexdigest()
         return dg.SensorResult(run_requests=[dg.RunRequest(
             run_key=f"{ds.name}:rebuild:{fingerprint[:16]}",
-            run_config={"ops": {f"{ds.name}_rebuild_index": {"config": {"hours": hours}}}},
-            tags={runs.DATASET_TAG: ds.name, "dedup_pipeline/reason": "damaged index"},
+            run_config={"ops": {names.rebuild_op_name(ds.name): {"config": {"hours": hours}}}},
+            tags={names.DATASET_TAG: ds.name, names.REASON_TAG: "damaged index"},
         )])
 
     return recovery
 
 
-@dg.run_failure_sensor(name="dedup_run_failure_summary", default_status=dg.DefaultSensorStatus.RUNNING)
+@dg.run_failure_sensor(name=names.RUN_FAILURE_SENSOR, default_status=dg.DefaultSensorStatus.RUNNING)
 def run_failure_summary(context: dg.RunFailureSensorContext) -> None:
     """Writes one paragraph (dataset, hours, cause, fix) into the failed run's own event log."""
     run = context.dagster_run
-    err = None
-    for e in context.get_step_failure_events():
-        err = runs.root_error(e.step_failure_data.error if e.step_failure_data else None)
-        if err is not None:
-            break
+    err = runs.first_step_error(context.get_step_failure_events())
     summary = runs.failure_summary(run, err, context.failure_event.message or "the run failed")
     context.instance.report_engine_event(summary, run)

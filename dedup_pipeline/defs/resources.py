@@ -1,8 +1,13 @@
 """The Spark resource: typed settings, env vars resolved by us, the session started lazily.
 
-Why not dagster-pyspark's PySparkResource: `dg.EnvVar` inside its `spark_config` silently becomes a
-bogus conf key (the session falls back to local[*]), and it never stops its session. Our resource
-reads SPARK_MASTER_URL / SPARK_REMOTE / DEDUP_SPARK_CONF_* at run time (SPEC C3).
+It reads SPARK_MASTER_URL / SPARK_REMOTE / DEDUP_SPARK_CONF_* at run time (SPEC C3) and builds the
+session with `engine.session.get_session`. Why not dagster-pyspark (not a dependency): its resource
+is a session builder, the one part we need to differ. `dg.EnvVar` inside its `spark_config` becomes
+the conf key `spark.master.env` (the session falls back to local[*]), and it hands every setting to
+the builder as given, where a Spark Connect client must leave the start-up ones to the server
+(`session_conf`). Neither resource stops the session at teardown: an in-process run (CLI `run`,
+tests) shares its caller's session, which a stop would kill; a run worker's local session ends with
+its process. Evidence: docs/notes.md, "Decision: the Spark resource".
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import dagster as dg
 
 from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.defs import runs
-from dedup_pipeline.defs.definitions import build_definitions, load_job_name
-from dedup_pipeline.defs.runs import RANGE_END, RANGE_START
+from dedup_pipeline.defs.definitions import build_definitions
+from dedup_pipeline.defs.names import load_job_name, range_tags
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.load import LoadResult
 from dedup_pipeline.engine.storage import Storage
@@ -34,12 +34,8 @@ class RangeRun:
 
 def failure_message(result: dg.ExecuteInProcessResult) -> str:
     """The root error of the first failed step, in one line."""
-    for ev in result.all_events:
-        if ev.is_step_failure and ev.step_failure_data:
-            err = runs.root_error(ev.step_failure_data.error)
-            if err is not None:
-                return str(err)
-    return "the run failed (see the run's logs)"
+    err = runs.first_step_error(result.all_events)
+    return str(err) if err is not None else "the run failed (see the run's logs)"
 
 
 def run_range(cfg: PipelineConfig, dataset: str, first: str, last: str,
@@ -52,7 +48,7 @@ def run_range(cfg: PipelineConfig, dataset: str, first: str, last: str,
     job = build_definitions(cfg).resolve_job_def(load_job_name(ds.name))
     result = job.execute_in_process(
         instance=instance,
-        tags={RANGE_START: first, RANGE_END: last},
+        tags=range_tags(first, last),
         run_config=QUIET_LOGGERS if quiet else None,
         raise_on_error=False,
     )

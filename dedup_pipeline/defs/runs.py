@@ -8,21 +8,27 @@ and the hours from Dagster's own partition tags.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import dagster as dg
 
-from dedup_pipeline.engine.classify import OUTPUTS
+from dedup_pipeline.defs.names import (
+    DATASET_TAG,
+    LOAD_JOB_SUFFIX,
+    PARTITION,
+    RANGE_END,
+    RANGE_START,
+    REBUILD_JOB_SUFFIX,
+    WRITTEN,
+    pool_name,
+    rebuild_job_name,
+)
 from dedup_pipeline.engine.errors import infrastructure_cause
 
-DATASET_TAG = "dedup_pipeline/dataset"
-RANGE_START = "dagster/asset_partition_range_start"
-RANGE_END = "dagster/asset_partition_range_end"
-PARTITION = "dagster/partition"
 ACTIVE = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
           dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
-WRITTEN = (*OUTPUTS, "index")  # the assets a load or rebuild writes
-JOB_SUFFIXES = ("_hourly_load", "_index_rebuild")
+JOB_SUFFIXES = (LOAD_JOB_SUFFIX, REBUILD_JOB_SUFFIX)
 
 
 def dataset_of_run(run: dg.DagsterRun) -> str | None:
@@ -93,17 +99,24 @@ def root_error(err: object | None) -> RootError | None:
     return RootError(cls, msg)
 
 
-def run_error(instance: dg.DagsterInstance, run_id: str) -> RootError | None:
-    """The first step failure of a run."""
-    for rec in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
-        data = rec.dagster_event.step_failure_data if rec.dagster_event else None
-        found = root_error(data.error if data else None)
-        if found is not None:
-            return found
+def first_step_error(events: Iterable[dg.DagsterEvent | None]) -> RootError | None:
+    """The root error of the first step failure among `events`: a run's stored log, the events of
+    an in-process result, or a failure sensor's step failures all go through here."""
+    for ev in events:
+        if ev is not None and ev.is_step_failure and ev.step_failure_data:
+            found = root_error(ev.step_failure_data.error)
+            if found is not None:
+                return found
     return None
 
 
-# error class -> (where it failed, what to do); {ds} and {hours} are filled in.
+def run_error(instance: dg.DagsterInstance, run_id: str) -> RootError | None:
+    """The first step failure of a run, from its stored log."""
+    return first_step_error(rec.dagster_event for rec in
+                            instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE))
+
+
+# error class -> (where it failed, what to do); {ds}, {hours}, {pool} and {rebuild_job} are filled in.
 CAUSES: dict[str, tuple[str, str]] = {
     "LoadOrderError": (
         "the order check (an earlier hour is not loaded)",
@@ -112,14 +125,14 @@ CAUSES: dict[str, tuple[str, str]] = {
     "DatasetLockedError": (
         "the dataset lock (another run of {ds} held it)",
         "nothing was written; wait for the other run to finish and launch {hours} again only if "
-        "it is still not loaded (runs of one dataset queue when the pool limit dedup_{ds}=1 is set)"),
+        "it is still not loaded (runs of one dataset queue when the pool limit {pool}=1 is set)"),
     "LoadCheckError": (
         "a blocking asset check",
         "the failing hour committed nothing; open the check's evaluation for its figures. This "
         "means a bug or corrupted files, not bad input: do not rerun blindly"),
     "IndexDamagedError": (
         "the index health check",
-        "launch job {ds}_index_rebuild (or set on_damaged_index: rebuild), then rerun {hours}"),
+        "launch job {rebuild_job} (or set on_damaged_index: rebuild), then rerun {hours}"),
     "IndexRetentionError": (
         "index retention",
         "see the error; rerun {hours} once the index is consistent"),
@@ -150,5 +163,6 @@ def failure_summary(run: dg.DagsterRun, err: RootError | None, fallback: str) ->
     hours = hours_of_run(run) or "(no partition: every committed hour)"
     stage, fix = CAUSES.get(err.cls, INFRA) if err else INFRA
     cause = str(err) if err else fallback
+    fix = fix.format(ds=ds, hours=hours, pool=pool_name(ds), rebuild_job=rebuild_job_name(ds))
     return (f"dedup_pipeline run failure: dataset {ds}, hour(s) {hours}. Failed in {stage}: "
-            f"{cause} Fix: {fix.format(ds=ds, hours=hours)}.")
+            f"{cause} Fix: {fix}.")

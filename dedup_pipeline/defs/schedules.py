@@ -21,19 +21,17 @@ from typing import Any
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.defs.sensors import active_runs, describe_run, range_tags
+from dedup_pipeline.defs.names import (
+    LATE_HOURS_TAG,
+    hourly_schedule_name,
+    range_tags,
+    reconcile_schedule_name,
+)
+from dedup_pipeline.defs.sensors import active_runs, describe_run
 from dedup_pipeline.engine import landing
 from dedup_pipeline.hours import compress_ranges, to_key
 
 RECONCILE_CRON = "30 0 * * *"
-
-
-def hourly_schedule_name(ds: DatasetConfig) -> str:
-    return f"{ds.name}_hourly_schedule"
-
-
-def reconcile_schedule_name(ds: DatasetConfig) -> str:
-    return f"{ds.name}_reconcile_schedule"
 
 
 def build_hourly_schedule(ds: DatasetConfig, job: Any) -> Any:
@@ -45,7 +43,7 @@ def build_hourly_schedule(ds: DatasetConfig, job: Any) -> Any:
     minute = min(59, math.ceil(ds.landing.grace_s / 60))
     return dg.build_schedule_from_partitioned_job(
         job,
-        name=hourly_schedule_name(ds),
+        name=hourly_schedule_name(ds.name),
         minute_of_hour=minute,
         default_status=dg.DefaultScheduleStatus.STOPPED,
         description=f"Loads the hour of {ds.name!r} that just ended, at minute {minute} of every hour "
@@ -61,7 +59,7 @@ def build_reconcile_schedule(ds: DatasetConfig, job_name: str) -> dg.ScheduleDef
         cron_schedule=RECONCILE_CRON,
         execution_timezone="UTC",
         job_name=job_name,
-        name=reconcile_schedule_name(ds),
+        name=reconcile_schedule_name(ds.name),
         default_status=dg.DefaultScheduleStatus.STOPPED,
         description=f"Daily: if files of an already-loaded hour of {ds.name!r} changed after its "
                     "load, reloads from that hour through the latest loaded hour in one ordered run.",
@@ -80,8 +78,8 @@ def build_reconcile_schedule(ds: DatasetConfig, job_name: str) -> dg.ScheduleDef
         return dg.RunRequest(
             run_key=f"{ds.name}:reconcile:{first}..{last}@{stamp}",
             job_name=job_name,
-            tags={**range_tags(first, last, reconcile_schedule_name(ds)),
-                  "dedup_pipeline/late_hours": compress_ranges([c.hour for c in plan.changes])},
+            tags={**range_tags(first, last, reconcile_schedule_name(ds.name)),
+                  LATE_HOURS_TAG: compress_ranges([c.hour for c in plan.changes])},
         )
 
     return reconcile

@@ -37,22 +37,12 @@ import dagster as dg
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.defs import runs
 from dedup_pipeline.defs.landing_checks import late_input_evaluation, resolved_evaluation
-from dedup_pipeline.defs.runs import RANGE_END, RANGE_START
+from dedup_pipeline.defs.names import landing_sensor_name, range_tags
 from dedup_pipeline.engine import commits, landing
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import compress_ranges, hour_range, parse_key, to_key, to_tag
 
-TRIGGER_TAG = "dedup_pipeline/trigger"
 SENSOR_INTERVAL_S = 30
-
-
-def sensor_name(ds: DatasetConfig) -> str:
-    return f"{ds.name}_landing_sensor"
-
-
-def range_tags(first: str, last: str, trigger: str) -> dict[str, str]:
-    """Tags of a ranged run of the load job (as a single-run backfill of the range would have)."""
-    return {RANGE_START: first, RANGE_END: last, TRIGGER_TAG: trigger}
 
 
 def active_runs(instance: dg.DagsterInstance, ds: DatasetConfig) -> list[dg.DagsterRun]:
@@ -132,7 +122,7 @@ def build_landing_sensor(ds: DatasetConfig, job_name: str,
               else f"the hour's end plus {ds.landing.grace_s:g}s grace")
 
     @dg.sensor(
-        name=sensor_name(ds),
+        name=landing_sensor_name(ds.name),
         job_name=job_name,
         minimum_interval_seconds=SENSOR_INTERVAL_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
@@ -163,7 +153,7 @@ def build_landing_sensor(ds: DatasetConfig, job_name: str,
         first, last = to_key(ready.hours[0]), to_key(ready.hours[-1])
         cur.requested_through = last
         request = dg.RunRequest(run_key=f"{ds.name}:{first}..{last}", job_name=job_name,
-                                tags=range_tags(first, last, sensor_name(ds)))
+                                tags=range_tags(first, last, landing_sensor_name(ds.name)))
         return dg.SensorResult(run_requests=[request], cursor=cur.dump(), asset_events=events)
 
     return landing_sensor

@@ -11,5 +11,4 @@
 - `load`      one hourly load end to end, crash-safe (L3, R8, R10)
 - `storage`   file operations through fsspec; atomic partition replace; the dataset lock
 - `verify`    recheck conservation and uniqueness from the files alone (K4)
-- `generate`  the sample / benchmark landing-zone generator (K5)
 """

@@ -443,15 +443,27 @@ def load_hours(
     partition_keys: list[str],
     progress: Progress | None = None,
     owner: str = "dedup_pipeline",
+    *,
+    remote: str | None = None,
+    on_hour: Callable[[LoadResult], None] | None = None,
 ) -> list[LoadResult]:
-    """Load hours in ascending order under the dataset lock, in this one Spark session (R11)."""
+    """Load hours in ascending order under the dataset lock, in this one Spark session (R11).
+
+    The one lock-plus-hour loop: the Dagster asset runs it too. `on_hour` sees each committed
+    hour as soon as it is committed, so a caller still knows which hours a failing run did commit;
+    `remote` names the Spark Connect server in use, so losing it is one SparkServerError line.
+    """
+    from dedup_pipeline.engine.session import connect_errors
     from dedup_pipeline.engine.storage import Lock
 
     keys = sorted(partition_keys, key=parse_key)
     results = []
     # Lock.__exit__ never lets a failing release (the same full or read-only disk) replace the
     # load's own error
-    with Lock(Storage(ds.output), owner):
+    with Lock(Storage(ds.output), owner), connect_errors(remote):
         for key in keys:
-            results.append(run_load(spark, ds, key, progress))
+            result = run_load(spark, ds, key, progress)
+            results.append(result)
+            if on_hour is not None:
+                on_hour(result)
     return results

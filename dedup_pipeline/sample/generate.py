@@ -31,7 +31,6 @@ import csv
 import io
 import json
 import random
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dedup_pipeline.config import NAME_RE
 from dedup_pipeline.hours import HOUR, epoch_micros, parse_key, to_key
 
 COLUMNS = ("event_id", "user_id", "event_time", "url", "amount")
@@ -69,7 +69,6 @@ _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _U64 = pa.uint64()
 _STR = pa.large_string()  # 64-bit offsets: an hour of lines may pass 2 GiB
-NAME_RE = re.compile(r"^[a-z0-9_]+$")
 
 
 @dataclass

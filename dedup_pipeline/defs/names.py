@@ -1,0 +1,96 @@
+"""Every name the Dagster layer gives out: asset keys and groups, jobs, ops, sensors, schedules,
+concurrency pools and run tags.
+
+Why one module: these strings are an interface. The UI shows them, deploy/dagster.yaml's queue
+limits match on the dataset tag and the pools, the sensors read the tags back from runs
+(`defs/runs.py`), and the CLI addresses the rebuild op by name in its run config; a name spelled
+twice drifts. Every per-dataset name starts with the dataset's name. The asset checks' names live
+with their definitions (`defs/checks.py`, `defs/landing_checks.py`): the engine raises three of them.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from dedup_pipeline.engine.classify import OUTPUTS
+
+# --- assets: AssetKey([dataset, name]), one group per dataset
+RAW = "raw_batch"  # the landing files of an hour (an external asset, observed)
+INDEX = "index"
+WRITTEN = (*OUTPUTS, INDEX)  # the assets a load or an index rebuild writes
+
+
+def asset_key(dataset: str, name: str) -> dg.AssetKey:
+    return dg.AssetKey([dataset, name])
+
+
+def group_name(dataset: str) -> str:
+    return dataset
+
+
+# --- jobs and ops
+LOAD_JOB_SUFFIX = "_hourly_load"
+REBUILD_JOB_SUFFIX = "_index_rebuild"
+
+
+def load_job_name(dataset: str) -> str:
+    return f"{dataset}{LOAD_JOB_SUFFIX}"
+
+
+def rebuild_job_name(dataset: str) -> str:
+    return f"{dataset}{REBUILD_JOB_SUFFIX}"
+
+
+def load_op_name(dataset: str) -> str:
+    """The multi-asset that loads an hour (its step name in the UI)."""
+    return f"{dataset}_load"
+
+
+def rebuild_op_name(dataset: str) -> str:
+    """The rebuild job's op: run config addresses its `hours` under this name."""
+    return f"{dataset}_rebuild_index"
+
+
+# --- sensors and schedules
+RUN_FAILURE_SENSOR = "dedup_run_failure_summary"
+
+
+def landing_sensor_name(dataset: str) -> str:
+    return f"{dataset}_landing_sensor"
+
+
+def recovery_sensor_name(dataset: str) -> str:
+    return f"{dataset}_index_recovery_sensor"
+
+
+def hourly_schedule_name(dataset: str) -> str:
+    return f"{dataset}_hourly_schedule"
+
+
+def reconcile_schedule_name(dataset: str) -> str:
+    return f"{dataset}_reconcile_schedule"
+
+
+# --- concurrency pools
+def pool_name(dataset: str) -> str:
+    """The pool of every step that writes the dataset (load, index rebuild): with a limit of 1
+    (deploy/dagster.yaml) runs of one dataset queue instead of failing on its lock."""
+    return f"dedup_{dataset}"
+
+
+# --- run tags: ours, and Dagster's own that we read or set
+DATASET_TAG = "dedup_pipeline/dataset"  # the queue's per-dataset limit matches on it
+TRIGGER_TAG = "dedup_pipeline/trigger"  # the sensor or schedule that requested the run
+REASON_TAG = "dedup_pipeline/reason"  # why the recovery sensor requested a rebuild
+LATE_HOURS_TAG = "dedup_pipeline/late_hours"  # the changed hours a reconcile run reloads
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"
+PARTITION = "dagster/partition"
+
+
+def range_tags(first: str, last: str, trigger: str | None = None) -> dict[str, str]:
+    """Tags of a ranged run of the load job, as a single-run backfill of the range sets them."""
+    tags = {RANGE_START: first, RANGE_END: last}
+    if trigger is not None:
+        tags[TRIGGER_TAG] = trigger
+    return tags

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from dedup_pipeline.engine.classify import OUTPUTS
 from dedup_pipeline.engine.errors import infrastructure_cause
+from dedup_pipeline.engine.outputs import OUTPUTS
 
 DATASET_TAG = "dedup_pipeline/dataset"
 RANGE_START = "dagster/asset_partition_range_start"

@@ -202,17 +202,17 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False) -> IndexD
                 f"{path}")
             continue
         try:
-            rec = commits.read_commit(st, tag) or {}
+            rec = commits.read_commit(st, tag)
         except commits.CommitRecordError as e:
             damage.bad_records[tag] = str(e)
             continue
-        if rec.get("index_files") and rec.get("index_format", 1) < index.INDEX_FORMAT:
+        listed = rec.index_files if rec is not None else ()
+        if listed and rec is not None and rec.index_format < index.INDEX_FORMAT:
             damage.old_format.append(tag)
-        for f in rec.get("index_files", []):
-            if (lo is not None and f["slice"] < lo) or (f["slice"], tag) in merged:
+        for f in listed:
+            if (lo is not None and f.slice < lo) or (f.slice, tag) in merged:
                 continue  # deleted by retention, or merged by compaction, as intended
-            entry = index.IndexFile(tag, int(f["slice"]), f["name"], int(f["size"]), f.get("rows"),
-                                    sha256=f.get("sha256"))
+            entry = index.IndexFile(tag, f.slice, f.name, f.size, f.rows, sha256=f.sha256)
             damage.files[entry.rel] = entry
     for c in compacted:
         for f in c.files:
@@ -300,14 +300,14 @@ def _unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
         except commits.CommitRecordError:
             rec = None
         problem = None
-        listed = (rec or {}).get("output_files", {}).get("unique")
+        listed = (rec.output_files or {}).get("unique") if rec is not None else None
         if not st.exists(part):
             problem = f"its unique partition {part} is missing"
         elif listed is not None:
-            missing = [f["name"] for f in listed if not st.exists(f"{part}/{f['name']}")]
+            missing = [f.name for f in listed if not st.exists(f"{part}/{f.name}")]
             if missing:
                 problem = f"{part}/{missing[0]}, listed in its commit record, is missing"
-            out[tag] = [st.spark_path("unique", f"load_hour={tag}", f["name"]) for f in listed]
+            out[tag] = [st.spark_path("unique", f"load_hour={tag}", f.name) for f in listed]
         else:
             out[tag] = [st.spark_path("unique", f"load_hour={tag}")]
         if problem:
@@ -378,10 +378,9 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
         except commits.CommitRecordError:
             rec = None  # only a rerun of that hour restores its record; its files stay unlisted
         if rec is not None:
-            rec["index_files"] = files
-            rec["index_format"] = index.INDEX_FORMAT
-            rec["index_slices_written"] = slices
-            commits.write_commit(st, tag, rec)
+            commits.write_commit(st, rec.with_(
+                index_files=tuple(commits.IndexFileEntry.from_json(f) for f in files),
+                index_format=index.INDEX_FORMAT, index_slices_written=tuple(slices)))
     if tags is None:
         st.replace_dir(staging, st.path(index.INDEX))
     else:

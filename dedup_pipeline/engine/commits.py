@@ -54,9 +54,10 @@ class IndexFileEntry:
         return cls(int(f["slice"]), f["name"], int(f["size"]), f.get("rows"), f.get("sha256"))
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"slice": self.slice, "name": self.name, "size": self.size,
-                               "rows": self.rows}
-        if self.sha256 is not None:  # absent, not null, as earlier versions wrote it
+        out: dict[str, Any] = {"slice": self.slice, "name": self.name, "size": self.size}
+        if self.rows is not None:  # absent, as the versions before it wrote it
+            out["rows"] = self.rows
+        if self.sha256 is not None:
             out["sha256"] = self.sha256
         return out
 

@@ -46,7 +46,17 @@ from dedup_pipeline.engine.commits import (
 )
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
 from dedup_pipeline.engine.expiry import Number, expiry_point, expiry_point_frame, latest_point
-from dedup_pipeline.engine.outputs import CONFLICT, KIND, OUT, OUTPUTS, UNIQUE, select_output
+from dedup_pipeline.engine.outputs import (
+    CONFLICT,
+    DUPLICATES,
+    EXPIRED,
+    KIND,
+    OUT,
+    OUTPUTS,
+    REJECTED,
+    UNIQUE,
+    select_output,
+)
 from dedup_pipeline.engine.parse import (
     REASON,
     BatchPlan,
@@ -106,7 +116,7 @@ def _sabotage(df: DataFrame, what: str) -> DataFrame:
     return df
 
 
-class Cache:
+class Persisted:
     """Every DataFrame a load persists, released on leaving the `with` whatever happened (a
     failed check, an I/O error, an interrupt), so a long-lived session never keeps a dead load's
     batch in executor memory."""
@@ -123,13 +133,18 @@ class Cache:
         df.unpersist()
         self.frames.remove(df)
 
-    def __enter__(self) -> Cache:
+    def __enter__(self) -> Persisted:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        for df in self.frames:
-            df.unpersist()
-        self.frames.clear()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        frames, self.frames = self.frames, []
+        for df in frames:
+            try:
+                df.unpersist()
+            except Exception:
+                if exc is None:
+                    raise
+                # the load's own error is the one to report (a lost session cannot release)
 
 
 class Clock:
@@ -169,6 +184,16 @@ def _forget_outputs(st: Storage, tag: str) -> None:
 
 
 @dataclass(frozen=True)
+class Batch:
+    """The hour's landing files, parsed once and cached."""
+
+    inputs: list[InputFile]
+    frame: DataFrame  # cached
+    rows_in: int
+    vmax: Any  # the max expiry value of its valid rows (None without expiry)
+
+
+@dataclass(frozen=True)
 class Prepared:
     """Hour H ready to classify: loadable (R11), earlier attempts gone, its batch parsed."""
 
@@ -178,10 +203,7 @@ class Prepared:
     committed: frozenset[str]  # committed loads, H excluded
     health: IndexDamage  # the index files the commit records list (healthy)
     prev_latest: Number | None  # L_{H-1}
-    inputs: list[InputFile]
-    batch: DataFrame  # cached
-    rows_in: int
-    vmax: Any  # the batch's max expiry value (None without expiry)
+    batch: Batch
 
     @property
     def key(self) -> str:
@@ -219,19 +241,28 @@ class Verified:
     slices: list[int]
 
 
-def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: Cache,
+def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: Persisted,
             say: Progress) -> Prepared:
-    """Check that H may load, forget any earlier attempt of it, parse its batch once."""
+    """Check that H may load (R11, a healthy index), forget any earlier attempt, parse it."""
     hour = parse_key(partition_key)
     tag = to_tag(hour)
     check_landing_root(ds)
     st = Storage(ds.output)
     committed = commits.committed_tags(st)
     commits.check_order(ds, hour, committed)
-    health = ensure_healthy(spark, ds, st, say, rerun=tag)
-
-    commits.invalidate(st, tag)
+    health = _forget_attempt(spark, ds, st, tag, ensure_healthy(spark, ds, st, say, rerun=tag), say)
     committed.discard(tag)
+    prev = commits.read_commit(st, to_tag(hour - HOUR)) if hour > parse_key(ds.start) else None
+    return Prepared(hour, tag, st, frozenset(committed), health,
+                    prev.latest_point if prev else None, _parse(spark, ds, hour, partition_key, cache, say))
+
+
+def _forget_attempt(spark: SparkSession, ds: DatasetConfig, st: Storage, tag: str,
+                    health: IndexDamage, say: Progress) -> IndexDamage:
+    """Delete what any earlier attempt of `tag` left: its commit record first (from then on the
+    hour is not loaded), its index files (also inside compacted directories), its temp outputs.
+    Returns the index manifest as it now is."""
+    commits.invalidate(st, tag)
     index.clear_load(st, tag)
     # a compacted file holding this hour is rewritten from its own bytes: check them first
     if ensure_intact(spark, ds, st, [f for f in health.files.values() if f.loads and tag in f.holds],
@@ -243,36 +274,35 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: C
         if leftover.startswith(tag):
             st.remove(st.path(TMP, leftover))
     st.purge_trash()
+    return health
 
-    prev = commits.read_commit(st, to_tag(hour - HOUR)) if hour > parse_key(ds.start) else None
 
-    # parse once: one job caches the batch and yields rows in and its max expiry value
+def _parse(spark: SparkSession, ds: DatasetConfig, hour: datetime, partition_key: str,
+           cache: Persisted, say: Progress) -> Batch:
+    """Parse once: one job caches the batch and yields rows in and its max expiry value."""
     inputs = list_input_files(ds, hour)
     plan = plan_batch(ds, inputs)
     vmax = F.max(F.when(F.col(REASON).isNull(), F.col(V))) if ds.expiry else F.lit(None)
     while True:  # a file Spark fails to read is set aside as unreadable and the batch re-read
-        batch = cache.persist(prepare_batch(spark, ds, plan))
+        frame = cache.persist(prepare_batch(spark, ds, plan))
         try:
-            first = batch.agg(F.count(F.lit(1)).alias("n"), vmax.alias("vmax")).collect()[0]
-            break
+            first = frame.agg(F.count(F.lit(1)).alias("n"), vmax.alias("vmax")).collect()[0]
+            return Batch(inputs, frame, int(first["n"]), first["vmax"])
         except Exception as e:  # noqa: BLE001 - only a read failure naming a file is absorbed
-            cache.drop(batch)
+            cache.drop(frame)
             bad = failed_file(e, plan)
             if bad is None:
                 raise
             say(f"{ds.name} {partition_key}: {bad.path} is unreadable ({bad.error}); rejected")
             plan = plan.without(bad)
-    return Prepared(hour, tag, st, frozenset(committed), health,
-                    prev.latest_point if prev else None, inputs, batch, int(first["n"]),
-                    first["vmax"])
 
 
-def classify_batch(spark: SparkSession, ds: DatasetConfig, p: Prepared, cache: Cache,
+def classify_batch(spark: SparkSession, ds: DatasetConfig, p: Prepared, cache: Persisted,
                    say: Progress) -> Classified:
     """Expiry points, the live index (from the commit records' manifests), the candidates the
     batch can hit (cached: classify and the unique_keys check both use them), classification."""
     st = p.st
-    latest = latest_point(ds, p.hour, p.prev_latest, p.vmax)
+    latest = latest_point(ds, p.hour, p.prev_latest, p.batch.vmax)
     x = expiry_point(ds, latest)
     index.check_retention(st, ds, x)
     readable = {c for c in p.committed if c < p.tag}
@@ -283,11 +313,11 @@ def classify_batch(spark: SparkSession, ds: DatasetConfig, p: Prepared, cache: C
     idx_rows = sum(f.rows if f.rows is not None else st.parquet_rows(st.path(index.INDEX, f.rel))
                    for f in live)
     xs = expiry_point_frame(spark, ds, x)
-    cands = candidates(p.batch, index.read_live(spark, ds, st, live, p.tag), ds, xs)
+    cands = candidates(p.batch.frame, index.read_live(spark, ds, st, live, p.tag), ds, xs)
     if cands is not None:
         cands = cache.persist(cands)
     # only what the writers and the index need is cached (the row origin has done its job)
-    frame = cache.persist(classify(p.batch, cands, ds, p.tag, xs).drop("_blk", "_rid"))
+    frame = cache.persist(classify(p.batch.frame, cands, ds, p.tag, xs).drop("_blk", "_rid"))
     # one job builds the cache the five writes read (concurrent writes on an unbuilt cache would
     # each start building it) and counts every output on the way
     agg = frame.agg(*[F.count_if(F.col(OUT) == o).alias(o) for o in OUTPUTS],
@@ -302,7 +332,7 @@ def write(ds: DatasetConfig, p: Prepared, c: Classified) -> Written:
     then swapped in atomically."""
     st, tag = p.st, p.tag
     run_tmp = st.path(TMP, f"{tag}-{uuid.uuid4().hex[:12]}")
-    n_files = max(1, math.ceil(p.rows_in / ROWS_PER_FILE))
+    n_files = max(1, math.ceil(p.batch.rows_in / ROWS_PER_FILE))
     out_files: dict[str, list[str]] = {}
 
     def write_output(name: str) -> str:
@@ -331,12 +361,12 @@ def write(ds: DatasetConfig, p: Prepared, c: Classified) -> Written:
 def verify_written(spark: SparkSession, ds: DatasetConfig, p: Prepared, c: Classified,
                    w: Written, clock: Clock) -> Verified:
     """The blocking checks on what was written (read back, not trusted from the counts); the
-    staged index entries move in place once conservation holds. On a failed check everything
-    this attempt wrote is removed: nothing is committed."""
+    staged index entries move in place once conservation holds (timed as `write_index`). On a
+    failed check everything this attempt wrote is removed: nothing is committed."""
     st, tag = p.st, p.tag
     label = f"dataset {ds.name!r} hour {p.key}"
     try:
-        figures = checks.check_conservation(st, tag, p.rows_in, label)
+        figures = checks.check_conservation(st, tag, p.batch.rows_in, label)
         _fault("after_index_staged")
         slices = index.publish_entries(st, w.staged, tag)
         clock.lap("write_index")
@@ -359,15 +389,15 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
         dataset=ds.name,
         partition_key=p.key,
         load_hour=tag,
-        rows_in=p.rows_in,
+        rows_in=p.batch.rows_in,
         unique=c.counts[UNIQUE],
-        duplicates=c.counts["duplicates"],
-        expired=c.counts["expired"],
-        rejected=c.counts["rejected"],
+        duplicates=c.counts[DUPLICATES],
+        expired=c.counts[EXPIRED],
+        rejected=c.counts[REJECTED],
         conflicts=c.conflicts,
         latest_point=c.latest,
         expiry_point=c.x,
-        files_in=len(p.inputs),
+        files_in=len(p.batch.inputs),
         index_rows_written=c.counts[UNIQUE],
         index_rows_read=c.index_rows_read,
         index_bytes_read=c.index_bytes_read,
@@ -379,7 +409,7 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
         check_figures=v.figures.as_metadata(),
         committed_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         index_checksum=v.figures.checksum,
-        inputs=tuple(InputFileEntry(f.path, f.size, f.mtime) for f in p.inputs),
+        inputs=tuple(InputFileEntry(f.path, f.size, f.mtime) for f in p.batch.inputs),
         index_files=tuple(IndexFileEntry.from_json(f)
                           for f in index_file_manifest(st, tag, v.slices)),
         index_format=index.INDEX_FORMAT,
@@ -456,12 +486,12 @@ def _run_load(spark: SparkSession, ds: DatasetConfig, partition_key: str,
     """The phases in order; stage timings as the record's `seconds` names them."""
     say = progress or (lambda _msg: None)
     clock = Clock()
-    with Cache() as cache:  # released however the phases end
+    with Persisted() as cache:  # released however the phases end
         p = prepare(spark, ds, partition_key, cache, say)
         clock.lap("parse")
         c = classify_batch(spark, ds, p, cache, say)
         clock.lap("classify")
-        say(f"{ds.name} {partition_key}: {p.rows_in} rows in, classified; writing outputs")
+        say(f"{ds.name} {partition_key}: {p.batch.rows_in} rows in, classified; writing outputs")
         w = write(ds, p, c)
         clock.lap("write_outputs")
         v = verify_written(spark, ds, p, c, w, clock)

@@ -158,7 +158,7 @@ class CommitRecord:
         files = rec.get("output_files")
         values = {k: v for k, v in rec.items() if k in known}
         values.update(
-            dataset=rec.get("dataset", ""),
+            dataset=rec.get("dataset") or "",
             partition_key=rec.get("partition_key") or key_of(tag),
             index_slices_written=tuple(rec.get("index_slices_written") or ()),
             seconds=dict(rec.get("seconds") or {}),

@@ -199,7 +199,7 @@ class Bench:
                 hour = start + i * HOUR
                 key = to_key(hour)
                 ca, extra = pipeline.step(key)
-                ra = LoadResult.from_record(extra["result"])
+                ra = LoadResult.from_json(extra["result"], to_tag(hour))
                 self.record("pipeline", hour, i, ca, **_load_figures(ra))
                 line = f"h{i:>4} {key}: (a) {ca.seconds:5.2f}s"
                 conserved = _conserved(ra)
@@ -312,7 +312,7 @@ class Bench:
         for i in range(hours):
             hour = start + i * HOUR
             ca, extra = pipeline.step(to_key(hour))
-            ra = LoadResult.from_record(extra["result"])
+            ra = LoadResult.from_json(extra["result"], to_tag(hour))
             line = f"big h{i:>3}: (a) {ca.seconds:6.2f}s"
             if i >= plan.big_history:
                 self.record("big_pipeline", hour, i, ca, **_load_figures(ra))

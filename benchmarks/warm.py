@@ -75,7 +75,7 @@ def _config(root: Path, way: str) -> Path:
 def _engine_seconds(output: str, hour: str) -> float:
     rec = commits.read_commit(Storage(output), to_tag(parse_key(hour)))
     assert rec is not None, f"hour {hour} was not committed in {output}"
-    return float(rec["seconds"]["total"])
+    return float(rec.seconds["total"])
 
 
 def _fresh_run(config: Path, hour: str, env: dict[str, str], log: Path) -> float:

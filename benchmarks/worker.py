@@ -68,7 +68,7 @@ class System:
             return cost, {}
         with measured(self.spark, inputs) as cost:
             r = run_load(self.spark, self.ds, key)
-        return cost, {"result": r.as_record()}
+        return cost, {"result": r.to_json()}
 
     def close(self) -> None:
         if self.stream is not None:

@@ -148,7 +148,7 @@ def assert_conserved(ds: DatasetConfig, expect: dict[str, tuple[str, str | None]
     rec = commits.read_commit(_storage(ds), TAG)
     assert rec is not None
     n_out = sum(len(output_rows(ds, n)) for n in OUTPUTS)
-    assert rec["rows_in"] == n_out == len(expect)  # R8: an unreadable file is one row in
+    assert rec.rows_in == n_out == len(expect)  # R8: an unreadable file is one row in
 
 
 def _storage(ds: DatasetConfig) -> Any:
@@ -189,7 +189,8 @@ def test_jsonl_corpus_through_the_cli(spark: SparkSession, tmp_path: Path,
     assert_conserved(ds, expect)
     # `_source_file` is the listed path, exactly as the commit record's inputs name it
     rec = commits.read_commit(_storage(ds), TAG)
-    listed = {f["path"] for f in rec["inputs"]}
+    assert rec is not None and rec.inputs is not None
+    listed = {f.path for f in rec.inputs}
     d = str(hour_dir(tmp_path).resolve())
     assert listed == {f"{d}/{n}" for n in [*NAMED, "good.jsonl.gz", "empty.jsonl", "empty.jsonl.gz",
                                            "notgzip.jsonl.gz", "trunc.jsonl.gz", "enc.jsonl",
@@ -449,7 +450,8 @@ def test_missing_landing_root_fails_the_load_naming_dataset_and_path(
     assert commits.committed_tags(_storage(ds)) == set()
     (tmp_path / "landing").mkdir()  # the root exists, the hour's directory does not: 0 rows
     load_hours(spark, ds, [H0])
-    assert commits.read_commit(_storage(ds), TAG)["rows_in"] == 0
+    rec = commits.read_commit(_storage(ds), TAG)
+    assert rec is not None and rec.rows_in == 0
 
 
 def test_hour_path_that_is_a_file_fails_the_load(spark: SparkSession, tmp_path: Path) -> None:

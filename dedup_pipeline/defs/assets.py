@@ -30,10 +30,10 @@ from dedup_pipeline.defs import checks, names
 from dedup_pipeline.defs.names import INDEX, RAW
 from dedup_pipeline.defs.partitions import hourly_partitions
 from dedup_pipeline.defs.resources import SparkResource
-from dedup_pipeline.engine import commits
+from dedup_pipeline.engine import commits, outputs
 from dedup_pipeline.engine.checks import LoadCheckError
-from dedup_pipeline.engine.classify import OUTPUTS
-from dedup_pipeline.engine.load import LoadResult, load_hours, output_columns
+from dedup_pipeline.engine.load import LoadResult, load_hours
+from dedup_pipeline.engine.outputs import OUTPUTS
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import parse_key, to_tag
 
@@ -53,14 +53,8 @@ DESCRIPTIONS = {
 
 
 def _column_schema(ds: DatasetConfig, output: str) -> dg.TableSchema:
-    extra_types = {"_source_file": "string", "_duplicate_kind": "string",
-                   "_first_load_hour": "string", "_reject_reason": "string", "_raw": "string"}
-    if ds.expiry is not None:
-        et = ds.expiry_type
-        extra_types["_expiry_point"] = "string" if et == "category" else str(et)
-    cols = [dg.TableColumn(c, ds.source.schema.get(c) or extra_types.get(c, "string"))
-            for c in output_columns(ds, output)]
-    return dg.TableSchema(columns=cols)
+    """The output contract (`engine.outputs`) as Dagster shows it."""
+    return dg.TableSchema(columns=[dg.TableColumn(c, t) for c, t in outputs.columns(ds, output)])
 
 
 def _point(ds: DatasetConfig, value: float | int) -> Any:
@@ -170,7 +164,7 @@ def _restate(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str
     note = (f"restated from the committed load of {pk}: run {context.run.run_id} failed before "
             "loading this hour and changed nothing in it")
     evals = [checks.Evaluation(e.name, e.passed, {**e.metadata, "note": note})
-             for e in checks.evaluate(ds, LoadResult.from_record(rec))]
+             for e in checks.evaluate(ds, rec)]
     yield from _evaluations(context.instance, ds, pk, evals)
 
 

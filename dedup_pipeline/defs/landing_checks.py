@@ -100,7 +100,7 @@ def build_input_check(ds: DatasetConfig) -> dg.AssetChecksDefinition:
                     passed=True, severity=dg.AssetCheckSeverity.WARN,
                     description=f"{to_key(hour)} is not loaded yet: nothing to compare",
                     metadata={"loaded": False})
-            if "inputs" not in record:
+            if record.inputs is None:
                 return dg.AssetCheckResult(
                     passed=True, severity=dg.AssetCheckSeverity.WARN,
                     description="the commit record predates input tracking: cannot compare",
@@ -110,7 +110,7 @@ def build_input_check(ds: DatasetConfig) -> dg.AssetChecksDefinition:
                 return dg.AssetCheckResult(
                     passed=True, severity=dg.AssetCheckSeverity.WARN,
                     description="the landing files are the ones the load read",
-                    metadata={"loaded": True, "files": len(record["inputs"])})
+                    metadata={"loaded": True, "files": len(record.inputs)})
             ev = late_input_evaluation(ds, change)
             return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
                                        description=ev.description,

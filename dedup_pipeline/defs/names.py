@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from dedup_pipeline.engine.classify import OUTPUTS
+from dedup_pipeline.engine.outputs import OUTPUTS
 
 # --- assets: AssetKey([dataset, name]), one group per dataset
 RAW = "raw_batch"  # the landing files of an hour (an external asset, observed)

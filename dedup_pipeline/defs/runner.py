@@ -57,6 +57,6 @@ def run_range(cfg: PipelineConfig, dataset: str, first: str, last: str,
     for h in hour_range(first, last):
         rec = commits.read_commit(st, to_tag(h))
         if rec is not None:
-            loaded.append(LoadResult.from_record(rec))
+            loaded.append(rec)
     error = None if result.success else failure_message(result)
     return RangeRun(result.success, result.run_id, error, loaded)

@@ -20,10 +20,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.classify import OUTPUTS
 from dedup_pipeline.engine.digest import H1, H2, digest_columns
 from dedup_pipeline.engine.index.layout import INDEX, is_slice_dir, load_dir
 from dedup_pipeline.engine.index.store import match_columns
+from dedup_pipeline.engine.outputs import OUTPUTS
 from dedup_pipeline.engine.storage import Storage
 
 CONSERVATION, UNIQUE_KEYS, INDEX_AGREES = "conservation", "unique_keys", "index_agrees"

@@ -20,15 +20,20 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.digest import FP, H1
 from dedup_pipeline.engine.expiry import X_COL, expiry_point_column, is_expired
 from dedup_pipeline.engine.index.store import LOAD_HOUR, match_columns
+from dedup_pipeline.engine.outputs import (
+    CONFLICT,
+    DUPLICATES,
+    EXPIRED,
+    EXPIRY_POINT,
+    FIRST,
+    KIND,
+    NATURAL,
+    OUT,
+    REJECTED,
+    UNIQUE,
+)
 from dedup_pipeline.engine.parse import REASON, V
 
-OUT = "_out"
-UNIQUE, DUPLICATES, EXPIRED, REJECTED = "unique", "duplicates", "expired", "rejected"
-OUTPUTS = (UNIQUE, DUPLICATES, EXPIRED, REJECTED)
-KIND = "_duplicate_kind"
-FIRST = "_first_load_hour"
-EXPIRY_POINT = "_expiry_point"
-NATURAL, CONFLICT = "natural", "conflict"
 LOAD_HOUR_ALIAS = "_idx_load_hour"
 
 

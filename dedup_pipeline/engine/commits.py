@@ -4,12 +4,17 @@ A load of hour H is committed iff ``{output}/_commits/load_hour=H.json`` exists.
 last (atomically), after the outputs and the index, and removed first when H is loaded again, so a
 crash at any point leaves H either fully committed or visibly not loaded. The load order rule reads
 these records, never the Dagster instance, so it holds whichever instance runs the load.
+
+`CommitRecord` is the only way a record is written (`write_commit`) or read (`read_commit`,
+validated); the JSON keeps the field names of every earlier version, and records those versions
+wrote (without hashes, row counts, inputs, output files, index format, check figures) still read.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
 
@@ -33,11 +38,164 @@ class CommitRecordError(RuntimeError):
         )
 
 
+@dataclass(frozen=True)
+class IndexFileEntry:
+    """One index file a load published: what `check_index` compares the disk with."""
+
+    slice: int
+    name: str
+    size: int
+    rows: int | None = None  # None in records written before rows were recorded
+    sha256: str | None = None  # None in records written before content hashes were recorded
+
+    @classmethod
+    def from_json(cls, f: dict[str, Any]) -> IndexFileEntry:
+        """From a validated record's entry, or a manifest entry (`index_file_manifest`)."""
+        return cls(int(f["slice"]), f["name"], int(f["size"]), f.get("rows"), f.get("sha256"))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"slice": self.slice, "name": self.name, "size": self.size}
+        if self.rows is not None:  # absent, as the versions before it wrote it
+            out["rows"] = self.rows
+        if self.sha256 is not None:
+            out["sha256"] = self.sha256
+        return out
+
+
+@dataclass(frozen=True)
+class OutputFileEntry:
+    """One Parquet file of an output partition: the files a rebuild and `verify` trust."""
+
+    name: str
+    size: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name} if self.size is None else {"name": self.name, "size": self.size}
+
+
+@dataclass(frozen=True)
+class InputFileEntry:
+    """One landing file the load read, as it was then: the landing check compares it with now."""
+
+    path: str
+    size: int
+    mtime: float
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """Everything one load of an hour did and vouches for; also what `run_load` returns.
+
+    The load's figures and the record are one type, so nothing a load reports can be missing from
+    its record (issue 24: `index_slices_deleted` and the housekeeping timings used to be set after
+    the record was written). Frozen: a changed record is a new one (`with_`), written again.
+    """
+
+    dataset: str
+    partition_key: str
+    load_hour: str
+    rows_in: int
+    unique: int
+    duplicates: int
+    expired: int
+    rejected: int
+    conflicts: int = 0
+    latest_point: float | None = None  # L_H, a running max (R6); None without expiry
+    expiry_point: float | None = None  # X_H
+    files_in: int = 0
+    index_rows_written: int = 0
+    index_rows_read: int = 0
+    index_bytes_read: int = 0
+    index_files_read: int = 0
+    index_slices_written: tuple[int, ...] = ()
+    index_slices_deleted: int = 0
+    files_written: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)  # per stage, and "total"
+    check_figures: dict[str, Any] = field(default_factory=dict)
+    committed_at: str | None = None
+    index_checksum: dict[str, Any] | None = None  # XOR of the unique rows' digests
+    inputs: tuple[InputFileEntry, ...] | None = None  # None: written before inputs were recorded
+    index_files: tuple[IndexFileEntry, ...] = ()
+    index_format: int = 1  # records without one predate index format 2
+    output_files: dict[str, tuple[OutputFileEntry, ...]] | None = None  # None: before files were listed
+    # fields this version does not know (a newer version's, an operator's note): kept on rewrite
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def duplicate_rate(self) -> float:
+        valid = self.unique + self.duplicates
+        return self.duplicates / valid if valid else 0.0
+
+    def with_(self, **changes: Any) -> CommitRecord:
+        return replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as stored: the field names of every earlier version; unset optionals left
+        out, as the versions that did not have them wrote it."""
+        out: dict[str, Any] = dict(self.extra)
+        for f in fields(self):
+            if f.name == "extra":
+                continue
+            v = getattr(self, f.name)
+            if v is None and f.name in _OMIT_IF_NONE:
+                continue
+            out[f.name] = v
+        out["index_slices_written"] = list(self.index_slices_written)
+        out["index_files"] = [f.to_json() for f in self.index_files]
+        if self.inputs is not None:
+            out["inputs"] = [asdict(f) for f in self.inputs]
+        if self.output_files is not None:
+            out["output_files"] = {k: [f.to_json() for f in v] for k, v in self.output_files.items()}
+        return out
+
+    @classmethod
+    def from_json(cls, rec: Any, tag: str) -> CommitRecord:
+        """The record of load `tag` from its parsed JSON; `RecordProblem` saying what is wrong."""
+        problem = validate_record(rec, tag)
+        if problem:
+            raise RecordProblem(problem)
+        known = {f.name for f in fields(cls)} - {"extra"}
+        files = rec.get("output_files")
+        values = {k: v for k, v in rec.items() if k in known}
+        values.update(
+            dataset=rec.get("dataset") or "",
+            partition_key=rec.get("partition_key") or key_of(tag),
+            index_slices_written=tuple(rec.get("index_slices_written") or ()),
+            seconds=dict(rec.get("seconds") or {}),
+            check_figures=dict(rec.get("check_figures") or {}),
+            inputs=None if rec.get("inputs") is None else tuple(
+                InputFileEntry(f["path"], int(f["size"]), float(f["mtime"])) for f in rec["inputs"]),
+            index_files=tuple(IndexFileEntry.from_json(f) for f in rec.get("index_files") or ()),
+            output_files=None if files is None else {
+                k: tuple(OutputFileEntry(f["name"], f.get("size")) for f in v) for k, v in files.items()},
+            extra={k: v for k, v in rec.items() if k not in known},
+        )
+        return cls(**values)
+
+
+_OMIT_IF_NONE = {"committed_at", "index_checksum", "inputs", "output_files"}
+
+
+class RecordProblem(ValueError):
+    """What is wrong with a parsed record (read_commit turns it into a `CommitRecordError`)."""
+
+
 # Fields every commit record has had since the first release, with their JSON types.
 _COUNTS = ("rows_in", "unique", "duplicates", "expired", "rejected")
+_OPTIONAL_COUNTS = ("conflicts", "files_in", "index_rows_written", "index_rows_read",
+                    "index_bytes_read", "index_files_read", "index_slices_deleted",
+                    "files_written", "index_format")
 _FILE_FIELDS: dict[str, tuple[type, ...]] = {"slice": (int,), "name": (str,), "size": (int,)}
 _OPTIONAL_FILE_FIELDS: dict[str, tuple[type, ...]] = {"rows": (int, type(None)),
                                                        "sha256": (str,)}
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def validate_record(rec: Any, tag: str) -> str | None:
@@ -48,13 +206,27 @@ def validate_record(rec: Any, tag: str) -> str | None:
         return f"load_hour is {rec.get('load_hour')!r}, expected {tag!r}"
     for k in _COUNTS:
         v = rec.get(k)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        if not _is_count(v):
             return f"field {k!r} is {v!r}, expected a count"
+    for k in _OPTIONAL_COUNTS:  # later fields: absent in earlier versions' records
+        if k in rec and not _is_count(rec[k]):
+            return f"field {k!r} is {rec[k]!r}, expected a count"
     for k in ("latest_point", "expiry_point"):  # numbers (expiry values), or null
         v = rec.get(k)
-        if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)
-                              or not math.isfinite(v)):
+        if v is not None and not _is_number(v):
             return f"field {k!r} is {v!r}, expected a number or null"
+    for k in ("dataset", "partition_key", "committed_at"):
+        if rec.get(k) is not None and not isinstance(rec[k], str):
+            return f"field {k!r} is {rec[k]!r}, expected a string"
+    slices = rec.get("index_slices_written", [])
+    if not isinstance(slices, list) or not all(isinstance(n, int) and not isinstance(n, bool)
+                                               for n in slices):
+        return "field 'index_slices_written' is not a list of slice numbers"
+    for k in ("seconds", "check_figures", "index_checksum"):
+        if rec.get(k) is not None and not isinstance(rec[k], dict):
+            return f"field {k!r} is not an object"
+    if not all(_is_number(v) for v in (rec.get("seconds") or {}).values()):
+        return "field 'seconds' holds a value that is not a number"
     files = rec.get("index_files", [])
     if not isinstance(files, list):
         return "field 'index_files' is not a list"
@@ -70,8 +242,14 @@ def validate_record(rec: Any, tag: str) -> str | None:
     outs = rec.get("output_files", {})
     if not isinstance(outs, dict) or not all(
             isinstance(v, list) and all(isinstance(x, dict) and isinstance(x.get("name"), str)
+                                        and (x.get("size") is None or _is_count(x["size"]))
                                         for x in v) for v in outs.values()):
         return "field 'output_files' is malformed"
+    inputs = rec.get("inputs", [])
+    if not isinstance(inputs, list) or not all(
+            isinstance(f, dict) and isinstance(f.get("path"), str) and _is_count(f.get("size"))
+            and _is_number(f.get("mtime")) for f in inputs):
+        return "field 'inputs' is malformed"
     return None
 
 
@@ -106,7 +284,7 @@ def is_tag(tag: str) -> bool:
         return False
 
 
-def read_commit(st: Storage, tag: str) -> dict[str, Any] | None:
+def read_commit(st: Storage, tag: str) -> CommitRecord | None:
     """The commit record of load `tag`, validated; None if the hour is not committed.
 
     Raises `CommitRecordError` (naming the file, the hour and the fix) for a record that does not
@@ -123,14 +301,15 @@ def read_commit(st: Storage, tag: str) -> dict[str, Any] | None:
         rec = json.loads(text)
     except ValueError as e:
         raise CommitRecordError(path, tag, f"not valid JSON: {e}") from e
-    problem = validate_record(rec, tag)
-    if problem:
-        raise CommitRecordError(path, tag, problem)
-    return rec
+    try:
+        return CommitRecord.from_json(rec, tag)
+    except RecordProblem as e:
+        raise CommitRecordError(path, tag, str(e)) from None
 
 
-def write_commit(st: Storage, tag: str, record: dict[str, Any]) -> None:
-    st.write_json_atomic(commit_path(st, tag), record)
+def write_commit(st: Storage, record: CommitRecord) -> None:
+    """Write (or atomically replace) the record of `record.load_hour`."""
+    st.write_json_atomic(commit_path(st, record.load_hour), record.to_json())
 
 
 def invalidate(st: Storage, tag: str) -> None:

@@ -135,16 +135,17 @@ class InputChange:
         return f"{self.key} ({', '.join(parts)} file(s))"
 
 
-def input_change(ds: DatasetConfig, hour: datetime, record: dict | None = None) -> InputChange | None:
+def input_change(ds: DatasetConfig, hour: datetime, record: commits.CommitRecord | None = None
+                 ) -> InputChange | None:
     """How hour's landing files differ from its commit record's inputs; None if not loaded or same.
 
     A commit record without `inputs` (written before they were recorded) cannot be compared: None.
     """
     if record is None:
         record = commits.read_commit(Storage(ds.output), to_tag(hour))
-    if record is None or "inputs" not in record:
+    if record is None or record.inputs is None:
         return None
-    loaded = {f["path"]: (int(f["size"]), float(f["mtime"])) for f in record["inputs"]}
+    loaded = {f.path: (f.size, f.mtime) for f in record.inputs}
     now = {f.path: (f.size, f.mtime) for f in list_input_files(ds, hour)}
     added = sorted(set(now) - set(loaded))
     removed = sorted(set(loaded) - set(now))

@@ -1,18 +1,21 @@
 """One hourly load, end to end and crash-safe (SPEC L1-L3, R8-R11).
 
-Sequence for load H (the caller holds the dataset lock):
- 1. order check: every hour since `start` before H has a commit record (R11);
- 2. forget H: delete its commit record, its staged and published index files (also inside
-    compacted directories), its temp outputs;
- 3. parse the batch once (cached), take rows in and the batch's max expiry value in one pass;
- 4. L_H, X_H; read only the live index slices of committed loads before H; classify (cached);
-    all counts in one pass;
- 5. each output partition is written to a temp dir and swapped in atomically;
- 6. index entries are staged, then moved in place;
- 7. the commit record is written (atomic rename) - only now is H loaded;
- 8. retention deletes index slices below X_{H - lag}; compaction merges slices' per-load
-    directories (neither changes any later result).
-A crash anywhere before 7 leaves H "not loaded"; a rerun redoes 2-7 and, being deterministic and
+`run_load` is its phases, each a function with a typed result:
+ 1. `prepare`: order check (every hour since `start` before H has a commit record, R11); the index
+    is healthy; H is forgotten (its commit record, its staged and published index files, also
+    inside compacted directories, its temp outputs); the batch is parsed once (cached) and rows in
+    and the batch's max expiry value are taken in one pass;
+ 2. `classify_batch`: L_H, X_H; only the live index slices of committed loads before H are read;
+    the batch is classified (cached), all counts in one pass;
+ 3. `write`: each output partition is written to a temp dir and swapped in atomically; the index
+    entries are staged;
+ 4. `verify_written`: conservation on the written footers, then the staged entries are moved in
+    place, then unique keys and index agreement on the written files (SPEC D4);
+ 5. `commit`: the commit record is written (atomic rename) - only now is H loaded;
+ 6. `housekeep`: retention deletes index slices below X_{H - lag}; compaction merges slices'
+    per-load directories (neither changes any later result); the record is rewritten with their
+    figures.
+A crash anywhere before 5 leaves H "not loaded"; a rerun redoes 1-5 and, being deterministic and
 reading only entries of loads before H, produces the same rows and the same index (R10).
 """
 
@@ -24,35 +27,28 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import checks, commits
-from dedup_pipeline.engine.classify import (
-    CONFLICT,
-    DUPLICATES,
-    EXPIRED,
-    EXPIRY_POINT,
-    FIRST,
-    KIND,
-    OUT,
-    OUTPUTS,
-    REJECTED,
-    UNIQUE,
-    candidates,
-    classify,
+from dedup_pipeline.engine.classify import candidates, classify
+from dedup_pipeline.engine.commits import (
+    CommitRecord,
+    IndexFileEntry,
+    InputFileEntry,
+    OutputFileEntry,
 )
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
 from dedup_pipeline.engine.expiry import Number, expiry_point, expiry_point_frame, latest_point
 from dedup_pipeline.engine.index import compaction, layout, store
 from dedup_pipeline.engine.index.health import (
+    IndexDamage,
     IndexDamagedError,
     check_index,
     checksum_failure,
@@ -61,11 +57,23 @@ from dedup_pipeline.engine.index.health import (
     index_file_manifest,
     record_damage,
 )
+from dedup_pipeline.engine.index.layout import IndexFile
 from dedup_pipeline.engine.index.live import apply_retention, check_retention, live_files
+from dedup_pipeline.engine.outputs import (
+    CONFLICT,
+    DUPLICATES,
+    EXPIRED,
+    KIND,
+    OUT,
+    OUTPUTS,
+    REJECTED,
+    UNIQUE,
+    select_output,
+)
 from dedup_pipeline.engine.parse import (
     REASON,
-    SPARK_TYPES,
     BatchPlan,
+    InputFile,
     V,
     check_landing_root,
     failed_file,
@@ -87,45 +95,8 @@ FAULT_ENV = "DEDUP_FAULT"  # fault injection for the crash tests: kill the proce
 
 Progress = Callable[[str], None]
 
-
-@dataclass
-class LoadResult:
-    """What one load did; every figure is also in the commit record."""
-
-    dataset: str
-    partition_key: str
-    load_hour: str
-    rows_in: int
-    unique: int
-    duplicates: int
-    expired: int
-    rejected: int
-    conflicts: int
-    latest_point: Number | None
-    expiry_point: Number | None
-    files_in: int
-    index_rows_written: int
-    index_rows_read: int
-    index_bytes_read: int
-    index_files_read: int
-    index_slices_written: list[int]
-    index_slices_deleted: int
-    files_written: int
-    seconds: dict[str, float] = field(default_factory=dict)
-    check_figures: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def duplicate_rate(self) -> float:
-        valid = self.unique + self.duplicates
-        return self.duplicates / valid if valid else 0.0
-
-    def as_record(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_record(cls, rec: dict[str, Any]) -> LoadResult:
-        names = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in rec.items() if k in names})
+# What one load did is its commit record: one type, so no figure can be reported and not recorded.
+LoadResult = CommitRecord
 
 
 def _fault(point: str) -> None:
@@ -146,43 +117,51 @@ def _sabotage(df: DataFrame, what: str) -> DataFrame:
     return df
 
 
-def _unpersist(frames: list[DataFrame]) -> None:
-    for df in frames:
+class Persisted:
+    """Every DataFrame a load persists, released on leaving the `with` whatever happened (a
+    failed check, an I/O error, an interrupt), so a long-lived session never keeps a dead load's
+    batch in executor memory."""
+
+    def __init__(self) -> None:
+        self.frames: list[DataFrame] = []
+
+    def persist(self, df: DataFrame) -> DataFrame:
+        df = df.persist(CACHE)
+        self.frames.append(df)
+        return df
+
+    def drop(self, df: DataFrame) -> None:
         df.unpersist()
+        self.frames.remove(df)
+
+    def __enter__(self) -> Persisted:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        frames, self.frames = self.frames, []
+        for df in frames:
+            try:
+                df.unpersist()
+            except Exception:
+                if exc is None:
+                    raise
+                # the load's own error is the one to report (a lost session cannot release)
 
 
-def _source_columns(ds: DatasetConfig) -> list[str]:
-    return list(ds.source.schema)
+class Clock:
+    """Stage timings of one load: each `lap` is the time since the previous one."""
 
+    def __init__(self) -> None:
+        self.t0 = self.last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
 
-def output_columns(ds: DatasetConfig, name: str) -> list[str]:
-    src = _source_columns(ds)
-    return {
-        UNIQUE: [*src, "_source_file"],
-        DUPLICATES: [*src, "_source_file", KIND, FIRST],
-        EXPIRED: [*src, "_source_file", EXPIRY_POINT],
-        REJECTED: ["_source_file", REASON, "_raw"],
-    }[name]
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] = round(now - self.last, 3)
+        self.last = now
 
-
-def _expiry_point_type(ds: DatasetConfig) -> T.DataType:
-    kind = ds.expiry_type
-    if kind is None or kind == "category":
-        return T.StringType()
-    return SPARK_TYPES[kind]
-
-
-def _select_output(df: DataFrame, ds: DatasetConfig, name: str) -> DataFrame:
-    cols = []
-    for c in output_columns(ds, name):
-        if c in df.columns:
-            col = F.col(c)
-            if c == EXPIRY_POINT:
-                col = col.cast(_expiry_point_type(ds))
-            cols.append(col.alias(c))
-        else:  # e.g. `_expiry_point` before anything could expire
-            cols.append(F.lit(None).cast(_expiry_point_type(ds)).alias(c))
-    return df.filter(F.col(OUT) == name).select(*cols)
+    def with_total(self) -> dict[str, float]:
+        return {**self.seconds, "total": round(time.perf_counter() - self.t0, 3)}
 
 
 def prepare_batch(spark: SparkSession, ds: DatasetConfig,
@@ -203,6 +182,276 @@ def _forget_outputs(st: Storage, tag: str) -> None:
     for name in OUTPUTS:
         st.remove(st.path(name, f"load_hour={tag}"))
     store.clear_load(st, tag)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The hour's landing files, parsed once and cached."""
+
+    inputs: list[InputFile]
+    frame: DataFrame  # cached
+    rows_in: int
+    vmax: Any  # the max expiry value of its valid rows (None without expiry)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Hour H ready to classify: loadable (R11), earlier attempts gone, its batch parsed."""
+
+    hour: datetime
+    tag: str
+    st: Storage
+    committed: frozenset[str]  # committed loads, H excluded
+    health: IndexDamage  # the index files the commit records list (healthy)
+    prev_latest: Number | None  # L_{H-1}
+    batch: Batch
+
+    @property
+    def key(self) -> str:
+        return to_key(self.hour)
+
+
+@dataclass(frozen=True)
+class Classified:
+    """The batch split into the four outputs (cached), and what the index probe read."""
+
+    latest: Number | None
+    x: Number | None
+    live: list[IndexFile]
+    index_rows_read: int
+    index_bytes_read: int
+    candidates: DataFrame | None  # cached: the unique_keys check reads it again
+    frame: DataFrame  # cached: every batch row with `_out` set
+    counts: dict[str, int]  # per output
+    conflicts: int
+
+
+@dataclass(frozen=True)
+class Written:
+    """Each output partition swapped in, and the index entries staged (not yet in place)."""
+
+    out_files: dict[str, list[str]]  # per output: the Parquet files its partition holds
+    staged: str
+
+
+@dataclass(frozen=True)
+class Verified:
+    """The written files pass the blocking checks; the index entries are in place."""
+
+    figures: checks.WrittenFigures
+    slices: list[int]
+
+
+def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: Persisted,
+            say: Progress) -> Prepared:
+    """Check that H may load (R11, a healthy index), forget any earlier attempt, parse it."""
+    hour = parse_key(partition_key)
+    tag = to_tag(hour)
+    check_landing_root(ds)
+    st = Storage(ds.output)
+    committed = commits.committed_tags(st)
+    commits.check_order(ds, hour, committed)
+    health = _forget_attempt(spark, ds, st, tag, ensure_healthy(spark, ds, st, say, rerun=tag), say)
+    committed.discard(tag)
+    prev = commits.read_commit(st, to_tag(hour - HOUR)) if hour > parse_key(ds.start) else None
+    return Prepared(hour, tag, st, frozenset(committed), health,
+                    prev.latest_point if prev else None, _parse(spark, ds, hour, partition_key, cache, say))
+
+
+def _forget_attempt(spark: SparkSession, ds: DatasetConfig, st: Storage, tag: str,
+                    health: IndexDamage, say: Progress) -> IndexDamage:
+    """Delete what any earlier attempt of `tag` left: its commit record first (from then on the
+    hour is not loaded), its index files (also inside compacted directories), its temp outputs.
+    Returns the index manifest as it now is."""
+    commits.invalidate(st, tag)
+    store.clear_load(st, tag)
+    # a compacted file holding this hour is rewritten from its own bytes: check them first
+    if ensure_intact(spark, ds, st, [f for f in health.files.values() if f.loads and tag in f.holds],
+                     say, rerun=tag):
+        health = check_index(st, ds)
+    if compaction.remove_load(spark, ds, st, tag):
+        health = check_index(st, ds)  # compacted files were rewritten: read the new manifest
+    for leftover in st.list_dirs(st.path(TMP)):
+        if leftover.startswith(tag):
+            st.remove(st.path(TMP, leftover))
+    st.purge_trash()
+    return health
+
+
+def _parse(spark: SparkSession, ds: DatasetConfig, hour: datetime, partition_key: str,
+           cache: Persisted, say: Progress) -> Batch:
+    """Parse once: one job caches the batch and yields rows in and its max expiry value."""
+    inputs = list_input_files(ds, hour)
+    plan = plan_batch(ds, inputs)
+    vmax = F.max(F.when(F.col(REASON).isNull(), F.col(V))) if ds.expiry else F.lit(None)
+    while True:  # a file Spark fails to read is set aside as unreadable and the batch re-read
+        frame = cache.persist(prepare_batch(spark, ds, plan))
+        try:
+            first = frame.agg(F.count(F.lit(1)).alias("n"), vmax.alias("vmax")).collect()[0]
+            return Batch(inputs, frame, int(first["n"]), first["vmax"])
+        except Exception as e:  # noqa: BLE001 - only a read failure naming a file is absorbed
+            cache.drop(frame)
+            bad = failed_file(e, plan)
+            if bad is None:
+                raise
+            say(f"{ds.name} {partition_key}: {bad.path} is unreadable ({bad.error}); rejected")
+            plan = plan.without(bad)
+
+
+def classify_batch(spark: SparkSession, ds: DatasetConfig, p: Prepared, cache: Persisted,
+                   say: Progress) -> Classified:
+    """Expiry points, the live index (from the commit records' manifests), the candidates the
+    batch can hit (cached: classify and the unique_keys check both use them), classification."""
+    st = p.st
+    latest = latest_point(ds, p.hour, p.prev_latest, p.batch.vmax)
+    x = expiry_point(ds, latest)
+    check_retention(st, ds, x)
+    readable = {c for c in p.committed if c < p.tag}
+    live = live_files(ds, p.health.files, readable, x)
+    # content: exactly the files the probe will read are hashed (one pass over what Spark reads)
+    if ensure_intact(spark, ds, st, live, say, rerun=p.tag):
+        live = live_files(ds, check_index(st, ds).files, readable, x)
+    idx_rows = sum(f.rows if f.rows is not None else st.parquet_rows(st.path(layout.INDEX, f.rel))
+                   for f in live)
+    xs = expiry_point_frame(spark, ds, x)
+    cands = candidates(p.batch.frame, store.read_live(spark, ds, st, live, p.tag), ds, xs)
+    if cands is not None:
+        cands = cache.persist(cands)
+    # only what the writers and the index need is cached (the row origin has done its job)
+    frame = cache.persist(classify(p.batch.frame, cands, ds, p.tag, xs).drop("_blk", "_rid"))
+    # one job builds the cache the five writes read (concurrent writes on an unbuilt cache would
+    # each start building it) and counts every output on the way
+    agg = frame.agg(*[F.count_if(F.col(OUT) == o).alias(o) for o in OUTPUTS],
+                    F.count_if(F.col(KIND) == CONFLICT).alias("conflicts")).collect()[0]
+    return Classified(latest, x, live, idx_rows, sum(f.size for f in live), cands, frame,
+                      {o: int(agg[o]) for o in OUTPUTS}, int(agg["conflicts"]))
+
+
+def write(ds: DatasetConfig, p: Prepared, c: Classified) -> Written:
+    """The outputs and the staged index entries, written concurrently from the cached
+    classification (on small batches a load is mostly per-job latency). Each output partition is
+    then swapped in atomically."""
+    st, tag = p.st, p.tag
+    run_tmp = st.path(TMP, f"{tag}-{uuid.uuid4().hex[:12]}")
+    n_files = max(1, math.ceil(p.batch.rows_in / ROWS_PER_FILE))
+    out_files: dict[str, list[str]] = {}
+
+    def write_output(name: str) -> str:
+        tmp = f"{run_tmp}/{name}"
+        out_df = _sabotage(select_output(c.frame, ds, name), name)
+        (out_df.coalesce(n_files).write.mode("overwrite")
+         .option("maxRecordsPerFile", ROWS_PER_FILE)
+         .parquet(st.to_uri(tmp)))
+        return tmp
+
+    entries = _sabotage(c.frame.filter(F.col(OUT) == UNIQUE), "index")
+    with ThreadPoolExecutor(max_workers=len(OUTPUTS) + 1) as pool:
+        written = {name: pool.submit(write_output, name) for name in OUTPUTS}
+        staging = pool.submit(store.stage_entries, ds, st, entries, tag, n_files)
+        for name in OUTPUTS:
+            target = st.path(name, f"load_hour={tag}")
+            st.replace_dir(written[name].result(), target)
+            out_files[name] = st.list_files(target, ".parquet")
+            _fault(f"after_output:{name}")
+        staged = staging.result()
+    st.remove(run_tmp)
+    _fault("after_outputs")
+    return Written(out_files, staged)
+
+
+def verify_written(spark: SparkSession, ds: DatasetConfig, p: Prepared, c: Classified,
+                   w: Written, clock: Clock) -> Verified:
+    """The blocking checks on what was written (read back, not trusted from the counts); the
+    staged index entries move in place once conservation holds (timed as `write_index`). On a
+    failed check everything this attempt wrote is removed: nothing is committed."""
+    st, tag = p.st, p.tag
+    label = f"dataset {ds.name!r} hour {p.key}"
+    try:
+        figures = checks.check_conservation(st, tag, p.batch.rows_in, label)
+        _fault("after_index_staged")
+        slices = store.publish_entries(st, w.staged, tag)
+        clock.lap("write_index")
+        checks.check_unique_and_index(spark, ds, st, tag, figures, c.candidates, label)
+    except checks.LoadCheckError:
+        _forget_outputs(st, tag)
+        raise
+    return Verified(figures, slices)
+
+
+def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verified,
+           clock: Clock) -> CommitRecord:
+    """Write the commit record, after what it vouches for is on disk (local file systems)."""
+    st, tag = p.st, p.tag
+    for name in OUTPUTS:
+        st.sync_tree(st.path(name, f"load_hour={tag}"))
+    for n in v.slices:
+        st.sync_tree(st.path(layout.INDEX, layout.load_rel(n, tag)))
+    record = CommitRecord(
+        dataset=ds.name,
+        partition_key=p.key,
+        load_hour=tag,
+        rows_in=p.batch.rows_in,
+        unique=c.counts[UNIQUE],
+        duplicates=c.counts[DUPLICATES],
+        expired=c.counts[EXPIRED],
+        rejected=c.counts[REJECTED],
+        conflicts=c.conflicts,
+        latest_point=c.latest,
+        expiry_point=c.x,
+        files_in=len(p.batch.inputs),
+        index_rows_written=c.counts[UNIQUE],
+        index_rows_read=c.index_rows_read,
+        index_bytes_read=c.index_bytes_read,
+        index_files_read=len(c.live),
+        index_slices_written=tuple(v.slices),
+        index_slices_deleted=0,  # housekeeping's, after the commit
+        files_written=sum(len(f) for f in w.out_files.values()) + len(v.slices),
+        seconds=clock.with_total(),
+        check_figures=v.figures.as_metadata(),
+        committed_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        index_checksum=v.figures.checksum,
+        inputs=tuple(InputFileEntry(f.path, f.size, f.mtime) for f in p.batch.inputs),
+        index_files=tuple(IndexFileEntry.from_json(f)
+                          for f in index_file_manifest(st, tag, v.slices)),
+        index_format=layout.INDEX_FORMAT,
+        output_files={name: tuple(OutputFileEntry(p_.rsplit("/", 1)[1], int(st.fs.info(p_)["size"]))
+                                  for p_ in files) for name, files in w.out_files.items()},
+    )
+    commits.write_commit(st, record)
+    return record
+
+
+def housekeep(spark: SparkSession, ds: DatasetConfig, p: Prepared, record: CommitRecord,
+              clock: Clock) -> CommitRecord:
+    """Retention and compaction, after the commit, then the record again with their figures.
+
+    They run after the commit by design: H is loaded before anything it does not need is
+    touched, and neither changes a later result. Their figures (slices deleted, their timings,
+    the load's total) reach the record by rewriting it atomically once they are done, so the
+    record holds every figure the load reports. A crash in between leaves the commit-time record:
+    valid, with the housekeeping figures at 0 / absent, and H loaded; the next load's
+    housekeeping does the work.
+    """
+    st = p.st
+    deleted = 0
+    if ds.expiry is not None:  # never changes results: reads filter on v >= X_H anyway
+        floor_rec = commits.read_commit(st, to_tag(p.hour - ds.index.retention_lag_hours * HOUR))
+        if floor_rec is not None:
+            deleted = apply_retention(st, ds, floor_rec.expiry_point)
+    clock.lap("retention")
+
+    def intact(n: int, loads: list[str]) -> bool:
+        found = content_damage(st, [f for f in p.health.files.values()
+                                    if f.slice == n and set(f.holds) & set(loads)])
+        if found:
+            record_damage(st, found)
+        return not found
+
+    compaction.compact(spark, ds, st, set(p.committed) | {p.tag}, intact)
+    clock.lap("compact")
+    final = record.with_(index_slices_deleted=deleted, seconds=clock.with_total())
+    commits.write_commit(st, final)
+    return final
 
 
 def run_load(
@@ -233,206 +482,29 @@ def run_load(
     return _run_load(spark, ds, partition_key, progress)
 
 
-def _run_load(
-    spark: SparkSession,
-    ds: DatasetConfig,
-    partition_key: str,
-    progress: Progress | None = None,
-) -> LoadResult:
+def _run_load(spark: SparkSession, ds: DatasetConfig, partition_key: str,
+              progress: Progress | None = None) -> LoadResult:
+    """The phases in order; stage timings as the record's `seconds` names them."""
     say = progress or (lambda _msg: None)
-    t0 = time.perf_counter()
-    timings: dict[str, float] = {}
-
-    def lap(stage: str, since: float) -> float:
-        now = time.perf_counter()
-        timings[stage] = round(now - since, 3)
-        return now
-
-    hour = parse_key(partition_key)
-    tag = to_tag(hour)
-    check_landing_root(ds)
-    st = Storage(ds.output)
-    committed = commits.committed_tags(st)
-    commits.check_order(ds, hour, committed)
-    health = ensure_healthy(spark, ds, st, say, rerun=tag)
-
-    # 2. forget any earlier attempt of this hour
-    commits.invalidate(st, tag)
-    committed.discard(tag)
-    store.clear_load(st, tag)
-    # a compacted file holding this hour is rewritten from its own bytes: check them first
-    if ensure_intact(spark, ds, st, [f for f in health.files.values() if f.loads and tag in f.holds],
-                     say, rerun=tag):
-        health = check_index(st, ds)
-    if compaction.remove_load(spark, ds, st, tag):
-        health = check_index(st, ds)  # compacted files were rewritten: read the new manifest
-    for leftover in st.list_dirs(st.path(TMP)):
-        if leftover.startswith(tag):
-            st.remove(st.path(TMP, leftover))
-    st.purge_trash()
-
-    prev = commits.read_commit(st, to_tag(hour - HOUR)) if hour > parse_key(ds.start) else None
-    prev_latest = prev.get("latest_point") if prev else None
-
-    # 3. parse once: one job caches the batch and yields rows in and its max expiry value
-    inputs = list_input_files(ds, hour)
-    plan = plan_batch(ds, inputs)
-    vmax = F.max(F.when(F.col(REASON).isNull(), F.col(V))) if ds.expiry else F.lit(None)
-    while True:  # a file Spark fails to read is set aside as unreadable and the batch re-read
-        batch = prepare_batch(spark, ds, plan).persist(CACHE)
-        try:
-            first = batch.agg(F.count(F.lit(1)).alias("n"), vmax.alias("vmax")).collect()[0]
-            break
-        except Exception as e:  # noqa: BLE001 - only a read failure naming a file is absorbed
-            batch.unpersist()
-            bad = failed_file(e, plan)
-            if bad is None:
-                raise
-            say(f"{ds.name} {partition_key}: {bad.path} is unreadable ({bad.error}); rejected")
-            plan = plan.without(bad)
-    cached = [batch]
-    rows_in = int(first["n"])
-    t = lap("parse", t0)
-
-    # 4. expiry points, the live index (from the commit records' manifests), the candidates the
-    # batch can hit (cached: classify and the unique_keys check both use them), classification
-    latest = latest_point(ds, hour, prev_latest, first["vmax"])
-    x = expiry_point(ds, latest)
-    check_retention(st, ds, x)
-    readable = {c for c in committed if c < tag}
-    live = live_files(ds, health.files, readable, x)
-    # content: exactly the files the probe will read are hashed (one pass over what Spark reads)
-    if ensure_intact(spark, ds, st, live, say, rerun=tag):
-        live = live_files(ds, check_index(st, ds).files, readable, x)
-    idx_rows = sum(f.rows if f.rows is not None else st.parquet_rows(st.path(layout.INDEX, f.rel))
-                   for f in live)
-    idx_bytes = sum(f.size for f in live)
-    xs = expiry_point_frame(spark, ds, x)
-    cands = candidates(batch, store.read_live(spark, ds, st, live, tag), ds, xs)
-    if cands is not None:
-        cands = cands.persist(CACHE)
-        cached.append(cands)
-    # only what the writers and the index need is cached (the row origin has done its job)
-    classified = (classify(batch, cands, ds, tag, xs).drop("_blk", "_rid")
-                  .persist(CACHE))
-    cached.append(classified)
-    # one job builds the cache the five writes below read (concurrent writes on an unbuilt cache
-    # would each start building it) and counts every output on the way
-    agg = classified.agg(*[F.count_if(F.col(OUT) == o).alias(o) for o in OUTPUTS],
-                         F.count_if(F.col(KIND) == CONFLICT).alias("conflicts")).collect()[0]
-    t = lap("classify", t)
-    say(f"{ds.name} {partition_key}: {rows_in} rows in, classified; writing outputs")
-
-    # 5. outputs and the staged index entries, written concurrently from the cached classification
-    # (on small batches a load is mostly per-job latency). Each output partition is then swapped
-    # in atomically; the conservation check reads the counts back from the written footers.
-    run_tmp = st.path(TMP, f"{tag}-{uuid.uuid4().hex[:12]}")
-    n_files = max(1, math.ceil(rows_in / ROWS_PER_FILE))
-    out_files: dict[str, list[str]] = {}  # per output: the Parquet files its partition holds
-
-    def write_output(name: str) -> str:
-        tmp = f"{run_tmp}/{name}"
-        out_df = _sabotage(_select_output(classified, ds, name), name)
-        (out_df.coalesce(n_files).write.mode("overwrite")
-         .option("maxRecordsPerFile", ROWS_PER_FILE)
-         .parquet(st.to_uri(tmp)))
-        return tmp
-
-    label = f"dataset {ds.name!r} hour {to_key(hour)}"
-    entries = _sabotage(classified.filter(F.col(OUT) == UNIQUE), "index")
-    with ThreadPoolExecutor(max_workers=len(OUTPUTS) + 1) as pool:
-        written = {name: pool.submit(write_output, name) for name in OUTPUTS}
-        staging = pool.submit(store.stage_entries, ds, st, entries, tag, n_files)
-        for name in OUTPUTS:
-            target = st.path(name, f"load_hour={tag}")
-            st.replace_dir(written[name].result(), target)
-            out_files[name] = st.list_files(target, ".parquet")
-            _fault(f"after_output:{name}")
-        staged = staging.result()
-    st.remove(run_tmp)
-    _fault("after_outputs")
-    files_written = sum(len(files) for files in out_files.values())
-    t = lap("write_outputs", t)
-    try:
-        figures = checks.check_conservation(st, tag, rows_in, label)
-        # 6. index entries: staged above, moved in place only now
-        _fault("after_index_staged")
-        slices = store.publish_entries(st, staged, tag)
-        files_written += len(slices)
-        t = lap("write_index", t)
-        checks.check_unique_and_index(spark, ds, st, tag, figures, cands, label)
-    except checks.LoadCheckError:
-        _unpersist(cached)
-        _forget_outputs(st, tag)
-        raise
-    _unpersist(cached)
+    clock = Clock()
+    with Persisted() as cache:  # released however the phases end
+        p = prepare(spark, ds, partition_key, cache, say)
+        clock.lap("parse")
+        c = classify_batch(spark, ds, p, cache, say)
+        clock.lap("classify")
+        say(f"{ds.name} {partition_key}: {p.batch.rows_in} rows in, classified; writing outputs")
+        w = write(ds, p, c)
+        clock.lap("write_outputs")
+        v = verify_written(spark, ds, p, c, w, clock)
     _fault("before_commit")
-    t = lap("checks", t)
-
-    counts = {o: int(agg[o]) for o in OUTPUTS}
-    result = LoadResult(
-        dataset=ds.name,
-        partition_key=to_key(hour),
-        load_hour=tag,
-        rows_in=rows_in,
-        unique=counts[UNIQUE],
-        duplicates=counts[DUPLICATES],
-        expired=counts[EXPIRED],
-        rejected=counts[REJECTED],
-        conflicts=int(agg["conflicts"]),
-        latest_point=latest,
-        expiry_point=x,
-        files_in=len(inputs),
-        index_rows_written=counts[UNIQUE],
-        index_rows_read=idx_rows,
-        index_bytes_read=idx_bytes,
-        index_files_read=len(live),
-        index_slices_written=slices,
-        index_slices_deleted=0,
-        files_written=files_written,
-        check_figures=figures.as_metadata(),
-    )
-    # 7. commit: what the record vouches for is on disk first (local file systems)
-    for name in OUTPUTS:
-        st.sync_tree(st.path(name, f"load_hour={tag}"))
-    for n in slices:
-        st.sync_tree(st.path(layout.INDEX, layout.load_rel(n, tag)))
-    result.seconds = {**timings, "total": round(time.perf_counter() - t0, 3)}
-    record = result.as_record()
-    record.update(
-        committed_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        index_checksum=figures.checksum,
-        inputs=[{"path": f.path, "size": f.size, "mtime": f.mtime} for f in inputs],
-        index_files=index_file_manifest(st, tag, slices),
-        index_format=layout.INDEX_FORMAT,
-        output_files={name: [{"name": p.rsplit("/", 1)[1], "size": int(st.fs.info(p)["size"])}
-                             for p in files] for name, files in out_files.items()},
-    )
-    commits.write_commit(st, tag, record)
-    t = lap("commit", t)
-
-    # 8. retention (never changes results: reads filter on v >= X_H anyway)
-    if ds.expiry is not None:
-        floor_rec = commits.read_commit(st, to_tag(hour - ds.index.retention_lag_hours * HOUR))
-        if floor_rec is not None:
-            result.index_slices_deleted = apply_retention(
-                st, ds, floor_rec.get("expiry_point"))
-    t = lap("retention", t)
-    def intact(n: int, loads: list[str]) -> bool:
-        found = content_damage(st, [f for f in health.files.values()
-                                    if f.slice == n and set(f.holds) & set(loads)])
-        if found:
-            record_damage(st, found)
-        return not found
-
-    compaction.compact(spark, ds, st, committed | {tag}, intact)
-    lap("compact", t)
-    timings["total"] = round(time.perf_counter() - t0, 3)
-    result.seconds = timings
+    clock.lap("checks")
+    record = commit(ds, p, c, w, v, clock)
+    clock.lap("commit")
+    result = housekeep(spark, ds, p, record, clock)
     say(
-        f"{ds.name} {partition_key}: in={rows_in} unique={result.unique} "
+        f"{ds.name} {partition_key}: in={result.rows_in} unique={result.unique} "
         f"duplicates={result.duplicates} expired={result.expired} rejected={result.rejected} "
-        f"({timings['total']:.1f}s)"
+        f"({result.seconds['total']:.1f}s)"
     )
     return result
 

@@ -71,14 +71,14 @@ def _unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
         except commits.CommitRecordError:
             rec = None
         problem = None
-        listed = (rec or {}).get("output_files", {}).get("unique")
+        listed = (rec.output_files or {}).get("unique") if rec is not None else None
         if not st.exists(part):
             problem = f"its unique partition {part} is missing"
         elif listed is not None:
-            missing = [f["name"] for f in listed if not st.exists(f"{part}/{f['name']}")]
+            missing = [f.name for f in listed if not st.exists(f"{part}/{f.name}")]
             if missing:
                 problem = f"{part}/{missing[0]}, listed in its commit record, is missing"
-            out[tag] = [st.spark_path("unique", f"load_hour={tag}", f["name"]) for f in listed]
+            out[tag] = [st.spark_path("unique", f"load_hour={tag}", f.name) for f in listed]
         else:
             out[tag] = [st.spark_path("unique", f"load_hour={tag}")]
         if problem:
@@ -148,10 +148,9 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
         except commits.CommitRecordError:
             rec = None  # only a rerun of that hour restores its record; its files stay unlisted
         if rec is not None:
-            rec["index_files"] = files
-            rec["index_format"] = layout.INDEX_FORMAT
-            rec["index_slices_written"] = slices
-            commits.write_commit(st, tag, rec)
+            commits.write_commit(st, rec.with_(
+                index_files=tuple(commits.IndexFileEntry.from_json(f) for f in files),
+                index_format=layout.INDEX_FORMAT, index_slices_written=tuple(slices)))
     if tags is None:
         st.replace_dir(staging, st.path(layout.INDEX))
     else:

@@ -25,9 +25,9 @@ from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
-from dedup_pipeline.engine.classify import DUPLICATES, EXPIRED, OUTPUTS, UNIQUE
 from dedup_pipeline.engine.expiry import expiry_point, expiry_value, latest_point
 from dedup_pipeline.engine.index import health, layout
+from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, OUTPUTS, UNIQUE
 from dedup_pipeline.engine.parse import (
     V,
     failed_file,
@@ -86,7 +86,7 @@ def _hour(tag: str) -> str:
 
 
 def _scan(st: Storage, name: str, rep: VerifyReport,
-          records: dict[str, dict | None]) -> _Output:
+          records: dict[str, commits.CommitRecord | None]) -> _Output:
     """List an output directory file by file; report what no load writes; read the footers."""
     out = _Output()
     base = st.path(name)
@@ -105,8 +105,8 @@ def _scan(st: Storage, name: str, rep: VerifyReport,
         tag = entry.split("=", 1)[1]
         out.files[tag], out.rows[tag] = [], 0
         rec = records.get(tag)
-        listed = ({f["name"] for f in rec["output_files"].get(name, [])}
-                  if rec and "output_files" in rec else None)
+        listed = ({f.name for f in rec.output_files.get(name, ())}
+                  if rec and rec.output_files is not None else None)
         seen = set()
         for f in sorted(st.fs.ls(e["name"], detail=True), key=lambda f: f["name"]):
             fname = os.path.basename(f["name"].rstrip("/"))
@@ -149,7 +149,7 @@ def _frame(spark: SparkSession, st: Storage, name: str, scan: _Output) -> DataFr
 
 
 def _check_records(st: Storage, ds: DatasetConfig, rep: VerifyReport,
-                   committed: list[str]) -> dict[str, dict | None]:
+                   committed: list[str]) -> dict[str, commits.CommitRecord | None]:
     try:
         names = sorted(os.path.basename(n.rstrip("/"))
                        for n in st.fs.ls(st.path(commits.COMMITS), detail=False))
@@ -161,7 +161,7 @@ def _check_records(st: Storage, ds: DatasetConfig, rep: VerifyReport,
                                                      and commits.is_tag(tag)):
             rep.violations.append(f"{commits.COMMITS}/{name}: unexpected file among the commit "
                                   "records (not a record of any hour; remove it)")
-    records: dict[str, dict | None] = {}
+    records: dict[str, commits.CommitRecord | None] = {}
     start = to_tag(parse_key(ds.start))
     for tag in committed:
         if tag < start:

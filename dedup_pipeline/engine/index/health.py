@@ -198,17 +198,17 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False) -> IndexD
                 f"{path}")
             continue
         try:
-            rec = commits.read_commit(st, tag) or {}
+            rec = commits.read_commit(st, tag)
         except commits.CommitRecordError as e:
             damage.bad_records[tag] = str(e)
             continue
-        if rec.get("index_files") and rec.get("index_format", 1) < INDEX_FORMAT:
+        listed = rec.index_files if rec is not None else ()
+        if listed and rec is not None and rec.index_format < INDEX_FORMAT:
             damage.old_format.append(tag)
-        for f in rec.get("index_files", []):
-            if (lo is not None and f["slice"] < lo) or (f["slice"], tag) in merged:
+        for f in listed:
+            if (lo is not None and f.slice < lo) or (f.slice, tag) in merged:
                 continue  # deleted by retention, or merged by compaction, as intended
-            entry = IndexFile(tag, int(f["slice"]), f["name"], int(f["size"]), f.get("rows"),
-                              sha256=f.get("sha256"))
+            entry = IndexFile(tag, f.slice, f.name, f.size, f.rows, sha256=f.sha256)
             damage.files[entry.rel] = entry
     for c in compacted:
         for entry in c.index_files():

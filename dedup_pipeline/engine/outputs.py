@@ -1,0 +1,64 @@
+"""The output contract (SPEC L1, L2): the four outputs, their columns and the columns' types.
+
+One home for what a reader of the lake relies on: classification names rows' outputs with these
+names, the load writes exactly these columns in these types, and the Dagster layer shows them as
+the assets' column schemas (`defs/assets.py` only converts them).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine.parse import REASON, SPARK_TYPES
+
+UNIQUE, DUPLICATES, EXPIRED, REJECTED = "unique", "duplicates", "expired", "rejected"
+OUTPUTS = (UNIQUE, DUPLICATES, EXPIRED, REJECTED)
+
+OUT = "_out"  # the column of a classified batch naming each row's output (never written)
+SOURCE_FILE = "_source_file"  # on every output
+KIND = "_duplicate_kind"  # duplicates: NATURAL or CONFLICT (R5)
+NATURAL, CONFLICT = "natural", "conflict"
+FIRST = "_first_load_hour"  # duplicates: the load hour whose unique row it duplicates (R4)
+EXPIRY_POINT = "_expiry_point"  # expired: the expiry point it fell behind (R6)
+RAW = "_raw"  # rejected: the original line or row as text (R9); REASON is its reject reason
+
+
+def expiry_point_type(ds: DatasetConfig) -> str:
+    """The type of `_expiry_point`: the expiry column's own (a category is its name: string)."""
+    kind = ds.expiry_type
+    return "string" if kind is None or kind == "category" else kind
+
+
+def columns(ds: DatasetConfig, name: str) -> list[tuple[str, str]]:
+    """(column, type) of output `name`, in order; types as the config declares them."""
+    src = list(ds.source.schema.items())
+    return {
+        UNIQUE: [*src, (SOURCE_FILE, "string")],
+        DUPLICATES: [*src, (SOURCE_FILE, "string"), (KIND, "string"), (FIRST, "string")],
+        EXPIRED: [*src, (SOURCE_FILE, "string"), (EXPIRY_POINT, expiry_point_type(ds))],
+        REJECTED: [(SOURCE_FILE, "string"), (REASON, "string"), (RAW, "string")],
+    }[name]
+
+
+def column_names(ds: DatasetConfig, name: str) -> list[str]:
+    return [c for c, _ in columns(ds, name)]
+
+
+def select_output(classified: DataFrame, ds: DatasetConfig, name: str) -> DataFrame:
+    """The rows of output `name` from a classified batch, in exactly the contract's columns.
+
+    A column the classification has not produced (`_expiry_point` when nothing could expire) is
+    null of its type, so every partition of an output has one schema.
+    """
+    cols = []
+    for c, typ in columns(ds, name):
+        if c in classified.columns:
+            col = F.col(c)
+            if c == EXPIRY_POINT:
+                col = col.cast(SPARK_TYPES[typ])
+            cols.append(col.alias(c))
+        else:
+            cols.append(F.lit(None).cast(SPARK_TYPES[typ]).alias(c))
+    return classified.filter(F.col(OUT) == name).select(*cols)

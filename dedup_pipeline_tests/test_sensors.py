@@ -20,7 +20,7 @@ from dedup_pipeline.defs.definitions import build_definitions, load_job_name
 from dedup_pipeline.defs.landing_checks import CHECK_NAME, build_input_check
 from dedup_pipeline.defs.sensors import RANGE_END, RANGE_START, build_landing_sensor
 from dedup_pipeline.engine import landing
-from dedup_pipeline.engine.commits import CommitRecord, InputFileEntry
+from dedup_pipeline.engine.commits import CommitRecord
 from dedup_pipeline.hours import parse_key, to_tag
 from dedup_pipeline_tests.conftest import read_output, write_hour
 
@@ -292,8 +292,8 @@ def test_input_change_kinds(tmp_path: Path, change: str) -> None:
     f0 = write_hour(ds, H[0], [_ev(1, 0)])
     f1 = write_hour(ds, H[0], [_ev(2, 0)], name="part-1.jsonl")
     h0 = parse_key(H[0])
-    record = CommitRecord(ds.name, H[0], to_tag(h0), 0, 0, 0, 0, 0, inputs=tuple(
-        InputFileEntry(f.path, f.size, f.mtime) for f in landing.list_input_files(ds, h0)))
+    record = CommitRecord(ds.name, H[0], to_tag(h0), 0, 0, 0, 0, 0,
+                          inputs=tuple(landing.list_input_files(ds, h0)))
     assert landing.input_change(ds, h0, record) is None
     if change == "added":
         write_hour(ds, H[0], [_ev(3, 0)], name="part-2.jsonl")

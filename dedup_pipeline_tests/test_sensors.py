@@ -28,7 +28,8 @@ from dedup_pipeline.defs.names import (
 )
 from dedup_pipeline.defs.sensors import build_landing_sensor
 from dedup_pipeline.engine import landing
-from dedup_pipeline.hours import parse_key
+from dedup_pipeline.engine.commits import CommitRecord
+from dedup_pipeline.hours import parse_key, to_tag
 from dedup_pipeline_tests.conftest import read_output, write_hour
 
 H = [f"2026-11-01-{h:02d}:00" for h in range(6)]
@@ -301,8 +302,8 @@ def test_input_change_kinds(tmp_path: Path, change: str) -> None:
     f0 = write_hour(ds, H[0], [_ev(1, 0)])
     f1 = write_hour(ds, H[0], [_ev(2, 0)], name="part-1.jsonl")
     h0 = parse_key(H[0])
-    record = {"inputs": [{"path": f.path, "size": f.size, "mtime": f.mtime}
-                         for f in landing.list_input_files(ds, h0)]}
+    record = CommitRecord(ds.name, H[0], to_tag(h0), 0, 0, 0, 0, 0,
+                          inputs=tuple(landing.list_input_files(ds, h0)))
     assert landing.input_change(ds, h0, record) is None
     if change == "added":
         write_hour(ds, H[0], [_ev(3, 0)], name="part-2.jsonl")

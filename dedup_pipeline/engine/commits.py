@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine.parse import InputFile
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, compress_ranges, key_of, parse_key, to_key, to_tag
 
@@ -74,15 +75,6 @@ class OutputFileEntry:
 
 
 @dataclass(frozen=True)
-class InputFileEntry:
-    """One landing file the load read, as it was then: the landing check compares it with now."""
-
-    path: str
-    size: int
-    mtime: float
-
-
-@dataclass(frozen=True)
 class CommitRecord:
     """Everything one load of an hour did and vouches for; also what `run_load` returns.
 
@@ -114,7 +106,9 @@ class CommitRecord:
     check_figures: dict[str, Any] = field(default_factory=dict)
     committed_at: str | None = None
     index_checksum: dict[str, Any] | None = None  # XOR of the unique rows' digests
-    inputs: tuple[InputFileEntry, ...] | None = None  # None: written before inputs were recorded
+    # the landing files read, as they were then (the landing check compares them with now);
+    # None: written before inputs were recorded
+    inputs: tuple[InputFile, ...] | None = None
     index_files: tuple[IndexFileEntry, ...] = ()
     index_format: int = 1  # records without one predate index format 2
     output_files: dict[str, tuple[OutputFileEntry, ...]] | None = None  # None: before files were listed
@@ -164,7 +158,7 @@ class CommitRecord:
             seconds=dict(rec.get("seconds") or {}),
             check_figures=dict(rec.get("check_figures") or {}),
             inputs=None if rec.get("inputs") is None else tuple(
-                InputFileEntry(f["path"], int(f["size"]), float(f["mtime"])) for f in rec["inputs"]),
+                InputFile(f["path"], int(f["size"]), float(f["mtime"])) for f in rec["inputs"]),
             index_files=tuple(IndexFileEntry.from_json(f) for f in rec.get("index_files") or ()),
             output_files=None if files is None else {
                 k: tuple(OutputFileEntry(f["name"], f.get("size")) for f in v) for k, v in files.items()},

@@ -41,7 +41,6 @@ from dedup_pipeline.engine.classify import candidates, classify
 from dedup_pipeline.engine.commits import (
     CommitRecord,
     IndexFileEntry,
-    InputFileEntry,
     OutputFileEntry,
 )
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
@@ -410,7 +409,7 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
         check_figures=v.figures.as_metadata(),
         committed_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         index_checksum=v.figures.checksum,
-        inputs=tuple(InputFileEntry(f.path, f.size, f.mtime) for f in p.batch.inputs),
+        inputs=tuple(p.batch.inputs),
         index_files=tuple(IndexFileEntry.from_json(f)
                           for f in index_file_manifest(st, tag, v.slices)),
         index_format=layout.INDEX_FORMAT,

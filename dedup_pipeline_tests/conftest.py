@@ -1,4 +1,7 @@
-"""Shared fixtures: one real local Spark session per test session, datasets in tmp dirs."""
+"""Shared fixtures and builders: one real local Spark session per test session, datasets in tmp
+dirs, and the config builders every test file uses (`dataset_raw`, `source_raw`, `write_config`,
+`pipeline_config`, `dataset_config`, `generated_config`) instead of its own copy.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pyspark.sql import SparkSession
 
-from dedup_pipeline.config import DatasetConfig, parse_config
+from dedup_pipeline.config import DatasetConfig, PipelineConfig, load_config, parse_config
 from dedup_pipeline.engine.session import SparkSettings, get_session
 
 TEST_SPARK_CONF = {
@@ -31,22 +35,56 @@ def spark() -> Iterator[SparkSession]:
     yield session
 
 
+CLICKS_SCHEMA = {"event_id": "string", "user_id": "string", "event_time": "timestamp", "url": "string"}
+START = "2026-11-01-00:00"
+
+
+def source_raw(path: str = "landing", fmt: str = "jsonl", schema: dict[str, str] | None = None,
+               **extra: Any) -> dict[str, Any]:
+    """The YAML mapping of a dataset's `source` (default: the clicks schema in `landing`, JSONL)."""
+    return {"path": path, "format": fmt, "schema": dict(schema or CLICKS_SCHEMA), **extra}
+
+
+def dataset_raw(**fields: Any) -> dict[str, Any]:
+    """The YAML mapping of a small clicks-like dataset; keyword arguments replace or add top-level
+    fields (`fingerprint=["url"]`, `expiry={...}`, `source=source_raw(...)`, `name=...`)."""
+    return {"name": "clicks", "start": START, "source": source_raw(), "key": ["event_id"],
+            "output": "warehouse", **fields}
+
+
+def write_config(root: Path, *datasets: dict[str, Any], name: str = "dedup.yaml",
+                 **top: Any) -> Path:
+    """Write a config file `root/name` of `datasets` (default: one `dataset_raw()`) and the
+    file-level sections `top` (e.g. `spark={...}`); returns its path."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / name
+    doc = {"datasets": list(datasets) or [dataset_raw()], **top}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def pipeline_config(root: Path, *datasets: dict[str, Any], name: str = "dedup.yaml") -> PipelineConfig:
+    """`write_config`, then load it as the definitions would (paths relative to `root`)."""
+    return load_config(write_config(root, *datasets, name=name))
+
+
 def dataset_config(tmp: Path, **overrides: Any) -> DatasetConfig:
-    """A small clicks-like dataset rooted in `tmp`; keyword arguments replace top-level fields."""
-    raw: dict[str, Any] = {
-        "name": "clicks",
-        "start": "2026-11-01-00:00",
-        "source": {
-            "path": "landing",
-            "format": "jsonl",
-            "schema": {"event_id": "string", "user_id": "string", "event_time": "timestamp",
-                       "url": "string"},
-        },
-        "key": ["event_id"],
-        "output": "warehouse",
-    }
-    raw.update(overrides)
-    return parse_config({"datasets": [raw]}, "test", tmp).datasets[0]
+    """A small clicks-like dataset rooted in `tmp` (no file written); keyword arguments replace
+    top-level fields as in `dataset_raw`."""
+    return parse_config({"datasets": [dataset_raw(**overrides)]}, "test", tmp).datasets[0]
+
+
+def generated_config(root: Path, label: str, uris: bool = False, name: str | None = None) -> Path:
+    """The config `generate_landing` wrote as `root/dedup.yaml`, with absolute paths (or file://
+    URIs) and its own output `root/warehouse/<label>`, written as `root/<name or label.yaml>`."""
+    raw = yaml.safe_load((root / "dedup.yaml").read_text())
+    ds = raw["datasets"][0]
+    scheme = "file://" if uris else ""
+    ds["source"]["path"] = f"{scheme}{root / 'landing' / 'clicks'}"
+    ds["output"] = f"{scheme}{root / 'warehouse' / label}"
+    path = root / (name or f"{label}.yaml")
+    path.write_text(yaml.safe_dump(raw))
+    return path
 
 
 def write_hour(ds: DatasetConfig, hour: str, rows: list[Any], name: str = "part-0.jsonl",

@@ -13,27 +13,20 @@ import pytest
 import yaml
 
 from dedup_pipeline.config import ConfigError, load_config
+from dedup_pipeline_tests.conftest import CLICKS_SCHEMA, dataset_raw, source_raw
 
 
 def _dataset(**overrides: Any) -> dict[str, Any]:
-    raw: dict[str, Any] = {
-        "name": "clicks",
-        "start": "2026-11-01-00:00",
-        "source": {
-            "path": "landing/clicks",
-            "format": "jsonl",
-            "schema": {"event_id": "string", "user_id": "string", "event_time": "timestamp",
-                       "url": "string", "n": "long", "flag": "boolean"},
-        },
-        "key": ["event_id"],
+    return dataset_raw(**{
+        "source": source_raw("landing/clicks",
+                             schema={**CLICKS_SCHEMA, "n": "long", "flag": "boolean"}),
         "fingerprint": ["user_id", "url"],
         "order_by": "event_time",
         "expiry": {"column": "event_time", "period": "24h", "basis": "event"},
         "output": "warehouse/clicks",
         "index": {"store_keys": False},
-    }
-    raw.update(overrides)
-    return raw
+        **overrides,
+    })
 
 
 def _write(tmp_path: Path, doc: Any, name: str = "dedup.yaml") -> Path:

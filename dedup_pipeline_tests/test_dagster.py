@@ -9,33 +9,19 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-import yaml
 
-from dedup_pipeline.config import parse_config
+from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.defs.definitions import build_definitions, load_job_name
 from dedup_pipeline.defs.runner import RANGE_END, RANGE_START, run_range
-from dedup_pipeline_tests.conftest import read_output, write_hour
+from dedup_pipeline_tests.conftest import dataset_raw, pipeline_config, read_output, write_hour
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT_NAMES = ("unique", "duplicates", "expired", "rejected", "index")
 
 
-def _cfg(tmp: Path):
-    raw = {
-        "datasets": [{
-            "name": "clicks",
-            "start": "2026-11-01-00:00",
-            "source": {"path": "landing", "format": "jsonl",
-                       "schema": {"event_id": "string", "user_id": "string",
-                                  "event_time": "timestamp", "url": "string"}},
-            "key": ["event_id"],
-            "fingerprint": ["url"],
-            "expiry": {"column": "event_time", "period": "24h"},
-            "output": "warehouse",
-        }]
-    }
-    (tmp / "dedup.yaml").write_text(yaml.safe_dump(raw))
-    return parse_config(raw, str(tmp / "dedup.yaml"), tmp)
+def _cfg(tmp: Path) -> PipelineConfig:
+    return pipeline_config(tmp, dataset_raw(fingerprint=["url"],
+                                            expiry={"column": "event_time", "period": "24h"}))
 
 
 def _ev(i: int, hour: int, url: str = "/a") -> dict:

@@ -23,7 +23,7 @@ import dedup_pipeline.engine.load as load_mod
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.commits import LoadOrderError
 from dedup_pipeline.engine.load import LoadResult, load_hours
-from dedup_pipeline_tests.conftest import dataset_config, write_hour
+from dedup_pipeline_tests.conftest import dataset_config, source_raw, write_hour
 
 OUTPUTS = ("unique", "duplicates", "expired", "rejected")
 BASE_SCHEMA = {"event_id": "string", "user_id": "string", "event_time": "timestamp",
@@ -51,8 +51,7 @@ def ev(rid: str, event_id: Any = "", t: str | None = None, **extra: Any) -> str:
 
 def make_ds(tmp: Path, schema_extra: dict[str, str] | None = None, fmt: str = "jsonl",
             **overrides: Any) -> DatasetConfig:
-    overrides.setdefault("source", {"path": "landing", "format": fmt,
-                                    "schema": {**BASE_SCHEMA, **(schema_extra or {})}})
+    overrides.setdefault("source", source_raw(fmt=fmt, schema={**BASE_SCHEMA, **(schema_extra or {})}))
     return dataset_config(tmp, **overrides)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from dedup_pipeline.engine.storage import DatasetLockedError, Lock, Storage
+from dedup_pipeline_tests.conftest import dataset_config, source_raw
 
 
 def _make_version(root: Path, name: str, version: int, files: int = 20) -> Path:
@@ -165,12 +166,9 @@ def test_non_local_storage_gives_spark_the_roots_own_uri() -> None:
 
 
 def test_config_keeps_uris_and_resolves_relative_paths(tmp_path: Path) -> None:
-    from dedup_pipeline.config import parse_config
-
     def ds(source: str, output: str) -> Any:
-        raw = {"name": "clicks", "start": "2026-11-01-00:00", "key": ["id"], "output": output,
-               "source": {"path": source, "format": "jsonl", "schema": {"id": "string"}}}
-        return parse_config({"datasets": [raw]}, "test", tmp_path).datasets[0]
+        return dataset_config(tmp_path, key=["id"], output=output,
+                              source=source_raw(source, schema={"id": "string"}))
 
     for uri in ("file:///data/landing", "hdfs://namenode:8020/lake/landing",
                 "s3a://bucket/lake/landing"):

@@ -18,6 +18,34 @@ from pyspark.sql import SparkSession
 from dedup_pipeline.config import DatasetConfig, PipelineConfig, load_config, parse_config
 from dedup_pipeline.engine.session import SparkSettings, get_session
 
+# The fast tier: `./scripts/test.sh --fast` (pytest -m fast), every rule on small data with the one
+# shared local Spark session below and a real Dagster run, in under 2 minutes. Which test covers what:
+#
+#   C2       test_config.py (all four tests: bad configs name the file, dataset and field)
+#   R1       test_rules.py::test_exact_keys_null_keys_and_bad_input (exact compare, null keys)
+#   R2       test_digest.py (all: unambiguous, type-aware, null-explicit, Spark = pure Python)
+#   R3       test_rules.py::test_in_batch_winner_order
+#   R4, R5   test_rules.py::test_cross_batch_fingerprint_order_and_empty_hour[fingerprint]
+#   R6       test_rules.py::test_expiry_ordered_numbers (v = X kept, v < X expired, rejected
+#            records do not move L), ::test_expiry_categories, ::test_expiry_processing_basis_uses_the_
+#            partition_not_the_clock; across loads: the R7 test below (a key behind X_H is unique again)
+#   R7       test_rules.py::test_retention_deletes_expired_slices_and_never_changes_a_result
+#   R8       every test_rules.py load (`load` checks conservation against the landing files)
+#   R9       test_rules.py::test_exact_keys_null_keys_and_bad_input,
+#            ::test_csv_rows_with_wrong_field_count_and_bad_values
+#   R10      test_rules.py::test_rerun_of_loaded_hours_changes_nothing (reruns);
+#            test_storage.py::test_lock_excludes_a_second_holder_and_names_the_owner,
+#            ::test_stale_lock_of_a_dead_process_is_taken_over (one writer)
+#   R11      test_rules.py::test_cross_batch_fingerprint_order_and_empty_hour[fingerprint] (order,
+#            empty hour); test_dagster.py::test_ranged_run_is_one_run_in_order_with_per_partition_figures
+#            (a range is one run in order), ::test_out_of_order_load_fails_naming_missing_hours
+#   R12      test_rules.py::test_lost_index_is_refused_then_rebuilt_and_later_loads_are_exact
+#   L3       test_storage.py::test_replace_dir_readers_never_see_a_mix_or_nothing
+#   D1, D5   test_dagster.py::test_asset_graph_shape, ::test_ranged_run_is_one_run_in_order_with_...
+#
+# Everything else (landing-file corpora, crash points, checks and recovery through Dagster, sensors,
+# the CLI, servers, clusters, benchmarks) runs in the whole suite, `./scripts/test.sh`, which CI runs.
+
 TEST_SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "4",

@@ -72,6 +72,7 @@ def test_bad_config_fails_definitions_with_named_field(tmp_path: Path) -> None:
     assert str(bad) in res.stderr and "'clicks'" in res.stderr and "source.schema.id" in res.stderr
 
 
+@pytest.mark.fast
 def test_asset_graph_shape(landing) -> None:
     defs = build_definitions(landing)
     graph = defs.resolve_asset_graph()
@@ -111,6 +112,7 @@ def test_single_hour_materialization_metadata(spark, landing) -> None:
         assert md["rows_in"].value == 4 and md["rejected"].value == 1
 
 
+@pytest.mark.fast
 def test_ranged_run_is_one_run_in_order_with_per_partition_figures(spark, landing) -> None:
     ds = landing.datasets[0]
     job = build_definitions(landing).resolve_job_def(load_job_name("clicks"))
@@ -141,6 +143,7 @@ def test_ranged_run_is_one_run_in_order_with_per_partition_figures(spark, landin
             "2026-11-01-00:00": 4, "2026-11-01-01:00": 2, "2026-11-01-02:00": 2}
 
 
+@pytest.mark.fast
 def test_out_of_order_load_fails_naming_missing_hours(spark, landing) -> None:
     with dg.instance_for_test() as inst:
         run = run_range(landing, "clicks", "2026-11-01-02:00", "2026-11-01-02:00", inst)

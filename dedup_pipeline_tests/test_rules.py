@@ -136,6 +136,7 @@ def _constant_digest(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # --- R1, R9: key exactness, null keys, bad input ---------------------------------------------
+@pytest.mark.fast
 def test_exact_keys_null_keys_and_bad_input(spark: SparkSession, tmp_path: Path) -> None:
     ds = make_ds(tmp_path, {"n": "long"})
     composed, decomposed = "\u00e9", "e\u0301"  # é as one code point vs e + combining accent
@@ -168,6 +169,7 @@ def test_exact_keys_null_keys_and_bad_input(spark: SparkSession, tmp_path: Path)
     assert len(src) == 1 and src.pop().endswith("hour=00/part-0.jsonl")
 
 
+@pytest.mark.fast
 def test_csv_rows_with_wrong_field_count_and_bad_values(spark: SparkSession,
                                                         tmp_path: Path) -> None:
     ds = make_ds(tmp_path, source={"path": "landing", "format": "csv",
@@ -193,6 +195,7 @@ def test_csv_rows_with_wrong_field_count_and_bad_values(spark: SparkSession,
 
 
 # --- R3: in-batch order ----------------------------------------------------------------------
+@pytest.mark.fast
 def test_in_batch_winner_order(spark: SparkSession, tmp_path: Path) -> None:
     """order_by (nulls last), then expiry value, then source file, then position in the file."""
     ds = make_ds(tmp_path, {"seq": "long"}, order_by="event_time",
@@ -237,7 +240,8 @@ def test_in_batch_winner_order(spark: SparkSession, tmp_path: Path) -> None:
 
 
 # --- R4, R5, R11: cross-batch, fingerprints, load order, empty hours -------------------------
-@pytest.mark.parametrize("variant", ["fingerprint", "no_fingerprint_store_keys_colliding"])
+@pytest.mark.parametrize("variant", [pytest.param("fingerprint", marks=pytest.mark.fast),
+                                     "no_fingerprint_store_keys_colliding"])
 def test_cross_batch_fingerprint_order_and_empty_hour(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: str
 ) -> None:
@@ -374,6 +378,7 @@ def test_expiry_timestamps_event_basis(spark: SparkSession, tmp_path: Path,
         ("d22", us("2026-11-01T00:20:00"))}
 
 
+@pytest.mark.fast
 def test_expiry_ordered_numbers(spark: SparkSession, tmp_path: Path) -> None:
     ds = make_ds(tmp_path, {"seq": "long"}, expiry={"column": "seq", "period": 10})
     lines = [
@@ -439,6 +444,7 @@ def test_expiry_doubles_across_loads(spark: SparkSession, tmp_path: Path) -> Non
     assert {(r["rid"], r["_expiry_point"]) for r in out1["expired"]} == {("s6", 9.0)}
 
 
+@pytest.mark.fast
 def test_expiry_categories(spark: SparkSession, tmp_path: Path) -> None:
     ds = make_ds(tmp_path, {"region": "string"},
                  expiry={"column": "region", "period": 1, "categories": ["a", "b", "c", "d"]})
@@ -462,6 +468,7 @@ def test_expiry_categories(spark: SparkSession, tmp_path: Path) -> None:
                                         ("bad_expiry_value", lines[6])}
 
 
+@pytest.mark.fast
 def test_expiry_processing_basis_uses_the_partition_not_the_clock(spark: SparkSession,
                                                                    tmp_path: Path) -> None:
     hour = "2020-01-01-00:00"  # years ago: with the wall clock everything would be expired
@@ -502,6 +509,7 @@ def all_outputs(ds: DatasetConfig, hours: list[str]) -> dict[tuple[str, str], li
     return snap
 
 
+@pytest.mark.fast
 def test_retention_deletes_expired_slices_and_never_changes_a_result(spark: SparkSession,
                                                                      tmp_path: Path) -> None:
     """R7: with retention right after each load (lag 0), the slices wholly behind X_H are deleted
@@ -531,6 +539,7 @@ def test_retention_deletes_expired_slices_and_never_changes_a_result(spark: Spar
     assert {(r["rid"], r["_expiry_point"]) for r in out2["expired"]} == {("g2", 115)}
 
 
+@pytest.mark.fast
 def test_rerun_of_loaded_hours_changes_nothing(spark: SparkSession, tmp_path: Path) -> None:
     """R10: running H1, then H0, again after success gives the same rows in every output of
     every hour and the same index entries, as if each had run once."""
@@ -553,6 +562,7 @@ def test_rerun_of_loaded_hours_changes_nothing(spark: SparkSession, tmp_path: Pa
         assert index_entries(ds) == entries, h
 
 
+@pytest.mark.fast
 def test_lost_index_is_refused_then_rebuilt_and_later_loads_are_exact(spark: SparkSession,
                                                                       tmp_path: Path) -> None:
     """R12: with its index deleted, a load refuses to run and commits nothing; rebuilt from

@@ -26,6 +26,7 @@ def _make_version(root: Path, name: str, version: int, files: int = 20) -> Path:
     return d
 
 
+@pytest.mark.fast
 def test_replace_dir_readers_never_see_a_mix_or_nothing(tmp_path: Path) -> None:
     st = Storage(str(tmp_path))
     target = tmp_path / "unique" / "load_hour=2026-11-01-00"
@@ -83,6 +84,7 @@ def test_replace_dir_creates_a_new_partition(tmp_path: Path) -> None:
     assert not new.exists()
 
 
+@pytest.mark.fast
 def test_lock_excludes_a_second_holder_and_names_the_owner(tmp_path: Path) -> None:
     st = Storage(str(tmp_path))
     with Lock(st, "first run"), pytest.raises(DatasetLockedError, match="locked by first run"):
@@ -93,6 +95,7 @@ def test_lock_excludes_a_second_holder_and_names_the_owner(tmp_path: Path) -> No
     assert not (tmp_path / "_lock").exists()
 
 
+@pytest.mark.fast
 def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path: Path) -> None:
     code = ("import sys, os; from dedup_pipeline.engine.storage import Lock, Storage\n"
             "Lock(Storage(sys.argv[1]), 'killed run').acquire()\n"

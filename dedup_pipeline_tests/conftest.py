@@ -37,11 +37,12 @@ from dedup_pipeline.engine.session import SparkSettings, get_session
 #            test_storage.py::test_lock_excludes_a_second_holder_and_names_the_owner,
 #            ::test_stale_lock_of_a_dead_process_is_taken_over (one writer)
 #   R11      test_rules.py::test_cross_batch_fingerprint_order_and_empty_hour[fingerprint] (order,
-#            empty hour); test_dagster.py::test_ranged_run_is_one_run_in_order_with_per_partition_figures
-#            (a range is one run in order), ::test_out_of_order_load_fails_naming_missing_hours
+#            missing hours named, an empty hour is a load); through Dagster:
+#            test_dagster.py::test_out_of_order_load_fails_naming_missing_hours
 #   R12      test_rules.py::test_lost_index_is_refused_then_rebuilt_and_later_loads_are_exact
 #   L3       test_storage.py::test_replace_dir_readers_never_see_a_mix_or_nothing
-#   D1, D5   test_dagster.py::test_asset_graph_shape, ::test_ranged_run_is_one_run_in_order_with_...
+#   D1, D5   test_dagster.py::test_asset_graph_shape, ::test_single_hour_materialization_metadata
+#            (a real materialization of one hour with its checks and numeric metadata)
 #
 # Everything else (landing-file corpora, crash points, checks and recovery through Dagster, sensors,
 # the CLI, servers, clusters, benchmarks) runs in the whole suite, `./scripts/test.sh`, which CI runs.

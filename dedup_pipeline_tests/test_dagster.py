@@ -93,6 +93,7 @@ def test_asset_graph_shape(landing) -> None:
     assert not graph.get(raw_key).is_materializable
 
 
+@pytest.mark.fast
 def test_single_hour_materialization_metadata(spark, landing) -> None:
     job = build_definitions(landing).resolve_job_def(load_job_name("clicks"))
     with dg.instance_for_test() as inst:
@@ -112,7 +113,6 @@ def test_single_hour_materialization_metadata(spark, landing) -> None:
         assert md["rows_in"].value == 4 and md["rejected"].value == 1
 
 
-@pytest.mark.fast
 def test_ranged_run_is_one_run_in_order_with_per_partition_figures(spark, landing) -> None:
     ds = landing.datasets[0]
     job = build_definitions(landing).resolve_job_def(load_job_name("clicks"))

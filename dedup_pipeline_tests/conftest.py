@@ -1,4 +1,7 @@
-"""Shared fixtures: one real local Spark session per test session, datasets in tmp dirs."""
+"""Shared fixtures and builders: one real local Spark session per test session, datasets in tmp
+dirs, and the config builders every test file uses (`dataset_raw`, `source_raw`, `write_config`,
+`pipeline_config`, `dataset_config`, `generated_config`) instead of its own copy.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +12,40 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pyspark.sql import SparkSession
 
-from dedup_pipeline.config import DatasetConfig, parse_config
+from dedup_pipeline.config import DatasetConfig, PipelineConfig, load_config, parse_config
 from dedup_pipeline.engine.session import SparkSettings, get_session
+
+# The fast tier: `./scripts/test.sh --fast` (pytest -m fast), every rule on small data with the one
+# shared local Spark session below and a real Dagster run, in under 2 minutes. Which test covers what:
+#
+#   C2       test_config.py (all four tests: bad configs name the file, dataset and field)
+#   R1       test_rules.py::test_exact_keys_null_keys_and_bad_input (exact compare, null keys)
+#   R2       test_digest.py (all: unambiguous, type-aware, null-explicit, Spark = pure Python)
+#   R3       test_rules.py::test_in_batch_winner_order
+#   R4, R5   test_rules.py::test_cross_batch_fingerprint_order_and_empty_hour[fingerprint]
+#   R6       test_rules.py::test_expiry_ordered_numbers (v = X kept, v < X expired, rejected
+#            records do not move L), ::test_expiry_categories, ::test_expiry_processing_basis_uses_the_
+#            partition_not_the_clock; across loads: the R7 test below (a key behind X_H is unique again)
+#   R7       test_rules.py::test_retention_deletes_expired_slices_and_never_changes_a_result
+#   R8       every test_rules.py load (`load` checks conservation against the landing files)
+#   R9       test_rules.py::test_exact_keys_null_keys_and_bad_input,
+#            ::test_csv_rows_with_wrong_field_count_and_bad_values
+#   R10      test_rules.py::test_rerun_of_loaded_hours_changes_nothing (reruns);
+#            test_storage.py::test_lock_excludes_a_second_holder_and_names_the_owner,
+#            ::test_stale_lock_of_a_dead_process_is_taken_over (one writer)
+#   R11      test_rules.py::test_cross_batch_fingerprint_order_and_empty_hour[fingerprint] (order,
+#            missing hours named, an empty hour is a load); through Dagster:
+#            test_dagster.py::test_out_of_order_load_fails_naming_missing_hours
+#   R12      test_rules.py::test_lost_index_is_refused_then_rebuilt_and_later_loads_are_exact
+#   L3       test_storage.py::test_replace_dir_readers_never_see_a_mix_or_nothing
+#   D1, D5   test_dagster.py::test_asset_graph_shape, ::test_single_hour_materialization_metadata
+#            (a real materialization of one hour with its checks and numeric metadata)
+#
+# Everything else (landing-file corpora, crash points, checks and recovery through Dagster, sensors,
+# the CLI, servers, clusters, benchmarks) runs in the whole suite, `./scripts/test.sh`, which CI runs.
 
 TEST_SPARK_CONF = {
     "spark.ui.enabled": "false",
@@ -31,22 +64,56 @@ def spark() -> Iterator[SparkSession]:
     yield session
 
 
+CLICKS_SCHEMA = {"event_id": "string", "user_id": "string", "event_time": "timestamp", "url": "string"}
+START = "2026-11-01-00:00"
+
+
+def source_raw(path: str = "landing", fmt: str = "jsonl", schema: dict[str, str] | None = None,
+               **extra: Any) -> dict[str, Any]:
+    """The YAML mapping of a dataset's `source` (default: the clicks schema in `landing`, JSONL)."""
+    return {"path": path, "format": fmt, "schema": dict(schema or CLICKS_SCHEMA), **extra}
+
+
+def dataset_raw(**fields: Any) -> dict[str, Any]:
+    """The YAML mapping of a small clicks-like dataset; keyword arguments replace or add top-level
+    fields (`fingerprint=["url"]`, `expiry={...}`, `source=source_raw(...)`, `name=...`)."""
+    return {"name": "clicks", "start": START, "source": source_raw(), "key": ["event_id"],
+            "output": "warehouse", **fields}
+
+
+def write_config(root: Path, *datasets: dict[str, Any], name: str = "dedup.yaml",
+                 **top: Any) -> Path:
+    """Write a config file `root/name` of `datasets` (default: one `dataset_raw()`) and the
+    file-level sections `top` (e.g. `spark={...}`); returns its path."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / name
+    doc = {"datasets": list(datasets) or [dataset_raw()], **top}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def pipeline_config(root: Path, *datasets: dict[str, Any], name: str = "dedup.yaml") -> PipelineConfig:
+    """`write_config`, then load it as the definitions would (paths relative to `root`)."""
+    return load_config(write_config(root, *datasets, name=name))
+
+
 def dataset_config(tmp: Path, **overrides: Any) -> DatasetConfig:
-    """A small clicks-like dataset rooted in `tmp`; keyword arguments replace top-level fields."""
-    raw: dict[str, Any] = {
-        "name": "clicks",
-        "start": "2026-11-01-00:00",
-        "source": {
-            "path": "landing",
-            "format": "jsonl",
-            "schema": {"event_id": "string", "user_id": "string", "event_time": "timestamp",
-                       "url": "string"},
-        },
-        "key": ["event_id"],
-        "output": "warehouse",
-    }
-    raw.update(overrides)
-    return parse_config({"datasets": [raw]}, "test", tmp).datasets[0]
+    """A small clicks-like dataset rooted in `tmp` (no file written); keyword arguments replace
+    top-level fields as in `dataset_raw`."""
+    return parse_config({"datasets": [dataset_raw(**overrides)]}, "test", tmp).datasets[0]
+
+
+def generated_config(root: Path, label: str, uris: bool = False, name: str | None = None) -> Path:
+    """The config `generate_landing` wrote as `root/dedup.yaml`, with absolute paths (or file://
+    URIs) and its own output `root/warehouse/<label>`, written as `root/<name or label.yaml>`."""
+    raw = yaml.safe_load((root / "dedup.yaml").read_text())
+    ds = raw["datasets"][0]
+    scheme = "file://" if uris else ""
+    ds["source"]["path"] = f"{scheme}{root / 'landing' / 'clicks'}"
+    ds["output"] = f"{scheme}{root / 'warehouse' / label}"
+    path = root / (name or f"{label}.yaml")
+    path.write_text(yaml.safe_dump(raw))
+    return path
 
 
 def write_hour(ds: DatasetConfig, hour: str, rows: list[Any], name: str = "part-0.jsonl",

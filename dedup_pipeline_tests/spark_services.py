@@ -61,6 +61,83 @@ def http_json(url: str, timeout: float = 5, data: Any = None) -> Any:
         return json.loads(resp.read())
 
 
+# ---------------------------------------------------------------- Dagster's GraphQL API
+# What the webserver's pages and buttons send; shared by test_service.py and test_ui_server.py.
+
+
+def graphql(url: str, query: str, variables: dict[str, Any] | None = None,
+            timeout: float = 60) -> dict[str, Any]:
+    """One request to the webserver at `url`; a GraphQL error fails the test."""
+    resp = http_json(f"{url}/graphql", timeout=timeout, data={"query": query, "variables": variables or {}})
+    assert "errors" not in resp, resp["errors"]
+    return resp["data"]
+
+
+WORKSPACE = """
+query { workspaceOrError { __typename ... on Workspace { locationEntries {
+  name loadStatus locationOrLoadError { __typename ... on PythonError { message } } } } } }
+"""
+
+RELOAD_LOCATION = """
+mutation Reload($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) { __typename } }
+"""
+
+LAUNCH_BACKFILL = """
+mutation LaunchBackfill($backfillParams: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $backfillParams) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message stack }
+    ... on UnauthorizedError { message }
+    ... on PartitionSetNotFoundError { message }
+    ... on InvalidSubsetError { message }
+  }
+}
+"""
+
+BACKFILL_STATUS = """
+query Backfill($id: String!) {
+  partitionBackfillOrError(backfillId: $id) {
+    __typename
+    ... on PartitionBackfill {
+      status numPartitions
+      error { message }
+      runs(limit: 10) { runId status tags { key value } }
+    }
+    ... on PythonError { message }
+  }
+}
+"""
+
+
+def loaded_location(url: str, name: str, reload_unreachable: bool = False) -> dict[str, Any] | None:
+    """The code location's workspace entry once it finished loading (or failed to), else None.
+    With `reload_unreachable`, a location whose code server was not serving yet when the webserver
+    asked ("unreachable") is reloaded, as a user would in the UI, and None returned meanwhile."""
+    for entry in graphql(url, WORKSPACE)["workspaceOrError"].get("locationEntries", []):
+        if entry["name"] == name and entry["loadStatus"] == "LOADED":
+            error = entry["locationOrLoadError"].get("message") or ""
+            if reload_unreachable and "DagsterUserCodeUnreachableError" in error:
+                graphql(url, RELOAD_LOCATION, {"name": name})
+                return None
+            return entry
+    return None
+
+
+def launch_backfill(url: str, params: dict[str, Any]) -> str:
+    """Launch a partition backfill as the UI's dialog does; returns its id."""
+    res = graphql(url, LAUNCH_BACKFILL, {"backfillParams": params})["launchPartitionBackfill"]
+    assert res["__typename"] == "LaunchBackfillSuccess", res
+    return res["backfillId"]
+
+
+def backfill_finished(url: str, backfill_id: str) -> dict[str, Any] | None:
+    """The backfill once it stopped running, else None (for `wait_until`)."""
+    b = graphql(url, BACKFILL_STATUS, {"id": backfill_id})["partitionBackfillOrError"]
+    assert b["__typename"] == "PartitionBackfill", b
+    return b if b["status"] not in ("REQUESTED", "CANCELING", "FAILING") else None
+
+
 @dataclass
 class Service:
     """One background process group and its log file."""
@@ -95,6 +172,15 @@ class Service:
                 break
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
+
+    def finish(self, timeout: float = 600) -> int:
+        """Wait for the process to exit, then stop its group; its exit code (-1 on a timeout)."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return -1
+        finally:
+            self.stop()
 
 
 def _group_alive(pgid: int) -> bool:
@@ -163,12 +249,7 @@ def run_logged(cmd: list[str], log: Path, env: dict[str, str], cwd: Path,
     """Run a command to completion in its own process group (killed on timeout or error);
     returns (exit code, output)."""
     svc = start(Path(cmd[0]).name, cmd, log, env=env, cwd=cwd)
-    try:
-        rc = svc.proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        rc = -1
-    finally:
-        svc.stop()
+    rc = svc.finish(timeout)
     return rc, log.read_text(errors="replace")
 
 

@@ -8,34 +8,28 @@ import dagster as dg
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.config import load_config
 from dedup_pipeline.defs.names import asset_key
-from dedup_pipeline_tests.conftest import write_hour
+from dedup_pipeline_tests.conftest import dataset_raw, source_raw, write_config, write_hour
 
-CONFIG = {
-    "datasets": [{
-        "name": "orders",
-        "start": "2026-11-01-00:00",
-        "source": {"path": "landing", "format": "csv",
-                   "schema": {"order_id": "long", "shop": "string", "ts": "timestamp",
-                              "amount": "double"}},
-        "key": ["order_id", "shop"],
-        "fingerprint": "all",
-        "expiry": {"column": "ts", "period": "2h"},
-        "output": "warehouse",
-    }]
-}
+ORDERS_SCHEMA = {"order_id": "long", "shop": "string", "ts": "timestamp", "amount": "double"}
+
+
+def _orders(period: str = "2h") -> dict:
+    return dataset_raw(name="orders", source=source_raw(fmt="csv", schema=ORDERS_SCHEMA),
+                       key=["order_id", "shop"], fingerprint="all",
+                       expiry={"column": "ts", "period": period})
+
+
 HEADER = "order_id,shop,ts,amount"
 
 
 @pytest.fixture
 def orders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    cfg_path = tmp_path / "dedup.yaml"
-    cfg_path.write_text(yaml.safe_dump(CONFIG, sort_keys=False))
+    cfg_path = write_config(tmp_path, _orders())
     ds = load_config(cfg_path).datasets[0]
     write_hour(ds, "2026-11-01-00:00", ["1,s1,2026-11-01T00:01:00Z,1.5",
                                         "1,s2,2026-11-01T00:02:00Z,2.5",
@@ -82,10 +76,7 @@ def test_run_failure_is_one_line_and_nonzero(spark, orders: Path) -> None:
 
 
 def test_run_rejects_bad_config_naming_field(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.yaml"
-    cfg = yaml.safe_load(yaml.safe_dump(CONFIG))
-    cfg["datasets"][0]["expiry"]["period"] = "2 fortnights"
-    bad.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    bad = write_config(tmp_path, _orders(period="2 fortnights"), name="bad.yaml")
     r = CliRunner().invoke(main, ["run", "--config", str(bad), "--from", "2026-11-01-00:00",
                                   "--to", "2026-11-01-00:00"])
     assert r.exit_code == 1

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import load_config
@@ -29,6 +28,7 @@ from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline.hours import hour_range, to_key
 from dedup_pipeline.sample.generate import generate_landing
+from dedup_pipeline_tests.conftest import generated_config
 from dedup_pipeline_tests.spark_services import (
     FAST_JVM,
     LOOPBACK,
@@ -81,14 +81,7 @@ def landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def write_config(root: Path, name: str, uris: bool = False) -> Path:
     """The generated config with absolute paths (or file:// URIs) and its own output directory."""
-    raw = yaml.safe_load((root / "dedup.yaml").read_text())
-    ds = raw["datasets"][0]
-    scheme = "file://" if uris else ""
-    ds["source"]["path"] = f"{scheme}{root / 'landing' / 'clicks'}"
-    ds["output"] = f"{scheme}{root / 'warehouse' / name}"
-    path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    return generated_config(root, name, uris)
 
 
 @pytest.fixture(scope="module")

@@ -13,27 +13,20 @@ import pytest
 import yaml
 
 from dedup_pipeline.config import ConfigError, load_config
+from dedup_pipeline_tests.conftest import CLICKS_SCHEMA, dataset_raw, source_raw
 
 
 def _dataset(**overrides: Any) -> dict[str, Any]:
-    raw: dict[str, Any] = {
-        "name": "clicks",
-        "start": "2026-11-01-00:00",
-        "source": {
-            "path": "landing/clicks",
-            "format": "jsonl",
-            "schema": {"event_id": "string", "user_id": "string", "event_time": "timestamp",
-                       "url": "string", "n": "long", "flag": "boolean"},
-        },
-        "key": ["event_id"],
+    return dataset_raw(**{
+        "source": source_raw("landing/clicks",
+                             schema={**CLICKS_SCHEMA, "n": "long", "flag": "boolean"}),
         "fingerprint": ["user_id", "url"],
         "order_by": "event_time",
         "expiry": {"column": "event_time", "period": "24h", "basis": "event"},
         "output": "warehouse/clicks",
         "index": {"store_keys": False},
-    }
-    raw.update(overrides)
-    return raw
+        **overrides,
+    })
 
 
 def _write(tmp_path: Path, doc: Any, name: str = "dedup.yaml") -> Path:
@@ -90,6 +83,7 @@ BAD = [
 
 @pytest.mark.parametrize(("dataset", "ds_name", "fld"), [b[1:] for b in BAD],
                          ids=[b[0] for b in BAD])
+@pytest.mark.fast
 def test_bad_config_names_file_dataset_and_field(tmp_path: Path, dataset: dict, ds_name: str,
                                                  fld: str) -> None:
     msg = _error(tmp_path, dataset)
@@ -98,6 +92,7 @@ def test_bad_config_names_file_dataset_and_field(tmp_path: Path, dataset: dict, 
     assert f"field {fld!r}" in msg
 
 
+@pytest.mark.fast
 def test_unknown_key_is_reported_in_the_second_dataset(tmp_path: Path) -> None:
     good = _dataset()
     bad = _dataset(name="orders", output="warehouse/orders")
@@ -109,6 +104,7 @@ def test_unknown_key_is_reported_in_the_second_dataset(tmp_path: Path) -> None:
     assert str(p) in msg and "dataset 'orders'" in msg and "field 'source.encoding'" in msg
 
 
+@pytest.mark.fast
 def test_unknown_key_at_file_level_names_file_and_field(tmp_path: Path) -> None:
     p = _write(tmp_path, {"datasets": [_dataset()], "sparkk": {"master": "local[1]"}})
     with pytest.raises(ConfigError) as ei:
@@ -116,6 +112,7 @@ def test_unknown_key_at_file_level_names_file_and_field(tmp_path: Path) -> None:
     assert str(p) in str(ei.value) and "field 'sparkk'" in str(ei.value)
 
 
+@pytest.mark.fast
 def test_valid_multi_dataset_file_resolves_paths_against_its_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

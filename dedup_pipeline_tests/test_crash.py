@@ -26,12 +26,17 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from pyspark.sql import SparkSession
 
-from dedup_pipeline.config import DatasetConfig, load_config
+from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline_tests.conftest import write_hour
+from dedup_pipeline_tests.conftest import (
+    CLICKS_SCHEMA,
+    dataset_raw,
+    pipeline_config,
+    source_raw,
+    write_hour,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -63,21 +68,11 @@ def _ev(rid: str, key: str, t: str, user: str = "u1", url: str = "/a") -> str:
 
 
 def _write_config(root: Path, landing: Path, output: Path) -> DatasetConfig:
-    raw = {"datasets": [{
-        "name": "clicks",
-        "start": HOURS[0],
-        "source": {"path": str(landing), "format": "jsonl",
-                   "schema": {"event_id": "string", "user_id": "string",
-                              "event_time": "timestamp", "url": "string", "rid": "string"}},
-        "key": ["event_id"],
-        "fingerprint": ["user_id", "url"],
-        "order_by": "event_time",
-        "expiry": {"column": "event_time", "period": "24h"},
-        "output": str(output),
-    }]}
-    path = root / f"{output.name}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return load_config(path).datasets[0]
+    raw = dataset_raw(start=HOURS[0],
+                      source=source_raw(str(landing), schema={**CLICKS_SCHEMA, "rid": "string"}),
+                      fingerprint=["user_id", "url"], order_by="event_time",
+                      expiry={"column": "event_time", "period": "24h"}, output=str(output))
+    return pipeline_config(root, raw, name=f"{output.name}.yaml").datasets[0]
 
 
 def _config_path(ds: DatasetConfig, root: Path) -> Path:

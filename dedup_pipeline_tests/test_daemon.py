@@ -16,13 +16,13 @@ from typing import Any
 
 import dagster as dg
 import pytest
-import yaml
 
 # tick history has no public API in Dagster 1.13 (the UI reads it through GraphQL)
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
 from dedup_pipeline.defs.names import RANGE_END, RANGE_START, asset_key, landing_sensor_name, load_job_name
 from dedup_pipeline.hours import HOUR, to_key, to_tag
+from dedup_pipeline_tests.conftest import dataset_raw, source_raw, write_config
 
 REPO = Path(__file__).resolve().parents[1]
 SENSOR = landing_sensor_name("clicks")
@@ -66,15 +66,8 @@ def _run_errors(inst: dg.DagsterInstance, run_id: str) -> str:
 def test_daemon_landing_sensor_launches_and_completes_a_run(tmp_path: Path, monkeypatch) -> None:
     hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - HOUR  # the last complete hour
     key, tag = to_key(hour), to_tag(hour)
-    config = {"datasets": [{
-        "name": "clicks",
-        "start": key,
-        "source": {"path": "landing", "format": "jsonl",
-                   "schema": {"event_id": "string", "event_time": "timestamp"}},
-        "key": ["event_id"],
-        "output": "warehouse",
-    }]}
-    (tmp_path / "dedup.yaml").write_text(yaml.safe_dump(config))
+    write_config(tmp_path, dataset_raw(start=key, source=source_raw(
+        schema={"event_id": "string", "event_time": "timestamp"})))
     hour_dir = tmp_path / "landing" / f"date={hour:%Y-%m-%d}" / f"hour={hour:%H}"
     hour_dir.mkdir(parents=True)
     rows = [{"event_id": f"e{i % 3}", "event_time": f"{hour:%Y-%m-%dT%H}:0{i}:00Z"} for i in range(5)]

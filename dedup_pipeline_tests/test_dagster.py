@@ -9,35 +9,21 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-import yaml
 
-from dedup_pipeline.config import parse_config
+from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.defs import names
 from dedup_pipeline.defs.definitions import build_definitions
 from dedup_pipeline.defs.names import INDEX, RANGE_END, RANGE_START, RAW, asset_key, load_job_name
 from dedup_pipeline.defs.runner import run_range
-from dedup_pipeline_tests.conftest import read_output, write_hour
+from dedup_pipeline_tests.conftest import dataset_raw, pipeline_config, read_output, write_hour
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT_NAMES = names.WRITTEN
 
 
-def _cfg(tmp: Path):
-    raw = {
-        "datasets": [{
-            "name": "clicks",
-            "start": "2026-11-01-00:00",
-            "source": {"path": "landing", "format": "jsonl",
-                       "schema": {"event_id": "string", "user_id": "string",
-                                  "event_time": "timestamp", "url": "string"}},
-            "key": ["event_id"],
-            "fingerprint": ["url"],
-            "expiry": {"column": "event_time", "period": "24h"},
-            "output": "warehouse",
-        }]
-    }
-    (tmp / "dedup.yaml").write_text(yaml.safe_dump(raw))
-    return parse_config(raw, str(tmp / "dedup.yaml"), tmp)
+def _cfg(tmp: Path) -> PipelineConfig:
+    return pipeline_config(tmp, dataset_raw(fingerprint=["url"],
+                                            expiry={"column": "event_time", "period": "24h"}))
 
 
 def _ev(i: int, hour: int, url: str = "/a") -> dict:
@@ -88,6 +74,7 @@ def test_bad_config_fails_definitions_with_named_field(tmp_path: Path) -> None:
     assert str(bad) in res.stderr and "'clicks'" in res.stderr and "source.schema.id" in res.stderr
 
 
+@pytest.mark.fast
 def test_asset_graph_shape(landing) -> None:
     defs = build_definitions(landing)
     graph = defs.resolve_asset_graph()
@@ -130,6 +117,7 @@ def test_names_are_spelled_once_here_as_the_ui_and_deploy_files_see_them(landing
         "dagster/partition")
 
 
+@pytest.mark.fast
 def test_single_hour_materialization_metadata(spark, landing) -> None:
     job = build_definitions(landing).resolve_job_def(load_job_name("clicks"))
     with dg.instance_for_test() as inst:
@@ -179,6 +167,7 @@ def test_ranged_run_is_one_run_in_order_with_per_partition_figures(spark, landin
             "2026-11-01-00:00": 4, "2026-11-01-01:00": 2, "2026-11-01-02:00": 2}
 
 
+@pytest.mark.fast
 def test_out_of_order_load_fails_naming_missing_hours(spark, landing) -> None:
     with dg.instance_for_test() as inst:
         run = run_range(landing, "clicks", "2026-11-01-02:00", "2026-11-01-02:00", inst)

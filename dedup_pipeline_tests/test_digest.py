@@ -137,6 +137,7 @@ def spark_digests(spark: SparkSession, schema: dict[str, str], rows: list[tuple]
 
 
 # --- tests ---------------------------------------------------------------------------------------
+@pytest.mark.fast
 def test_pure_python_xxh64_matches_spark(spark: SparkSession) -> None:
     assert signed(xxh64(b"abc", 42)) == 1423657621850124518  # Spark's documented value
     long_text = "x" * 45 + "é😀"  # > 32 bytes: exercises the stripe loop
@@ -148,6 +149,7 @@ def test_pure_python_xxh64_matches_spark(spark: SparkSession) -> None:
     assert row["c"] == signed(xxh64(b"", 42))
 
 
+@pytest.mark.fast
 def test_concatenations_differ(spark: SparkSession) -> None:
     schema = {"k1": "string", "k2": "string"}
     # values that contain the encoding's own tag letters and separators must not line up either
@@ -157,6 +159,7 @@ def test_concatenations_differ(spark: SparkSession) -> None:
     assert len(set(d)) == len(rows)
 
 
+@pytest.mark.fast
 def test_null_position_matters(spark: SparkSession) -> None:
     schema = {"k1": "string", "k2": "string"}
     d = spark_digests(spark, schema, [(None, "a"), ("a", None), ("a", ""), ("", "a"),
@@ -164,6 +167,7 @@ def test_null_position_matters(spark: SparkSession) -> None:
     assert len(set(d)) == 6
 
 
+@pytest.mark.fast
 def test_long_one_differs_from_string_one(spark: SparkSession) -> None:
     (as_long,) = spark_digests(spark, {"k": "long"}, [(1,)])
     (as_string,) = spark_digests(spark, {"k": "string"}, [("1",)])
@@ -174,6 +178,7 @@ def test_long_one_differs_from_string_one(spark: SparkSession) -> None:
     assert mixed_a != mixed_b
 
 
+@pytest.mark.fast
 def test_equal_tuples_equal_digests(spark: SparkSession) -> None:
     schema = {"k1": "string", "k2": "long"}
     rows = [("a", 1), ("b", 2), ("a", 1), (None, 7), ("b", 2), (None, 7)]
@@ -198,6 +203,7 @@ def test_equal_tuples_equal_digests(spark: SparkSession) -> None:
     ],
     ids=["string", "long", "timestamp", "mixed"],
 )
+@pytest.mark.fast
 def test_spark_digest_equals_pure_python(spark: SparkSession, schema: dict, rows: list) -> None:
     got = spark_digests(spark, schema, rows)
     want = [python_digest(r, list(schema.values())) for r in rows]

@@ -14,23 +14,24 @@ import bz2
 import gzip
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.cli import main
-from dedup_pipeline.config import ConfigError, DatasetConfig, load_config, parse_config
+from dedup_pipeline.config import ConfigError, DatasetConfig, load_config
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.parse import LandingMissingError, list_input_files
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline.hours import parse_key
+from dedup_pipeline_tests.conftest import dataset_config, dataset_raw, source_raw, write_config
 from dedup_pipeline_tests.reference import Reference
 from dedup_pipeline_tests.test_reference import read_engine
 
@@ -156,18 +157,32 @@ def _storage(ds: DatasetConfig) -> Any:
     return Storage(ds.output)
 
 
+def hostile_raw(fmt: str, schema: dict[str, str], path: str = "landing", output: str = "warehouse",
+                **extra: Any) -> dict[str, Any]:
+    """This file's dataset: key `k`, named "hostile"."""
+    return dataset_raw(**{"name": "hostile", "start": H0, "key": ["k"],
+                          "source": source_raw(path, fmt, schema), "output": output, **extra})
+
+
 def make_ds(tmp: Path, fmt: str, schema: dict[str, str], root_prefix: str = "",
             **extra: Any) -> DatasetConfig:
-    raw: dict[str, Any] = {
-        "name": "hostile", "start": H0, "key": ["k"],
-        "source": {"path": f"{root_prefix}{tmp / 'landing'}", "format": fmt, "schema": schema},
-        "output": f"{root_prefix}{tmp / 'warehouse'}", **extra,
-    }
-    return parse_config({"datasets": [raw]}, "test", tmp).datasets[0]
+    return dataset_config(tmp, **hostile_raw(fmt, schema, f"{root_prefix}{tmp / 'landing'}",
+                                             f"{root_prefix}{tmp / 'warehouse'}", **extra))
 
 
 def hour_dir(tmp: Path) -> Path:
     return tmp / "landing" / "date=2026-11-01" / "hour=00"
+
+
+def load_corpus(spark: SparkSession, tmp: Path, fmt: str, schema: dict[str, str],
+                corpus: Callable[[Path], dict[str, tuple[str, str | None]]]) -> DatasetConfig:
+    """Write `corpus` as hour 0, load it, check where every record went and conservation (R8)."""
+    expect = corpus(hour_dir(tmp))
+    ds = make_ds(tmp, fmt, schema)
+    load_hours(spark, ds, [H0])
+    assert placement(ds) == expect
+    assert_conserved(ds, expect)
+    return ds
 
 
 # --- 1. the JSONL corpus through the CLI (real Dagster and Spark), then verify ------------------
@@ -175,11 +190,7 @@ def hour_dir(tmp: Path) -> Path:
 def test_jsonl_corpus_through_the_cli(spark: SparkSession, tmp_path: Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     expect = jsonl_corpus(hour_dir(tmp_path))
-    cfg = {"datasets": [{"name": "hostile", "start": H0, "key": ["k"],
-                         "source": {"path": "landing", "format": "jsonl", "schema": JSONL_SCHEMA},
-                         "expiry": EXPIRY, "output": "warehouse"}]}
-    cfg_path = tmp_path / "dedup.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    cfg_path = write_config(tmp_path, hostile_raw("jsonl", JSONL_SCHEMA, expiry=EXPIRY))
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(main, ["run", "--config", str(cfg_path), "--from", H0, "--to", H0])
@@ -253,11 +264,7 @@ def csv_corpus(d: Path) -> dict[str, tuple[str, str | None]]:
 
 
 def test_csv_multiline_records_and_bad_bytes(spark: SparkSession, tmp_path: Path) -> None:
-    expect = csv_corpus(hour_dir(tmp_path))
-    ds = make_ds(tmp_path, "csv", CSV_SCHEMA)
-    load_hours(spark, ds, [H0])
-    assert placement(ds) == expect
-    assert_conserved(ds, expect)
+    ds = load_corpus(spark, tmp_path, "csv", CSV_SCHEMA, csv_corpus)
     uniq = {r["id"]: (r["k"], r["n"]) for r in output_rows(ds, "unique")}
     assert uniq == {"c1": ("line1\nline2", 5), "c2": ('a,"b"', 6), "c10": ("bz\n2", 3)}
     raws = {rejected_id(r): r["_raw"] for r in output_rows(ds, "rejected")}
@@ -272,11 +279,18 @@ def test_csv_multiline_records_and_bad_bytes(spark: SparkSession, tmp_path: Path
 PQ_SCHEMA = {"id": "string", "k": "string", "n": "long", "x": "double"}
 
 
-def parquet_corpus(d: Path) -> dict[str, tuple[str, str | None]]:
+def parquet_writer(d: Path) -> Callable[[str, dict[str, pa.Array]], None]:
+    """Creates the hour directory `d`; the writer puts a table of `cols` into `d/name`."""
     d.mkdir(parents=True, exist_ok=True)
 
     def write(name: str, cols: dict[str, pa.Array]) -> None:
         pq.write_table(pa.table(cols), d / name)
+
+    return write
+
+
+def parquet_corpus(d: Path) -> dict[str, tuple[str, str | None]]:
+    write = parquet_writer(d)
 
     write("f1.parquet", {"id": pa.array(["p1"]), "k": pa.array(["k1"]),
                          "n": pa.array([1], pa.int32()), "x": pa.array([0.5], pa.float32())})
@@ -303,11 +317,7 @@ def parquet_corpus(d: Path) -> dict[str, tuple[str, str | None]]:
 
 
 def test_parquet_schema_drift_per_file(spark: SparkSession, tmp_path: Path) -> None:
-    expect = parquet_corpus(hour_dir(tmp_path))
-    ds = make_ds(tmp_path, "parquet", PQ_SCHEMA)
-    load_hours(spark, ds, [H0])
-    assert placement(ds) == expect
-    assert_conserved(ds, expect)
+    ds = load_corpus(spark, tmp_path, "parquet", PQ_SCHEMA, parquet_corpus)
     vals = {r["id"]: (r["n"], r["x"]) for r in output_rows(ds, "unique")}
     assert vals == {"p1": (1, 0.5), "p2": (2**40, 1.25), "p3": (7, None), "p5": (None, None),
                     "p9": (None, 4.0)}
@@ -382,10 +392,7 @@ PQ_SCHEMA_2 = {**PQ_SCHEMA, "ts": "timestamp"}
 
 
 def parquet_corpus_2(d: Path) -> dict[str, tuple[str, str | None]]:
-    d.mkdir(parents=True, exist_ok=True)
-
-    def write(name: str, cols: dict[str, pa.Array]) -> None:
-        pq.write_table(pa.table(cols), d / name)
+    write = parquet_writer(d)
 
     write("dbl.parquet", {"id": pa.array(["p1", "p2"]), "k": pa.array(["k1", "k2"]),
                           "n": pa.array([2.0, 2.5])})  # any double for a long: bad_value
@@ -467,12 +474,8 @@ def test_hour_path_that_is_a_file_fails_the_load(spark: SparkSession, tmp_path: 
 
 
 def _two(tmp: Path, out_a: str, out_b: str) -> Path:
-    ds = {"start": H0, "key": ["k"], "source": {"path": "l", "format": "jsonl",
-                                               "schema": {"k": "string"}}}
-    p = tmp / "c.yaml"
-    p.write_text(yaml.safe_dump({"datasets": [{"name": "a", **ds, "output": out_a},
-                                              {"name": "b", **ds, "output": out_b}]}))
-    return p
+    return write_config(tmp, hostile_raw("jsonl", {"k": "string"}, "l", out_a, name="a"),
+                        hostile_raw("jsonl", {"k": "string"}, "l", out_b, name="b"), name="c.yaml")
 
 
 @pytest.mark.parametrize("out_b", ["w/a/b", "w/a", "w/a/"])
@@ -538,12 +541,8 @@ def test_full_or_read_only_output_is_named_in_one_line(
         d = hour_dir(tmp_path)
         d.mkdir(parents=True)
         (d / "big.jsonl").write_bytes(b"".join(line(f"r{i:06d}", n=i) for i in range(20000)))
-        cfg = {"datasets": [{"name": "hostile", "start": H0, "key": ["k"],
-                             "source": {"path": "landing", "format": "jsonl",
-                                        "schema": JSONL_SCHEMA},
-                             "output": str(mnt / "warehouse")}]}
-        cfg_path = tmp_path / "dedup.yaml"
-        cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        cfg_path = write_config(tmp_path, hostile_raw("jsonl", JSONL_SCHEMA,
+                                                      output=str(mnt / "warehouse")))
         monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
         monkeypatch.chdir(tmp_path)
         r = CliRunner().invoke(main, ["run", "--config", str(cfg_path), "--from", H0, "--to", H0])
@@ -588,12 +587,8 @@ def test_lock_release_failure_never_masks_the_loads_error(
         d = hour_dir(tmp_path)
         d.mkdir(parents=True)
         (d / "part-0.jsonl").write_bytes(b"".join(line(f"r{i}") for i in range(100)))
-        cfg = {"datasets": [{"name": "hostile", "start": H0, "key": ["k"],
-                             "source": {"path": "landing", "format": "jsonl",
-                                        "schema": JSONL_SCHEMA},
-                             "output": str(mnt / "warehouse")}]}
-        cfg_path = tmp_path / "dedup.yaml"
-        cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        cfg_path = write_config(tmp_path, hostile_raw("jsonl", JSONL_SCHEMA,
+                                                      output=str(mnt / "warehouse")))
         monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
         monkeypatch.chdir(tmp_path)
         watcher = threading.Thread(target=turn_read_only, daemon=True)

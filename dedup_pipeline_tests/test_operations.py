@@ -12,12 +12,11 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-import yaml
 from click.testing import CliRunner
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from dedup_pipeline.cli import main
-from dedup_pipeline.config import parse_config
+from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.defs.definitions import build_definitions
 from dedup_pipeline.defs.names import (
     RANGE_END,
@@ -33,7 +32,7 @@ from dedup_pipeline.defs.runner import run_range
 from dedup_pipeline.engine.index.health import IndexDamagedError, check_index
 from dedup_pipeline.engine.load import FAULT_ENV
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline_tests.conftest import read_output, write_hour
+from dedup_pipeline_tests.conftest import dataset_raw, pipeline_config, read_output, write_hour
 
 REPO = Path(__file__).resolve().parents[1]
 HOURS = [f"2026-11-01-{h:02d}:00" for h in range(5)]
@@ -41,25 +40,11 @@ OUTPUTS = ("unique", "duplicates", "expired", "rejected")
 
 
 def _raw(**extra: object) -> dict:
-    return {
-        "name": "clicks",
-        "start": "2026-11-01-00:00",
-        "source": {"path": "landing", "format": "jsonl",
-                   "schema": {"event_id": "string", "user_id": "string",
-                              "event_time": "timestamp", "url": "string"}},
-        "key": ["event_id"],
-        "fingerprint": ["url"],
-        "expiry": {"column": "event_time", "period": "3h"},
-        "output": "warehouse",
-        **extra,
-    }
+    return dataset_raw(fingerprint=["url"], expiry={"column": "event_time", "period": "3h"}, **extra)
 
 
-def _cfg(root: Path, **extra: object):
-    raw = {"datasets": [_raw(**extra)]}
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "dedup.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    return parse_config(raw, str(root / "dedup.yaml"), root)
+def _cfg(root: Path, **extra: object) -> PipelineConfig:
+    return pipeline_config(root, _raw(**extra))
 
 
 def _landing(cfg) -> None:

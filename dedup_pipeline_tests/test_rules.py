@@ -8,6 +8,7 @@ line it came from; conservation (R8) is checked for every load against the files
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,7 +24,7 @@ import dedup_pipeline.engine.load as load_mod
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.commits import LoadOrderError
 from dedup_pipeline.engine.load import LoadResult, load_hours
-from dedup_pipeline_tests.conftest import dataset_config, write_hour
+from dedup_pipeline_tests.conftest import dataset_config, source_raw, write_hour
 
 OUTPUTS = ("unique", "duplicates", "expired", "rejected")
 BASE_SCHEMA = {"event_id": "string", "user_id": "string", "event_time": "timestamp",
@@ -51,8 +52,7 @@ def ev(rid: str, event_id: Any = "", t: str | None = None, **extra: Any) -> str:
 
 def make_ds(tmp: Path, schema_extra: dict[str, str] | None = None, fmt: str = "jsonl",
             **overrides: Any) -> DatasetConfig:
-    overrides.setdefault("source", {"path": "landing", "format": fmt,
-                                    "schema": {**BASE_SCHEMA, **(schema_extra or {})}})
+    overrides.setdefault("source", source_raw(fmt=fmt, schema={**BASE_SCHEMA, **(schema_extra or {})}))
     return dataset_config(tmp, **overrides)
 
 
@@ -136,6 +136,7 @@ def _constant_digest(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # --- R1, R9: key exactness, null keys, bad input ---------------------------------------------
+@pytest.mark.fast
 def test_exact_keys_null_keys_and_bad_input(spark: SparkSession, tmp_path: Path) -> None:
     ds = make_ds(tmp_path, {"n": "long"})
     composed, decomposed = "\u00e9", "e\u0301"  # é as one code point vs e + combining accent
@@ -168,6 +169,7 @@ def test_exact_keys_null_keys_and_bad_input(spark: SparkSession, tmp_path: Path)
     assert len(src) == 1 and src.pop().endswith("hour=00/part-0.jsonl")
 
 
+@pytest.mark.fast
 def test_csv_rows_with_wrong_field_count_and_bad_values(spark: SparkSession,
                                                         tmp_path: Path) -> None:
     ds = make_ds(tmp_path, source={"path": "landing", "format": "csv",
@@ -193,6 +195,7 @@ def test_csv_rows_with_wrong_field_count_and_bad_values(spark: SparkSession,
 
 
 # --- R3: in-batch order ----------------------------------------------------------------------
+@pytest.mark.fast
 def test_in_batch_winner_order(spark: SparkSession, tmp_path: Path) -> None:
     """order_by (nulls last), then expiry value, then source file, then position in the file."""
     ds = make_ds(tmp_path, {"seq": "long"}, order_by="event_time",
@@ -237,7 +240,8 @@ def test_in_batch_winner_order(spark: SparkSession, tmp_path: Path) -> None:
 
 
 # --- R4, R5, R11: cross-batch, fingerprints, load order, empty hours -------------------------
-@pytest.mark.parametrize("variant", ["fingerprint", "no_fingerprint_store_keys_colliding"])
+@pytest.mark.parametrize("variant", [pytest.param("fingerprint", marks=pytest.mark.fast),
+                                     "no_fingerprint_store_keys_colliding"])
 def test_cross_batch_fingerprint_order_and_empty_hour(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: str
 ) -> None:
@@ -374,6 +378,7 @@ def test_expiry_timestamps_event_basis(spark: SparkSession, tmp_path: Path,
         ("d22", us("2026-11-01T00:20:00"))}
 
 
+@pytest.mark.fast
 def test_expiry_ordered_numbers(spark: SparkSession, tmp_path: Path) -> None:
     ds = make_ds(tmp_path, {"seq": "long"}, expiry={"column": "seq", "period": 10})
     lines = [
@@ -439,6 +444,7 @@ def test_expiry_doubles_across_loads(spark: SparkSession, tmp_path: Path) -> Non
     assert {(r["rid"], r["_expiry_point"]) for r in out1["expired"]} == {("s6", 9.0)}
 
 
+@pytest.mark.fast
 def test_expiry_categories(spark: SparkSession, tmp_path: Path) -> None:
     ds = make_ds(tmp_path, {"region": "string"},
                  expiry={"column": "region", "period": 1, "categories": ["a", "b", "c", "d"]})
@@ -462,6 +468,7 @@ def test_expiry_categories(spark: SparkSession, tmp_path: Path) -> None:
                                         ("bad_expiry_value", lines[6])}
 
 
+@pytest.mark.fast
 def test_expiry_processing_basis_uses_the_partition_not_the_clock(spark: SparkSession,
                                                                    tmp_path: Path) -> None:
     hour = "2020-01-01-00:00"  # years ago: with the wall clock everything would be expired
@@ -482,3 +489,99 @@ def test_expiry_processing_basis_uses_the_partition_not_the_clock(spark: SparkSe
     assert {(r["rid"], r["_expiry_point"]) for r in out["expired"]} == {
         ("p2", us("2020-01-01T00:00:00")), ("p5", us("2020-01-01T00:00:00"))}
     assert out["rejected"] == []
+
+
+# --- R7, R10, R12 on small data (the fast tier's own: the other tests of these rules are slow) --
+def index_entries(ds: DatasetConfig) -> list[str]:
+    """Every entry of the persisted index, as sorted JSON rows (whatever the files' layout)."""
+    root = Path(ds.output) / "index"
+    return sorted(json.dumps(r, sort_keys=True, default=str) for f in sorted(root.rglob("*.parquet"))
+                  if "_staging" not in f.parts for r in pq.read_table(f).to_pylist())
+
+
+def all_outputs(ds: DatasetConfig, hours: list[str]) -> dict[tuple[str, str], list[str]]:
+    """(output, hour) -> its rows as sorted JSON, `_source_file` cut to the hour's own path."""
+    snap = {}
+    for o in OUTPUTS:
+        for h in hours:
+            rows = [{**r, "_source_file": r["_source_file"].rsplit("/", 3)[-3:]} for r in read(ds, o, h)]
+            snap[(o, h)] = sorted(json.dumps(r, sort_keys=True, default=str) for r in rows)
+    return snap
+
+
+@pytest.mark.fast
+def test_retention_deletes_expired_slices_and_never_changes_a_result(spark: SparkSession,
+                                                                     tmp_path: Path) -> None:
+    """R7: with retention right after each load (lag 0), the slices wholly behind X_H are deleted
+    and every load still gives exactly the rule's results (expected values by hand from R4, R6)."""
+    ds = make_ds(tmp_path, {"seq": "long"}, expiry={"column": "seq", "period": 10},
+                 index={"slice_span": 5, "retention_lag_hours": 0})
+    write_hour(ds, H0, [ev("a0", "a", seq=100), ev("b0", "b", seq=91),  # L0 = 100, X0 = 90
+                        ev("c0", "c", seq=95)])
+    write_hour(ds, H1, [ev("d1", "d", seq=120),   # L1 = 120, X1 = 110
+                        ev("a1", "a", seq=115),   # H0's a (100) is behind X1: unique again
+                        ev("e1", "e", seq=111)])
+    write_hour(ds, H2, [ev("f2", "f", seq=125),   # L2 = 125, X2 = 115
+                        ev("a2", "a", seq=119),   # H1's a (115 = X2) is live: a duplicate
+                        ev("b2", "b", seq=116),   # H0's b (91) expired long ago: unique
+                        ev("g2", "g", seq=114)])  # behind X2: expired
+    out0, out1 = load(spark, ds, H0), load(spark, ds, H1)
+    # after H1 the slices wholly below X1 = 110 are gone: floor(v / 5) < 22, i.e. a0, b0, c0
+    assert all(json.loads(e)["_v"] >= 110 for e in index_entries(ds))
+    (r2,) = load_hours(spark, ds, [H2])
+    out2 = assert_conserved(ds, H2, r2)
+    assert r2.index_slices_deleted > 0  # X2 = 115: e1 (111, slice 22) goes too
+    assert sorted(json.loads(e)["_v"] for e in index_entries(ds)) == [115, 116, 120, 125]
+    assert rids(out0["unique"]) == {"a0", "b0", "c0"}
+    assert rids(out1["unique"]) == {"d1", "a1", "e1"} and out1["duplicates"] == []
+    assert rids(out2["unique"]) == {"f2", "b2"}
+    assert dups(out2["duplicates"]) == {"a2": ("natural", "2026-11-01-01")}
+    assert {(r["rid"], r["_expiry_point"]) for r in out2["expired"]} == {("g2", 115)}
+
+
+@pytest.mark.fast
+def test_rerun_of_loaded_hours_changes_nothing(spark: SparkSession, tmp_path: Path) -> None:
+    """R10: running H1, then H0, again after success gives the same rows in every output of
+    every hour and the same index entries, as if each had run once."""
+    ds = make_ds(tmp_path, fingerprint=["user_id", "url"],
+                 expiry={"column": "event_time", "period": "2h"})
+    write_hour(ds, H0, [ev("r1", "k1", "2026-11-01T00:10:00Z", user_id="u", url="/a"),
+                        ev("r2", "k1", "2026-11-01T00:20:00Z", user_id="u", url="/b"),
+                        ev("r3", None, "2026-11-01T00:20:00Z"), "not json"])
+    write_hour(ds, H1, [ev("r4", "k1", "2026-11-01T01:00:00Z", user_id="u", url="/a"),
+                        ev("r5", "k2", "2026-10-31T20:00:00Z"),
+                        ev("r6", "k3", "2026-11-01T01:30:00Z")])
+    load_hours(spark, ds, [H0, H1])
+    before, entries = all_outputs(ds, [H0, H1]), index_entries(ds)
+    assert rids(read(ds, "unique", H0)) == {"r1"} and rids(read(ds, "unique", H1)) == {"r6"}
+    assert dups(read(ds, "duplicates", H1)) == {"r4": ("natural", "2026-11-01-00")}
+    assert rids(read(ds, "expired", H1)) == {"r5"}
+    for h in (H1, H0):
+        load(spark, ds, h)  # conservation holds on the rerun too
+        assert all_outputs(ds, [H0, H1]) == before, h
+        assert index_entries(ds) == entries, h
+
+
+@pytest.mark.fast
+def test_lost_index_is_refused_then_rebuilt_and_later_loads_are_exact(spark: SparkSession,
+                                                                      tmp_path: Path) -> None:
+    """R12: with its index deleted, a load refuses to run and commits nothing; rebuilt from
+    unique (`on_damaged_index: rebuild`), the next loads find every earlier key."""
+    ds = make_ds(tmp_path)
+    write_hour(ds, H0, [ev("r1", "k1"), ev("r2", "k2"), ev("r3", "k3")])
+    write_hour(ds, H1, [ev("r4", "k2"), ev("r5", "k4")])
+    write_hour(ds, H2, [ev("r6", "k1"), ev("r7", "k4"), ev("r8", "k5")])
+    write_hour(ds, H3, [ev("r9", "k3"), ev("r10", "k5"), ev("r11", "k6")])
+    load_hours(spark, ds, [H0, H1])
+    shutil.rmtree(Path(ds.output) / "index")
+    with pytest.raises(Exception, match="index is damaged.*rebuild-index"):
+        load_hours(spark, ds, [H2])
+    assert not (Path(ds.output) / "_commits" / "load_hour=2026-11-01-02.json").exists()
+    healing = make_ds(tmp_path, on_damaged_index="rebuild")
+    out2, out3 = load(spark, healing, H2), load(spark, healing, H3)
+    assert rids(out2["unique"]) == {"r8"}
+    assert dups(out2["duplicates"]) == {"r6": ("natural", "2026-11-01-00"),
+                                        "r7": ("natural", "2026-11-01-01")}
+    assert rids(out3["unique"]) == {"r11"}
+    assert dups(out3["duplicates"]) == {"r9": ("natural", "2026-11-01-00"),
+                                        "r10": ("natural", "2026-11-01-02")}

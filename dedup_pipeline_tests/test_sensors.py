@@ -13,9 +13,8 @@ from typing import Any
 
 import dagster as dg
 import pytest
-import yaml
 
-from dedup_pipeline.config import PipelineConfig, parse_config
+from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.defs.definitions import build_definitions
 from dedup_pipeline.defs.landing_checks import CHECK_NAME, build_input_check
 from dedup_pipeline.defs.names import (
@@ -30,7 +29,7 @@ from dedup_pipeline.defs.sensors import build_landing_sensor
 from dedup_pipeline.engine import landing
 from dedup_pipeline.engine.commits import CommitRecord
 from dedup_pipeline.hours import parse_key, to_tag
-from dedup_pipeline_tests.conftest import read_output, write_hour
+from dedup_pipeline_tests.conftest import dataset_raw, pipeline_config, read_output, write_hour
 
 H = [f"2026-11-01-{h:02d}:00" for h in range(6)]
 SENSOR, HOURLY, RECONCILE = (landing_sensor_name("clicks"), hourly_schedule_name("clicks"),
@@ -40,23 +39,10 @@ OUTPUTS = ("unique", "duplicates", "expired", "rejected")
 
 
 def _cfg(tmp: Path, **landing_cfg: Any) -> PipelineConfig:
-    raw: dict[str, Any] = {
-        "name": "clicks",
-        "start": H[0],
-        "source": {"path": "landing", "format": "jsonl",
-                   "schema": {"event_id": "string", "user_id": "string",
-                              "event_time": "timestamp", "url": "string"}},
-        "key": ["event_id"],
-        "fingerprint": ["url"],
-        "expiry": {"column": "event_time", "period": "24h"},
-        "output": "warehouse",
-    }
-    if landing_cfg:
-        raw["landing"] = landing_cfg
-    data = {"datasets": [raw]}
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "dedup.yaml").write_text(yaml.safe_dump(data))
-    return parse_config(data, str(tmp / "dedup.yaml"), tmp)
+    extra: dict[str, Any] = {"landing": landing_cfg} if landing_cfg else {}
+    return pipeline_config(tmp, dataset_raw(start=H[0], fingerprint=["url"],
+                                            expiry={"column": "event_time", "period": "24h"},
+                                            **extra))
 
 
 def _ev(i: int, hour: int, url: str = "/a") -> dict[str, str]:

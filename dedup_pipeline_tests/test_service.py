@@ -29,11 +29,11 @@ from typing import Any
 import dagster as dg
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from dedup_pipeline.defs.names import DATASET_TAG, RANGE_END, RANGE_START, pool_name
 from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
 from dedup_pipeline.sample.generate import generate_landing
+from dedup_pipeline_tests.conftest import generated_config
 from dedup_pipeline_tests.spark_services import (
     FAST_JVM,
     LOOPBACK,
@@ -41,9 +41,11 @@ from dedup_pipeline_tests.spark_services import (
     REPO,
     VENV_BIN,
     Service,
+    backfill_finished,
     clean_env,
     free_port,
-    http_json,
+    launch_backfill,
+    loaded_location,
     port_open,
     start,
     stop_all,
@@ -146,65 +148,6 @@ def postgres() -> Iterator[dict[str, str]]:
 # ---------------------------------------------------------------- Dagster services
 
 
-def _graphql(url: str, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-    resp = http_json(f"{url}/graphql", timeout=30, data={"query": query, "variables": variables or {}})
-    assert "errors" not in resp, resp["errors"]
-    return resp["data"]
-
-
-LOCATION_STATUS = """
-query { workspaceOrError { __typename ... on Workspace { locationEntries {
-  name loadStatus locationOrLoadError { __typename ... on PythonError { message } } } } } }
-"""
-
-LAUNCH_BACKFILL = """
-mutation Launch($params: LaunchBackfillParams!) {
-  launchPartitionBackfill(backfillParams: $params) {
-    __typename
-    ... on LaunchBackfillSuccess { backfillId }
-    ... on PythonError { message stack }
-    ... on UnauthorizedError { message }
-    ... on PartitionSetNotFoundError { message }
-    ... on InvalidSubsetError { message }
-  }
-}
-"""
-
-BACKFILL_STATUS = """
-query Backfill($id: String!) {
-  partitionBackfillOrError(backfillId: $id) {
-    __typename
-    ... on PartitionBackfill {
-      status numPartitions
-      error { message }
-      runs(limit: 10) { runId status tags { key value } }
-    }
-    ... on PythonError { message }
-  }
-}
-"""
-
-
-RELOAD_LOCATION = """
-mutation Reload($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) { __typename } }
-"""
-
-
-def _location_entry(url: str) -> dict[str, Any] | None:
-    """The code location's workspace entry once it finished loading (or failed to). The
-    webserver and the code server start together: while the code server is not serving yet the
-    location is "unreachable", and the test asks for a reload, as a user would in the UI."""
-    ws = _graphql(url, LOCATION_STATUS)["workspaceOrError"]
-    for entry in ws.get("locationEntries", []):
-        if entry["name"] == LOCATION and entry["loadStatus"] == "LOADED":
-            error = entry["locationOrLoadError"].get("message") or ""
-            if "DagsterUserCodeUnreachableError" in error:
-                _graphql(url, RELOAD_LOCATION, {"name": LOCATION})
-                return None
-            return entry
-    return None
-
-
 @pytest.fixture(scope="module")
 def service_env(tmp_path_factory: pytest.TempPathFactory, postgres: dict[str, str]) -> dict[str, Any]:
     """DAGSTER_HOME with the shipped dagster.yaml, a generated dataset, and the environment every
@@ -218,10 +161,7 @@ def service_env(tmp_path_factory: pytest.TempPathFactory, postgres: dict[str, st
     # requesting these hours itself; the backfill is the only thing that loads them.
     for marker in (root / "landing").rglob("_SUCCESS"):
         marker.unlink()
-    config = yaml.safe_load((root / "dedup.yaml").read_text())
-    config["datasets"][0]["source"]["path"] = str(root / "landing" / "clicks")
-    config["datasets"][0]["output"] = str(root / "warehouse" / "clicks")
-    (root / "dedup.yaml").write_text(yaml.safe_dump(config))
+    generated_config(root, "clicks", name="dedup.yaml")
     env = clean_env(
         DAGSTER_HOME=str(home),
         DEDUP_CONFIG=str(root / "dedup.yaml"),
@@ -264,18 +204,17 @@ def backfill(service_env: dict[str, Any]) -> Iterator[dict[str, Any]]:
         wait_until("the code server's port", lambda: port_open(code_port), 120, services)
         timings["code_server"] = time.monotonic() - t0
         entry = wait_until("the webserver to load the code location over gRPC",
-                           lambda: _location_entry(url), 180, services)
+                           lambda: loaded_location(url, LOCATION, reload_unreachable=True), 180,
+                           services)
         loaded = entry["locationOrLoadError"]
         assert loaded["__typename"] == "RepositoryLocation", f"{loaded}\n{code.tail()}"
         timings["webserver"] = time.monotonic() - t0
 
-        launched = _graphql(url, LAUNCH_BACKFILL, {"params": {
+        backfill_id = launch_backfill(url, {
             "assetSelection": [{"path": p} for p in ASSETS],
             "partitionNames": HOURS,
             "title": "service test backfill",
-        }})["launchPartitionBackfill"]
-        assert launched["__typename"] == "LaunchBackfillSuccess", launched
-        backfill_id = launched["backfillId"]
+        })
 
         # The daemon starts after the launch so its first backfill iteration picks it up (the
         # backfill loop otherwise sleeps 30 s between iterations).
@@ -284,13 +223,8 @@ def backfill(service_env: dict[str, Any]) -> Iterator[dict[str, Any]]:
                        logs / "daemon.log", env=env, cwd=root)
         services.append(daemon)
 
-        def finished() -> dict[str, Any] | None:
-            b = _graphql(url, BACKFILL_STATUS, {"id": backfill_id})["partitionBackfillOrError"]
-            assert b["__typename"] == "PartitionBackfill", b
-            return b if b["status"] not in ("REQUESTED", "CANCELING", "FAILING") else None
-
-        result = wait_until(f"backfill {backfill_id} to finish", finished, 420, services,
-                            interval=2)
+        result = wait_until(f"backfill {backfill_id} to finish",
+                            lambda: backfill_finished(url, backfill_id), 420, services, interval=2)
         timings["backfill"] = time.monotonic() - t1
         print("service timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
         yield {"backfill": result, "id": backfill_id, "url": url, "services": services,

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from dedup_pipeline.engine.storage import DatasetLockedError, Lock, Storage
+from dedup_pipeline_tests.conftest import dataset_config, source_raw
 
 
 def _make_version(root: Path, name: str, version: int, files: int = 20) -> Path:
@@ -25,6 +26,7 @@ def _make_version(root: Path, name: str, version: int, files: int = 20) -> Path:
     return d
 
 
+@pytest.mark.fast
 def test_replace_dir_readers_never_see_a_mix_or_nothing(tmp_path: Path) -> None:
     st = Storage(str(tmp_path))
     target = tmp_path / "unique" / "load_hour=2026-11-01-00"
@@ -82,6 +84,7 @@ def test_replace_dir_creates_a_new_partition(tmp_path: Path) -> None:
     assert not new.exists()
 
 
+@pytest.mark.fast
 def test_lock_excludes_a_second_holder_and_names_the_owner(tmp_path: Path) -> None:
     st = Storage(str(tmp_path))
     with Lock(st, "first run"), pytest.raises(DatasetLockedError, match="locked by first run"):
@@ -92,6 +95,7 @@ def test_lock_excludes_a_second_holder_and_names_the_owner(tmp_path: Path) -> No
     assert not (tmp_path / "_lock").exists()
 
 
+@pytest.mark.fast
 def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path: Path) -> None:
     code = ("import sys, os; from dedup_pipeline.engine.storage import Lock, Storage\n"
             "Lock(Storage(sys.argv[1]), 'killed run').acquire()\n"
@@ -165,12 +169,9 @@ def test_non_local_storage_gives_spark_the_roots_own_uri() -> None:
 
 
 def test_config_keeps_uris_and_resolves_relative_paths(tmp_path: Path) -> None:
-    from dedup_pipeline.config import parse_config
-
     def ds(source: str, output: str) -> Any:
-        raw = {"name": "clicks", "start": "2026-11-01-00:00", "key": ["id"], "output": output,
-               "source": {"path": source, "format": "jsonl", "schema": {"id": "string"}}}
-        return parse_config({"datasets": [raw]}, "test", tmp_path).datasets[0]
+        return dataset_config(tmp_path, key=["id"], output=output,
+                              source=source_raw(source, schema={"id": "string"}))
 
     for uri in ("file:///data/landing", "hdfs://namenode:8020/lake/landing",
                 "s3a://bucket/lake/landing"):

@@ -54,12 +54,15 @@ from dedup_pipeline_tests.spark_services import (
     REPO,
     VENV_BIN,
     Service,
+    backfill_finished,
     clean_env,
     free_port,
-    http_json,
+    launch_backfill,
+    loaded_location,
     stop_all,
     wait_until,
 )
+from dedup_pipeline_tests.spark_services import graphql as gql
 from dedup_pipeline_tests.spark_services import start as start_service
 
 pytestmark = pytest.mark.slow
@@ -81,17 +84,6 @@ SENSOR = landing_sensor_name(DS)
 POOL = pool_name(DS)
 
 
-def gql(url: str, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-    resp = http_json(f"{url}/graphql", timeout=60, data={"query": query, "variables": variables or {}})
-    assert "errors" not in resp, resp["errors"]
-    return resp["data"]
-
-
-WORKSPACE = """
-query { workspaceOrError { __typename ... on Workspace { locationEntries {
-  name loadStatus locationOrLoadError { __typename ... on PythonError { message } } } } } }
-"""
-
 # The asset job's launch of one partition, as the UI's "Materialize" sends it.
 LAUNCH_RUN = """
 mutation LaunchRun($executionParams: ExecutionParams!) {
@@ -103,22 +95,6 @@ mutation LaunchRun($executionParams: ExecutionParams!) {
     ... on RunConfigValidationInvalid { errors { message } }
   }
 }
-"""
-
-LAUNCH_BACKFILL = """
-mutation LaunchBackfill($backfillParams: LaunchBackfillParams!) {
-  launchPartitionBackfill(backfillParams: $backfillParams) {
-    __typename
-    ... on LaunchBackfillSuccess { backfillId }
-    ... on PythonError { message stack }
-    ... on InvalidSubsetError { message }
-  }
-}
-"""
-
-BACKFILL = """
-query Backfill($id: String!) { partitionBackfillOrError(backfillId: $id) {
-  __typename ... on PartitionBackfill { status numPartitions runs(limit: 10) { runId status } } } }
 """
 
 SET_LIMIT = """
@@ -158,13 +134,6 @@ query Mats($key: AssetKeyInput!, $partitions: [String!]!) { assetNodeOrError(ass
       ... on FloatMetadataEntry { floatValue }
       ... on TimestampMetadataEntry { timestamp } } } } } }
 """
-
-
-def _location_loaded(url: str) -> dict[str, Any] | None:
-    for entry in gql(url, WORKSPACE)["workspaceOrError"].get("locationEntries", []):
-        if entry["name"] == LOCATION and entry["loadStatus"] == "LOADED":
-            return entry
-    return None
 
 
 def _asset_paths() -> list[dict[str, list[str]]]:
@@ -283,7 +252,7 @@ def ui_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
                                                   "workspace.yaml"],
                                logs / "daemon.log", env=env, cwd=REPO)
         services += [web, daemon]
-        entry = wait_until("the webserver to load the code location", lambda: _location_loaded(url),
+        entry = wait_until("the webserver to load the code location", lambda: loaded_location(url, LOCATION),
                            240, services, interval=2)
         assert entry["locationOrLoadError"]["__typename"] == "RepositoryLocation", entry
         timings["webserver"] = time.monotonic() - t0
@@ -304,17 +273,11 @@ def ui_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
 
         # H1..H3: a UI backfill of a range
         t1 = time.monotonic()
-        res = gql(url, LAUNCH_BACKFILL, {"backfillParams": {
+        backfill_id = launch_backfill(url, {
             "assetSelection": _asset_paths(), "partitionNames": HOURS[1:4],
-            "fromFailure": False, "tags": [], "title": "UI backfill"}})["launchPartitionBackfill"]
-        assert res["__typename"] == "LaunchBackfillSuccess", res
-        backfill_id = res["backfillId"]
-
-        def backfill_done() -> dict[str, Any] | None:
-            b = gql(url, BACKFILL, {"id": backfill_id})["partitionBackfillOrError"]
-            return b if b["status"] not in ("REQUESTED", "CANCELING", "FAILING") else None
-
-        backfill = wait_until("the UI backfill", backfill_done, 420, services, 2)
+            "fromFailure": False, "tags": [], "title": "UI backfill"})
+        backfill = wait_until("the UI backfill", lambda: backfill_finished(url, backfill_id), 420,
+                              services, 2)
         assert backfill["status"] in ("COMPLETED", "COMPLETED_SUCCESS"), (backfill, logs_tail())
         timings["ui_backfill"] = time.monotonic() - t1
 

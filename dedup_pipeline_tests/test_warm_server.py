@@ -29,6 +29,7 @@ from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.session import BASE_CONF, PARALLEL_GC, SERVER_CONF
 from dedup_pipeline.hours import HOUR, hour_range, parse_key, to_key
 from dedup_pipeline.sample.generate import generate_landing
+from dedup_pipeline_tests.conftest import generated_config
 from dedup_pipeline_tests.spark_services import (
     LOOPBACK,
     VENV_BIN,
@@ -113,13 +114,7 @@ def make_landing(root: Path, name: str, seed: int, hours: int, rows: int) -> Pat
 
 def write_config(root: Path, label: str) -> Path:
     """The landing zone's config with absolute paths and its own output directory."""
-    raw = yaml.safe_load((root / "dedup.yaml").read_text())
-    ds = raw["datasets"][0]
-    ds["source"]["path"] = str(root / "landing" / "clicks")
-    ds["output"] = str(root / "warehouse" / label)
-    path = root / f"{label}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    return generated_config(root, label)
 
 
 def local_reference(spark: SparkSession, root: Path, hours: int) -> dict[str, Any]:
@@ -146,12 +141,7 @@ def start_run(root: Path, label: str, hours: int, remote: str,
 
 
 def finish(svc: Service, timeout: float = 600) -> tuple[int, str]:
-    try:
-        rc = svc.proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        rc = -1
-    finally:
-        svc.stop()
+    rc = svc.finish(timeout)
     return rc, svc.tail(10**7)
 
 

@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
-# The whole test suite (real local Spark, real Dagster), slow tests included. Extra args go to pytest.
+# The whole test suite (real local Spark, real Dagster), slow tests included: what CI runs.
+#   ./scripts/test.sh --fast   the fast tier only (pytest marker `fast`): every rule R1-R12 on small
+#                              data plus a Dagster materialization, in under 2 minutes; the map of
+#                              which test covers which rule is in dedup_pipeline_tests/conftest.py.
+# Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+marker=()
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  marker=(-m fast)
+fi
 ./scripts/setup.sh
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "${marker[@]}" "$@"

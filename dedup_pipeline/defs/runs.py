@@ -25,7 +25,6 @@ from dedup_pipeline.defs.names import (
     rebuild_job_name,
 )
 from dedup_pipeline.engine.errors import infrastructure_cause
-from dedup_pipeline.engine.outputs import OUTPUTS
 
 ACTIVE = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
           dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]

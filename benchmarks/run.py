@@ -360,22 +360,46 @@ LONG_BEGIN = "<!-- long run: written by `./scripts/bench.sh --long`, kept by ful
 LONG_END = "<!-- end of the long run -->"
 
 
+HAND_BEGIN = ("<!-- hand-written: everything below is kept by hand (a full run of run.py rewrites "
+              "the sections above this line) -->")
+HAND_END = "<!-- end of the hand-written part -->"
+
+
+def _section(md: str, begin: str, end: str) -> str | None:
+    """The part of `md` between the markers `begin` and `end` (included), None if absent."""
+    if begin not in md or end not in md:
+        return None
+    start = md.index(begin)
+    return md[start:md.index(end, start) + len(end)]
+
+
+def _with_section(md: str, old: str | None, section: str | None) -> str:
+    """`md` with `old` replaced by `section` (appended if `old` is None; unchanged if no section)."""
+    if section is None:
+        return md
+    if old is not None:
+        return md.replace(old, section)
+    return md.rstrip("\n") + "\n\n" + section + "\n"
+
+
 def long_section(md: str) -> str | None:
     """The long-run section of a RESULTS.md (markers included), None if it has none."""
-    if LONG_BEGIN not in md or LONG_END not in md:
-        return None
-    start = md.index(LONG_BEGIN)
-    return md[start:md.index(LONG_END, start) + len(LONG_END)]
+    return _section(md, LONG_BEGIN, LONG_END)
 
 
 def with_long_section(md: str, section: str | None) -> str:
     """`md` with its long-run section replaced by `section` (appended if it has none)."""
-    if section is None:
-        return md
-    old = long_section(md)
-    if old is not None:
-        return md.replace(old, section)
-    return md.rstrip("\n") + "\n\n" + section + "\n"
+    return _with_section(md, long_section(md), section)
+
+
+def hand_section(md: str) -> str | None:
+    """The hand-written part of a RESULTS.md (targets, analysis, run history), None if absent."""
+    return _section(md, HAND_BEGIN, HAND_END)
+
+
+def with_hand_section(md: str, section: str | None) -> str:
+    """`md` with its hand-written part replaced by `section` (appended if it has none)."""
+    return _with_section(md, hand_section(md), section)
 
 
 def _inputs(ds: DatasetConfig, hour: datetime) -> list[str]:
@@ -764,9 +788,9 @@ def main(argv: list[str] | None = None) -> int:
     previous = results_md_path.read_text() if results_md_path.exists() else ""
     if complete_run(plan, skip):
         shutil.copy(png, HERE / "load_time_vs_history.png")
-        results_md_path.write_text(with_long_section(
+        results_md_path.write_text(with_hand_section(with_long_section(
             results_md(plan, report, tbl, io, tgt, "load_time_vs_history.png"),
-            long_section(previous)))
+            long_section(previous)), hand_section(previous)))
         say(f"wrote {results_md_path}")
     elif complete_long_run(plan):
         shutil.copy(png, HERE / "load_time_vs_history_long.png")

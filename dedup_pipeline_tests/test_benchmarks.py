@@ -17,8 +17,10 @@ from benchmarks.run import (
     Plan,
     complete_long_run,
     complete_run,
+    hand_section,
     long_section,
     main,
+    with_hand_section,
     with_long_section,
 )
 
@@ -56,6 +58,23 @@ def test_full_and_long_runs_each_keep_the_others_part_of_results_md() -> None:
     assert "full run 2" in md and long_section(md) == long_v2 and "long run 1" not in md
     assert md.count(LONG_BEGIN) == 1
     assert with_long_section(md, None) == md
+
+
+def test_a_full_run_keeps_the_hand_written_part_of_results_md() -> None:
+    from benchmarks.run import HAND_BEGIN, HAND_END, LONG_BEGIN, LONG_END
+
+    hand = f"{HAND_BEGIN}\n## Targets\nanalysis\n{HAND_END}"
+    long_v1 = f"{LONG_BEGIN}\nlong run 1\n{LONG_END}"
+    previous = f"# Benchmark results\n\nfull run 1\n\n{long_v1}\n\n{hand}\n"
+    md = with_hand_section(with_long_section("# Benchmark results\n\nfull run 2\n",
+                                             long_section(previous)), hand_section(previous))
+    assert "full run 2" in md and "full run 1" not in md
+    assert long_section(md) == long_v1 and hand_section(md) == hand
+    assert md.index(LONG_BEGIN) < md.index(HAND_BEGIN) and md.count(HAND_BEGIN) == 1
+    md = with_long_section(md, long_v1.replace("run 1", "run 2"))  # a long run keeps it too
+    assert hand_section(md) == hand
+    # the real file has the part, so the next full run keeps it
+    assert hand_section((Path(__file__).parents[1] / "benchmarks" / "RESULTS.md").read_text())
 
 
 def test_skip_names_parts_and_peers_and_refuses_anything_else(tmp_path: Path, capsys) -> None:

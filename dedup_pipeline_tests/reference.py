@@ -18,7 +18,7 @@ except for a CSV row that parsed into the right number of fields but was rejecte
 there the engine re-serializes the row, so raw is the tuple of its fields ("" for null) — see
 `normalise_raw` (which also covers bad_encoding, Parquet rows and unreadable files).
 
-Which files are read and how (R9a, README "Landing files"):
+Which files are read and how (R9a, docs/design.md "Reading landing files"):
 - Data files are the regular files directly in the hour's directory whose names do not start
   with `.` or `_`; subdirectories are not read; an empty file is zero records. Files are read by
   their listed path, so any name is one file.

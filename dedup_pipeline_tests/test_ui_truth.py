@@ -175,5 +175,6 @@ def test_a_ui_run_without_our_tags_is_the_datasets_run(tmp_path: Path, monkeypat
     text = runs.failure_summary(ui_run, err, "")
     assert "dataset clicks, hour(s) 2026-11-01-00:00" in text
     assert text.count("DatasetLockedError") == 1 and "wait for the other run" in text
+    assert "another run of clicks held it" in text and "{" not in text  # every name filled in
     order = runs.failure_summary(ui_run, runs.RootError("LoadOrderError", "cannot load"), "")
     assert "load the missing earlier hours first" in order and "rerunning it is safe" not in order

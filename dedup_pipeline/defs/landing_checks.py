@@ -6,7 +6,7 @@ record), and the landing sensor reports the same evaluation for every hour it fi
 file that lands after its hour was loaded shows as a failing check on that very partition instead of
 being silently ignored. The outputs are not wrong by their own rules (they are exactly the load of
 the files that were there), hence WARN: reprocessing from that hour is the operator's call
-(README, "Late files"), or the reconciliation schedule's.
+(docs/operations.md, "Late files"), or the reconciliation schedule's.
 
 Partitioned asset checks are a preview feature of Dagster 1.13 (`partitions_def` on a check); the
 PreviewWarning is silenced here so `dagster dev` stays quiet.

@@ -163,6 +163,7 @@ def failure_summary(run: dg.DagsterRun, err: RootError | None, fallback: str) ->
     hours = hours_of_run(run) or "(no partition: every committed hour)"
     stage, fix = CAUSES.get(err.cls, INFRA) if err else INFRA
     cause = str(err) if err else fallback
-    fix = fix.format(ds=ds, hours=hours, pool=pool_name(ds), rebuild_job=rebuild_job_name(ds))
+    names = {"ds": ds, "hours": hours, "pool": pool_name(ds), "rebuild_job": rebuild_job_name(ds)}
+    stage, fix = stage.format(**names), fix.format(**names)
     return (f"dedup_pipeline run failure: dataset {ds}, hour(s) {hours}. Failed in {stage}: "
             f"{cause} Fix: {fix}.")

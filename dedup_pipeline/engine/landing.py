@@ -214,7 +214,7 @@ def describe_changes(changes: list[InputChange], limit: int = 5) -> str:
     more = f"; and {len(changes) - limit} more hour(s)" if len(changes) > limit else ""
     hours = compress_ranges([c.hour for c in changes])
     return (f"late input for already-loaded hour(s) {hours}: {shown}{more}. Reprocess from "
-            f"{changes[0].key} through the latest loaded hour (README, 'Late files')")
+            f"{changes[0].key} through the latest loaded hour (docs/operations.md, 'Late files')")
 
 
 def display_path(path: str, ds: DatasetConfig) -> str:

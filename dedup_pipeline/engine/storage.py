@@ -312,7 +312,7 @@ class Lock:
     other process can interleave with; the OS drops the guard when its holder dies. A new lock is
     written to a temp file, fsynced, and linked (create) or renamed (take-over) into ``_lock``, the
     directory fsynced, and the lock read back to confirm this run owns it. Object stores have no
-    create-if-absent: there the lock is best effort (see README "One run at a time").
+    create-if-absent: there the lock is best effort (see docs/operations.md, "One run at a time").
     """
 
     storage: Storage

@@ -2,8 +2,8 @@
 that make that possible (SPEC R12, R12a).
 
 Each commit record lists the index files its load wrote (`index_file_manifest`: name, size, rows,
-SHA-256), each compacted directory its own. Damage detection has two levels (README "Index
-recovery"):
+SHA-256), each compacted directory its own. Damage detection has two levels (docs/operations.md,
+"Index recovery"):
 - listing (`check_index`, before every load, by the recovery sensor): a committed load whose files
   are missing, have another size, or are joined by files nobody committed is damaged (slices
   deleted by retention excepted); so is a load whose commit record does not parse (`bad_records`),

@@ -5,12 +5,13 @@ otherwise raise on a bad value and stop the load). Every row keeps its origin
 (`_source_file`, and `_blk`/`_rid`, which order rows exactly as they stand in the file, whatever
 the file splitting) and its original text in `_raw`.
 
-Which files are read (README "Landing files"; every rule: docs/design.md, "Reading landing
-files"): the regular files directly in the hour's directory whose names do not start with `.`
-or `_` (markers, hidden and temporary files); subdirectories are never read. Each listed file is read exactly once, whatever its name holds:
-names are escaped for Hadoop's glob syntax, local files are read through Hadoop's raw local file
-system (its checksum wrapper cannot open a name with a `:`), and `_source_file` is the path
-exactly as `list_input_files` lists it (and the commit record's `inputs` record it).
+Which files are read (README "Landing files"; every rule: docs/design.md, "Reading landing files"):
+the regular files directly in the hour's directory whose names do not start with `.` or `_`
+(markers, hidden and temporary files); subdirectories are never read. Each listed file is read
+exactly once, whatever its name holds: names are escaped for Hadoop's glob syntax, local files are
+read through Hadoop's raw local file system (its checksum wrapper cannot open a name with a `:`),
+and `_source_file` is the path exactly as `list_input_files` lists it (and the commit record's
+`inputs` record it).
 
 Reject reasons (short codes, in order of precedence):
   unreadable_file     the whole file cannot be read as its format (not gzip, truncated, not

@@ -10,6 +10,8 @@ with their definitions (`defs/checks.py`, `defs/landing_checks.py`): the engine 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import dagster as dg
 
 from dedup_pipeline.engine.outputs import OUTPUTS
@@ -25,57 +27,27 @@ def asset_key(dataset: str, name: str) -> dg.AssetKey:
 
 
 def group_name(dataset: str) -> str:
+    """One asset group per dataset, named like it."""
     return dataset
 
 
-# --- jobs and ops
+# --- per-dataset names of jobs, ops, sensors, schedules and pools: name(dataset) -> str
+PerDataset = Callable[[str], str]
 LOAD_JOB_SUFFIX = "_hourly_load"
 REBUILD_JOB_SUFFIX = "_index_rebuild"
 
-
-def load_job_name(dataset: str) -> str:
-    return f"{dataset}{LOAD_JOB_SUFFIX}"
-
-
-def rebuild_job_name(dataset: str) -> str:
-    return f"{dataset}{REBUILD_JOB_SUFFIX}"
-
-
-def load_op_name(dataset: str) -> str:
-    """The multi-asset that loads an hour (its step name in the UI)."""
-    return f"{dataset}_load"
-
-
-def rebuild_op_name(dataset: str) -> str:
-    """The rebuild job's op: run config addresses its `hours` under this name."""
-    return f"{dataset}_rebuild_index"
-
-
-# --- sensors and schedules
-RUN_FAILURE_SENSOR = "dedup_run_failure_summary"
-
-
-def landing_sensor_name(dataset: str) -> str:
-    return f"{dataset}_landing_sensor"
-
-
-def recovery_sensor_name(dataset: str) -> str:
-    return f"{dataset}_index_recovery_sensor"
-
-
-def hourly_schedule_name(dataset: str) -> str:
-    return f"{dataset}_hourly_schedule"
-
-
-def reconcile_schedule_name(dataset: str) -> str:
-    return f"{dataset}_reconcile_schedule"
-
-
-# --- concurrency pools
-def pool_name(dataset: str) -> str:
-    """The pool of every step that writes the dataset (load, index rebuild): with a limit of 1
-    (deploy/dagster.yaml) runs of one dataset queue instead of failing on its lock."""
-    return f"dedup_{dataset}"
+load_job_name: PerDataset = ("{}" + LOAD_JOB_SUFFIX).format
+rebuild_job_name: PerDataset = ("{}" + REBUILD_JOB_SUFFIX).format
+load_op_name: PerDataset = "{}_load".format  # the multi-asset: the load's step in the UI
+rebuild_op_name: PerDataset = "{}_rebuild_index".format  # run config addresses its hours under it
+landing_sensor_name: PerDataset = "{}_landing_sensor".format
+recovery_sensor_name: PerDataset = "{}_index_recovery_sensor".format
+hourly_schedule_name: PerDataset = "{}_hourly_schedule".format
+reconcile_schedule_name: PerDataset = "{}_reconcile_schedule".format
+# The pool of every step that writes the dataset (load, index rebuild): with a limit of 1
+# (deploy/dagster.yaml) runs of one dataset queue instead of failing on its lock.
+pool_name: PerDataset = "dedup_{}".format
+RUN_FAILURE_SENSOR = "dedup_run_failure_summary"  # one for all datasets
 
 
 # --- run tags: ours, and Dagster's own that we read or set

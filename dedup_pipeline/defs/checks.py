@@ -22,28 +22,29 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.defs.names import asset_key
+from dedup_pipeline.defs.names import INDEX, asset_key
 from dedup_pipeline.engine.checks import CONSERVATION, INDEX_AGREES, UNIQUE_KEYS
 from dedup_pipeline.engine.load import LoadResult
+from dedup_pipeline.engine.outputs import DUPLICATES, REJECTED, UNIQUE
 
 INDEX_SIZE = "index_size"
 DUPLICATE_RATE, CONFLICT_RATE, REJECTED_RATE = "duplicate_rate", "conflict_rate", "rejected_rate"
 
 # check name -> (asset name, blocking, description)
 CHECKS: dict[str, tuple[str, bool, str]] = {
-    CONSERVATION: ("unique", True, "R8: rows in = unique + duplicates + expired + rejected, "
+    CONSERVATION: (UNIQUE, True, "R8: rows in = unique + duplicates + expired + rejected, "
                    "counted from the written files."),
-    UNIQUE_KEYS: ("unique", True, "No key twice in the hour's unique rows, and none already in "
+    UNIQUE_KEYS: (UNIQUE, True, "No key twice in the hour's unique rows, and none already in "
                   "the live index of earlier hours."),
-    INDEX_AGREES: ("index", True, "The hour's index entries match its unique rows (count and an "
+    INDEX_AGREES: (INDEX, True, "The hour's index entries match its unique rows (count and an "
                    "order-independent checksum of the digests)."),
-    INDEX_SIZE: ("index", False, "Index entries a load reads stay under checks.max_index_keys "
+    INDEX_SIZE: (INDEX, False, "Index entries a load reads stay under checks.max_index_keys "
                  "(warn, like Pinot's pause threshold)."),
-    DUPLICATE_RATE: ("duplicates", False, "duplicates / (unique + duplicates) under "
+    DUPLICATE_RATE: (DUPLICATES, False, "duplicates / (unique + duplicates) under "
                      "checks.max_duplicate_rate."),
-    CONFLICT_RATE: ("duplicates", False, "conflicts / (unique + duplicates) under "
+    CONFLICT_RATE: (DUPLICATES, False, "conflicts / (unique + duplicates) under "
                     "checks.max_conflict_rate (same key, different fingerprint)."),
-    REJECTED_RATE: ("rejected", False, "rejected / rows in under checks.max_rejected_rate."),
+    REJECTED_RATE: (REJECTED, False, "rejected / rows in under checks.max_rejected_rate."),
 }
 
 

@@ -23,7 +23,7 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.digest import H1, H2, digest_columns
 from dedup_pipeline.engine.index.layout import INDEX, is_slice_dir, load_dir
 from dedup_pipeline.engine.index.store import match_columns
-from dedup_pipeline.engine.outputs import OUTPUTS
+from dedup_pipeline.engine.outputs import OUTPUTS, UNIQUE, partition
 from dedup_pipeline.engine.storage import Storage
 
 CONSERVATION, UNIQUE_KEYS, INDEX_AGREES = "conservation", "unique_keys", "index_agrees"
@@ -56,7 +56,7 @@ class WrittenFigures:
 
 
 def check_conservation(st: Storage, tag: str, rows_in: int, label: str) -> WrittenFigures:
-    fig = WrittenFigures(rows={o: st.parquet_rows(st.path(o, f"load_hour={tag}")) for o in OUTPUTS})
+    fig = WrittenFigures(rows={o: st.parquet_rows(st.path(*partition(o, tag))) for o in OUTPUTS})
     out = sum(fig.rows.values())
     if out != rows_in:
         detail = ", ".join(f"{k} {v}" for k, v in fig.rows.items())
@@ -77,7 +77,7 @@ def check_unique_and_index(
     is among the candidates: the check joins against them instead of scanning the index again.
     """
     keys = match_columns(ds)
-    uniq = spark.read.parquet(st.spark_path("unique", f"load_hour={tag}"))
+    uniq = spark.read.parquet(st.spark_path(*partition(UNIQUE, tag)))
     h1, h2 = digest_columns(ds.key, ds.source.schema)
     digests = uniq.select(h1.alias(H1), h2.alias(H2), *ds.key if ds.index.store_keys else [])
     # one row per distinct key with its multiplicity (one shuffle), then one global aggregate;

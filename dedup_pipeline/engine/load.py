@@ -67,6 +67,7 @@ from dedup_pipeline.engine.outputs import (
     OUTPUTS,
     REJECTED,
     UNIQUE,
+    partition,
     select_output,
 )
 from dedup_pipeline.engine.parse import (
@@ -179,7 +180,7 @@ def prepare_batch(spark: SparkSession, ds: DatasetConfig,
 def _forget_outputs(st: Storage, tag: str) -> None:
     """Remove everything an uncommitted attempt of `tag` wrote (after a failed check)."""
     for name in OUTPUTS:
-        st.remove(st.path(name, f"load_hour={tag}"))
+        st.remove(st.path(*partition(name, tag)))
     store.clear_load(st, tag)
 
 
@@ -348,7 +349,7 @@ def write(ds: DatasetConfig, p: Prepared, c: Classified) -> Written:
         written = {name: pool.submit(write_output, name) for name in OUTPUTS}
         staging = pool.submit(store.stage_entries, ds, st, entries, tag, n_files)
         for name in OUTPUTS:
-            target = st.path(name, f"load_hour={tag}")
+            target = st.path(*partition(name, tag))
             st.replace_dir(written[name].result(), target)
             out_files[name] = st.list_files(target, ".parquet")
             _fault(f"after_output:{name}")
@@ -382,7 +383,7 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
     """Write the commit record, after what it vouches for is on disk (local file systems)."""
     st, tag = p.st, p.tag
     for name in OUTPUTS:
-        st.sync_tree(st.path(name, f"load_hour={tag}"))
+        st.sync_tree(st.path(*partition(name, tag)))
     for n in v.slices:
         st.sync_tree(st.path(layout.INDEX, layout.load_rel(n, tag)))
     record = CommitRecord(

@@ -23,6 +23,12 @@ NATURAL, CONFLICT = "natural", "conflict"
 FIRST = "_first_load_hour"  # duplicates: the load hour whose unique row it duplicates (R4)
 EXPIRY_POINT = "_expiry_point"  # expired: the expiry point it fell behind (R6)
 RAW = "_raw"  # rejected: the original line or row as text (R9); REASON is its reject reason
+PARTITION = "load_hour="  # each output is Hive-partitioned by load hour (L1)
+
+
+def partition(name: str, tag: str) -> tuple[str, str]:
+    """Path parts of output `name`'s partition of load `tag`, below the dataset's output root."""
+    return name, f"{PARTITION}{tag}"
 
 
 def expiry_point_type(ds: DatasetConfig) -> str:

@@ -37,6 +37,7 @@ from dedup_pipeline.engine.index.health import (
     record_damage,
 )
 from dedup_pipeline.engine.index.layout import IndexFile
+from dedup_pipeline.engine.outputs import UNIQUE, partition
 from dedup_pipeline.engine.parse import V
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import key_of
@@ -65,22 +66,22 @@ def _unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
     """
     out: dict[str, list[str]] = {}
     for tag in targets:
-        part = st.path("unique", f"load_hour={tag}")
+        part = st.path(*partition(UNIQUE, tag))
         try:
             rec = commits.read_commit(st, tag)
         except commits.CommitRecordError:
             rec = None
         problem = None
-        listed = (rec.output_files or {}).get("unique") if rec is not None else None
+        listed = (rec.output_files or {}).get(UNIQUE) if rec is not None else None
         if not st.exists(part):
             problem = f"its unique partition {part} is missing"
         elif listed is not None:
             missing = [f.name for f in listed if not st.exists(f"{part}/{f.name}")]
             if missing:
                 problem = f"{part}/{missing[0]}, listed in its commit record, is missing"
-            out[tag] = [st.spark_path("unique", f"load_hour={tag}", f.name) for f in listed]
+            out[tag] = [st.spark_path(*partition(UNIQUE, tag), f.name) for f in listed]
         else:
-            out[tag] = [st.spark_path("unique", f"load_hour={tag}")]
+            out[tag] = [st.spark_path(*partition(UNIQUE, tag))]
         if problem:
             raise IndexDamagedError(
                 f"cannot rebuild the index entries of hour {key_of(tag)}: {problem}, so its keys "
@@ -118,7 +119,7 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
     sources = _unique_sources(st, targets)
     present = sorted(sources)
     if present:
-        uniq = (spark.read.option("basePath", st.spark_path("unique"))
+        uniq = (spark.read.option("basePath", st.spark_path(UNIQUE))
                 .parquet(*[p for t in present for p in sources[t]]))
         h1, h2 = digest_columns(ds.key, ds.source.schema)
         df = uniq.withColumn(H1, h1).withColumn(H2, h2)

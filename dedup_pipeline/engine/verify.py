@@ -27,7 +27,7 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.expiry import expiry_point, expiry_value, latest_point
 from dedup_pipeline.engine.index import health, layout
-from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, OUTPUTS, UNIQUE
+from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, OUTPUTS, PARTITION, UNIQUE
 from dedup_pipeline.engine.parse import (
     V,
     failed_file,
@@ -98,7 +98,7 @@ def _scan(st: Storage, name: str, rep: VerifyReport,
         entry = os.path.basename(e["name"].rstrip("/"))
         if entry.startswith((".", "_")):
             continue
-        if e["type"] != "directory" or not entry.startswith("load_hour="):
+        if e["type"] != "directory" or not entry.startswith(PARTITION):
             rep.violations.append(f"{name}/{entry}: unexpected {e['type']} in the {name} output "
                                   "(no load writes it; remove it)")
             continue
@@ -227,7 +227,7 @@ def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
             per_hour.setdefault(tag, {})[name] = n
     for name in OUTPUTS:
         for tag in sorted(present[name] - set(committed)):
-            rep.violations.append(f"{_hour(tag)}: partition {name}/load_hour={tag} exists but "
+            rep.violations.append(f"{_hour(tag)}: partition {name}/{PARTITION}{tag} exists but "
                                   "the hour has no commit record (an interrupted load; rerun "
                                   "that hour)")
             rep.bad_hours.add(tag)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
@@ -256,13 +257,14 @@ def commit_path(st: Storage, tag: str) -> str:
 
 
 def committed_tags(st: Storage) -> set[str]:
-    try:
-        names = st.fs.ls(st.path(COMMITS), detail=False)
-    except FileNotFoundError:
-        return set()
+    """The hours with a commit record: one listing of names (no request per record).
+
+    The one part of a load's bookkeeping that is O(history) in names: a single LIST call (on
+    object stores one page per 1,000 records), kept because it is what sees a record an operator
+    added or deleted by hand (docs/notes.md, "Performance": bookkeeping).
+    """
     out = set()
-    for n in names:
-        base = n.rstrip("/").rsplit("/", 1)[-1]
+    for base in st.list_names(st.path(COMMITS)):
         if base.startswith(PREFIX) and base.endswith(".json"):
             tag = base[len(PREFIX):-len(".json")]
             if is_tag(tag):
@@ -270,12 +272,22 @@ def committed_tags(st: Storage) -> set[str]:
     return out
 
 
+_TAG_RE = re.compile(r"(\d{4})-(\d\d)-(\d\d)-(\d\d)")
+
+
 def is_tag(tag: str) -> bool:
-    """Whether `tag` is an hour as load_hour values spell it (2026-11-01-05)."""
+    """Whether `tag` is an hour as load_hour values spell it (2026-11-01-05).
+
+    A regex and the datetime constructor, not strptime: called once per record name per listing
+    (strptime is ~10 us, 90 ms at a year of records)."""
+    m = _TAG_RE.fullmatch(tag)
+    if m is None:
+        return False
     try:
-        return to_tag(parse_key(tag)) == tag
+        datetime(*map(int, m.groups()))
     except ValueError:
         return False
+    return True
 
 
 def read_commit(st: Storage, tag: str) -> CommitRecord | None:
@@ -313,6 +325,11 @@ def invalidate(st: Storage, tag: str) -> None:
 def missing_before(ds: DatasetConfig, hour: datetime, committed: set[str]) -> list[datetime]:
     """Hours from the dataset's start up to (excluding) `hour` that have no commit record."""
     cur, out = parse_key(ds.start), []
+    first, last = to_tag(cur), to_tag(hour)
+    expected = int((hour - cur) / HOUR)
+    # the usual case, all there, without formatting every hour since the start (O(history))
+    if expected <= 0 or sum(1 for t in committed if first <= t < last) == expected:
+        return []
     while cur < hour:
         if to_tag(cur) not in committed:
             out.append(cur)

@@ -55,6 +55,7 @@ from dedup_pipeline.engine.index.health import (
     damaged_message,
     index_file_manifest,
     record_damage,
+    save_summary,
 )
 from dedup_pipeline.engine.index.layout import IndexFile
 from dedup_pipeline.engine.index.live import apply_retention, check_retention, live_files
@@ -251,6 +252,8 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     committed = commits.committed_tags(st)
     commits.check_order(ds, hour, committed)
     health = _forget_attempt(spark, ds, st, tag, ensure_healthy(spark, ds, st, say, rerun=tag), say)
+    # the records this check read, for the next check; not H's, whose record is written later
+    save_summary(st, health, drop={tag})
     committed.discard(tag)
     prev = commits.read_commit(st, to_tag(hour - HOUR)) if hour > parse_key(ds.start) else None
     return Prepared(hour, tag, st, frozenset(committed), health,

@@ -32,9 +32,11 @@ from dedup_pipeline.engine.index.health import (
     check_index,
     content_damage,
     damaged_message,
+    drop_summary,
     index_file_manifest,
     prune_marker,
     record_damage,
+    save_summary,
 )
 from dedup_pipeline.engine.index.layout import IndexFile
 from dedup_pipeline.engine.parse import V
@@ -101,6 +103,7 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
     """
     t0 = time.perf_counter()
     st = Storage(ds.output)
+    drop_summary(st)  # records are rewritten in place below: a crash must not leave it stale
     committed = sorted(commits.committed_tags(st))
     if tags is not None:  # a damaged compacted directory goes, and every load it held is rebuilt
         bad = set(check_index(st, ds).bad_compacted)
@@ -155,7 +158,9 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
         st.replace_dir(staging, st.path(layout.INDEX))
     else:
         st.remove(staging)
-    prune_marker(st, check_index(st, ds).files)
+    after = check_index(st, ds)  # every record read again (no summary): the new summary
+    prune_marker(st, after.files)
+    save_summary(st, after)
     return RebuildResult(len(targets), entries, round(time.perf_counter() - t0, 3))
 
 

@@ -16,6 +16,7 @@ What a load does about damage (fail, or rebuild first) is `engine.rebuild`'s.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from dedup_pipeline.engine.index.layout import (
     DAMAGED,
     INDEX,
     INDEX_FORMAT,
+    SUMMARY,
     IndexFile,
     is_compact_dir,
     is_slice_dir,
@@ -58,6 +60,8 @@ class IndexDamage:
     old_format: list[str] = field(default_factory=list)  # loads whose entries are an older layout
     corrupt: dict[str, list[str]] = field(default_factory=dict)  # load -> files of other content
     bad_records: dict[str, str] = field(default_factory=dict)  # load -> what is wrong with record
+    # the records' summary this check built (`save_summary` writes it); None if not built
+    state: Summary | None = field(default=None, repr=False, compare=False)
 
     @property
     def index_ok(self) -> bool:
@@ -177,10 +181,87 @@ def scrub(st: Storage, damage: IndexDamage, cursor: str, budget_bytes: int) -> s
     return chosen[-1].rel
 
 
-def check_index(st: Storage, ds: DatasetConfig, content: bool = False) -> IndexDamage:
+# -- the summary: what a check needs of history, so it reads O(live) records, not every one ----
+SUMMARY_VERSION = 1
+
+
+@dataclass
+class Summary:
+    """``index/_live.json``: the commit records a check has read, so the next check need not.
+
+    `covered`: hours whose record was read and is well formed. `kept`: of those, the ones a check
+    still needs (they list index files in live slices, have an older index format, or are the
+    newest record), with the record's size and mtime when read and what the check uses of it.
+    A covered hour that is not kept lists nothing a load reads (its files were deleted by
+    retention or merged by compaction), so it is never read again. Derived data: missing, damaged
+    or of another version, it is rebuilt from every record (once, O(history)).
+    """
+
+    covered: set[str] = field(default_factory=set)
+    kept: dict[str, dict] = field(default_factory=dict)  # tag -> {sig, index_format, index_files}
+
+
+def _read_summary(st: Storage) -> Summary | None:
+    try:
+        raw = st.read_json(st.path(INDEX, SUMMARY))
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        return None
+    try:
+        if raw["version"] != SUMMARY_VERSION:
+            return None
+        kept = {t: {"sig": list(k["sig"]), "index_format": int(k["index_format"]),
+                    "index_files": [commits.IndexFileEntry.from_json(f).to_json()
+                                    for f in k["index_files"]]}
+                for t, k in raw["kept"].items()}
+        covered = set(raw["covered"])
+        if not all(isinstance(t, str) for t in covered) or not set(kept) <= covered:
+            return None
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None  # damaged: rebuilt from the records
+    return Summary(covered, kept)
+
+
+def save_summary(st: Storage, damage: IndexDamage, drop: Iterable[str] = ()) -> None:
+    """Write the summary `damage`'s check built, without the hours in `drop` (atomically).
+
+    Only a holder of the dataset lock calls this, and only for hours whose record it will not
+    rewrite under the same name without saving again: a load drops its own hour (its record is
+    written after this), a rebuild deletes the summary before rewriting records (`drop_summary`).
+    So a crash anywhere leaves a summary that is true of every hour it covers.
+    """
+    s = damage.state
+    if s is None:
+        return
+    gone = set(drop)
+    st.write_text_atomic(st.path(INDEX, SUMMARY), json.dumps(
+        {"version": SUMMARY_VERSION, "covered": sorted(s.covered - gone),
+         "kept": {t: k for t, k in sorted(s.kept.items()) if t not in gone}},
+        separators=(",", ":")))
+
+
+def drop_summary(st: Storage) -> None:
+    """Delete the summary before records are rewritten in place (a rebuild)."""
+    st.remove(st.path(INDEX, SUMMARY))
+
+
+def _signature(st: Storage, path: str) -> list | None:
+    """Size and modification time of a record: what tells a cached record from an edited one."""
+    try:
+        info = st.fs.info(path)
+    except FileNotFoundError:
+        return None
+    mtime = info.get("mtime", info.get("LastModified", info.get("last_modified")))
+    return [int(info.get("size") or 0), str(mtime)]
+
+
+def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
+                full: bool = False) -> IndexDamage:
     """Compare the index files on disk with what the commit records and compaction manifests say.
 
     Lists files and reads no data, unless `content` (verify): then every file is hashed too.
+    Reads only the records the summary (`index/_live.json`) does not cover or keeps, the latter
+    only if their size or mtime changed: O(live) requests, plus one listing of the record names
+    (which sees records added or deleted by hand). `full` or `content` read every record.
     """
     damage = IndexDamage()
     kept = kept_from(st)
@@ -189,7 +270,15 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False) -> IndexD
     compacted = [c for c in list_compacted(st) if lo is None or c.slice >= lo]
     merged = covered(compacted)
     start = to_tag(parse_key(ds.start))
-    for tag in sorted(committed):
+    prior = None if (full or content) else _read_summary(st)
+    state = Summary()
+    if prior is None:
+        todo = committed
+    else:  # covered records that list nothing live are not looked at again
+        state.covered = (committed & prior.covered) - set(prior.kept)
+        todo = (committed - prior.covered) | (committed & set(prior.kept))
+    newest = max((t for t in committed if t >= start), default=None)
+    for tag in sorted(todo):
         if tag < start:  # no load writes it: a copied or misnamed file, and no rerun can replace it
             path = commits.commit_path(st, tag)
             damage.bad_records[tag] = (
@@ -197,37 +286,55 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False) -> IndexD
                 f"{ds.start}: no load writes such a record (a copied or misnamed file). Delete "
                 f"{path}")
             continue
-        try:
-            rec = commits.read_commit(st, tag)
-        except commits.CommitRecordError as e:
-            damage.bad_records[tag] = str(e)
-            continue
-        listed = rec.index_files if rec is not None else ()
-        if listed and rec is not None and rec.index_format < INDEX_FORMAT:
+        sig = _signature(st, commits.commit_path(st, tag))
+        if sig is None:
+            continue  # deleted since the listing
+        cached = prior.kept.get(tag) if prior is not None else None
+        if cached is not None and cached["sig"] == sig:
+            fmt = cached["index_format"]
+            listed = [commits.IndexFileEntry.from_json(f) for f in cached["index_files"]]
+        else:
+            try:
+                rec = commits.read_commit(st, tag)
+            except commits.CommitRecordError as e:
+                damage.bad_records[tag] = str(e)
+                continue
+            if rec is None:
+                continue
+            fmt, listed = rec.index_format, list(rec.index_files)
+        old = bool(listed) and fmt < INDEX_FORMAT
+        if old:
             damage.old_format.append(tag)
+        live = False
         for f in listed:
             if (lo is not None and f.slice < lo) or (f.slice, tag) in merged:
                 continue  # deleted by retention, or merged by compaction, as intended
             entry = IndexFile(tag, f.slice, f.name, f.size, f.rows, sha256=f.sha256)
             damage.files[entry.rel] = entry
+            live = True
+        state.covered.add(tag)
+        if live or old or tag == newest:
+            state.kept[tag] = {"sig": sig, "index_format": fmt,
+                               "index_files": [f.to_json() for f in listed]}
+    damage.state = state
     for c in compacted:
         for entry in c.index_files():
             damage.files[entry.rel] = entry
     actual: dict[str, int] = {}
     root = st.path(INDEX)
-    for path in st.list_files(root, ".parquet"):
+    for path, size in st.file_sizes(root, ".parquet").items():
         rel = path[len(root) + 1:]
         parts = rel.split("/")
         if len(parts) != 3 or not is_slice_dir(parts[0]):
             continue  # staging or compaction work areas (a load reads only listed files)
         n, tag = slice_number(parts[0]), load_tag(parts[1])
         if n is None:
-            actual[rel] = int(st.fs.info(path).get("size") or 0)  # reported as unexpected
+            actual[rel] = size  # reported as unexpected
             continue
         if tag is not None and (tag not in committed or (n, tag) in merged
                                 or tag in damage.bad_records):
             continue  # leftovers of an interrupted attempt or compaction (their rerun clears them)
-        actual[rel] = int(st.fs.info(path).get("size") or 0)
+        actual[rel] = size
     for rel, f in damage.files.items():
         if actual.get(rel) != f.size:
             for t in f.holds:

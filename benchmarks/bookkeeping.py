@@ -40,9 +40,14 @@ from dedup_pipeline.config import DatasetConfig, parse_config
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.commits import CommitRecord, IndexFileEntry
 from dedup_pipeline.engine.index import layout
-from dedup_pipeline.engine.index.health import check_index, content_damage, save_summary
+from dedup_pipeline.engine.index.health import (
+    RecordsWatch,
+    check_index,
+    content_damage,
+    save_summary,
+)
 from dedup_pipeline.engine.index.layout import IndexFile
-from dedup_pipeline.engine.index.live import check_retention, live_files
+from dedup_pipeline.engine.index.live import EarlierLoads, check_retention, live_files
 from dedup_pipeline.engine.storage import Storage, count_requests
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 
@@ -104,7 +109,10 @@ def synthesize(root: Path, n: int) -> DatasetConfig:
     if first_live:
         v_live = int((start + first_live * HOUR).timestamp()) * 1_000_000
         st.write_json_atomic(st.path(layout.INDEX, layout.RETENTION_STATE), {"kept_from": v_live})
-    save_summary(st, check_index(st, ds, full=True))  # what the loads before would have left
+    # what the loads before would have left: the summary, valid at the records' directory mtime
+    first = check_index(st, ds, full=True)
+    assert first.state is not None
+    save_summary(st, first, commits_mtime=st.stamp_dir(st.path(commits.COMMITS)))
     return ds
 
 
@@ -114,18 +122,19 @@ def load_bookkeeping(ds: DatasetConfig, n: int) -> list[IndexFile]:
     st = Storage(ds.output)
     hour = parse_key(START) + n * HOUR
     tag = to_tag(hour)
-    committed = commits.committed_tags(st)
-    commits.check_order(ds, hour, committed)
     health = check_index(st, ds)
+    assert health.state is not None
+    commits.check_order(ds, hour, health.state.committed)
     if not health.ok:
         raise RuntimeError(f"synthesized index unhealthy: {health.summary()}")
-    commits.invalidate(st, tag)  # nothing there: the request a load makes all the same
-    save_summary(st, health, drop={tag})
+    watch = RecordsWatch(st, health)
+    watch.change(commits.invalidate, st, tag)  # nothing there: the requests a load makes anyway
+    save_summary(st, health, drop={tag}, commits_mtime=watch.expected)
     prev = commits.read_commit(st, to_tag(hour - HOUR))
     assert prev is not None and prev.latest_point is not None
     x = prev.latest_point - LIVE * HOUR_US
     check_retention(st, ds, x)
-    live = live_files(ds, health.files, {c for c in committed if c < tag}, x)
+    live = live_files(ds, health.files, EarlierLoads(health.state.committed, tag), x)
     if content_damage(st, live):
         raise RuntimeError("synthesized index files do not hash to their records")
     return live

@@ -160,13 +160,15 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
         st.remove(staging)
     after = check_index(st, ds)  # every record read again (no summary): the new summary
     prune_marker(st, after.files)
-    save_summary(st, after)
+    assert after.state is not None
+    save_summary(st, after, commits_mtime=after.state.commits_mtime)
     return RebuildResult(len(targets), entries, round(time.perf_counter() - t0, 3))
 
 
 # -- what a load does about damage: fail, or rebuild the damaged loads first -----------------
 def ensure_healthy(spark: SparkSession, ds: DatasetConfig, st: Storage,
-                   say: object = None, rerun: str | None = None) -> IndexDamage:
+                   say: object = None, rerun: str | None = None,
+                   damage: IndexDamage | None = None) -> IndexDamage:
     """Fail (or rebuild, with `on_damaged_index: rebuild`) when the index is damaged.
 
     `rerun`: the load about to be (re)done. Only damaged commit records of earlier hours stop it
@@ -175,7 +177,8 @@ def ensure_healthy(spark: SparkSession, ds: DatasetConfig, st: Storage,
     acceptance: a damaged record of hour 09 with 05-08 not loaded blocked every load, its fix
     "rerun 09" was refused by the load order rule).
     """
-    damage = check_index(st, ds)
+    if damage is None:  # else the caller's check, just made
+        damage = check_index(st, ds)
     records = {t: m for t, m in damage.bad_records.items() if rerun is None or t < rerun}
     if records:
         first = sorted(records)[0]

@@ -202,6 +202,36 @@ class Storage:
             out[f] = int(info.get("size") or 0)
         return out
 
+    def dir_mtime(self, path: str) -> str | None:
+        """A directory's modification time, which changes when an entry is created, removed or
+        renamed into it (POSIX, HDFS); None where directories have none (object stores)."""
+        if self.local:
+            REQUESTS["info"] += 1
+            try:
+                return str(os.stat(path).st_mtime_ns)
+            except OSError:
+                return None
+        try:
+            info = self.fs.info(path)
+        except (FileNotFoundError, OSError):
+            return None
+        m = info.get("mtime")
+        return repr(m) if info.get("type") == "directory" and isinstance(m, int | float) else None
+
+    def stamp_dir(self, path: str) -> str | None:
+        """Set a local directory's mtime to a value no clock tick produces (the current time
+        plus random nanoseconds), so any later change to its entries, even within the same
+        coarse clock tick, gives it another mtime; returns the new `dir_mtime`. Elsewhere only
+        reads it."""
+        if not self.local:
+            return self.dir_mtime(path)
+        try:
+            st = os.stat(path)
+            os.utime(path, ns=(st.st_atime_ns, time.time_ns() + 1 + (uuid.uuid4().int % 999_983)))
+        except OSError:
+            return None
+        return self.dir_mtime(path)
+
     def list_files(self, path: str, suffix: str = "") -> list[str]:
         """Full paths of data files in `path` (recursive), skipping hidden and _-prefixed ones."""
         try:

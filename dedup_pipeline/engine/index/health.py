@@ -17,9 +17,10 @@ What a load does about damage (fail, or rebuild first) is `engine.rebuild`'s.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
@@ -60,7 +61,8 @@ class IndexDamage:
     old_format: list[str] = field(default_factory=list)  # loads whose entries are an older layout
     corrupt: dict[str, list[str]] = field(default_factory=dict)  # load -> files of other content
     bad_records: dict[str, str] = field(default_factory=dict)  # load -> what is wrong with record
-    # the records' summary this check built (`save_summary` writes it); None if not built
+    # the records' summary this check built (`save_summary` writes it), and so the committed
+    # hours (`state.committed`); None only for an IndexDamage no check built
     state: Summary | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -182,23 +184,29 @@ def scrub(st: Storage, damage: IndexDamage, cursor: str, budget_bytes: int) -> s
 
 
 # -- the summary: what a check needs of history, so it reads O(live) records, not every one ----
-SUMMARY_VERSION = 1
+SUMMARY_VERSION = 2
 
 
 @dataclass
 class Summary:
-    """``index/_live.json``: the commit records a check has read, so the next check need not.
+    """``index/_live.json``: the commit records as a check last saw them, so the next check
+    need not read them all (like a Delta log checkpoint).
 
-    `covered`: hours whose record was read and is well formed. `kept`: of those, the ones a check
-    still needs (they list index files in live slices, have an older index format, or are the
-    newest record), with the record's size and mtime when read and what the check uses of it.
-    A covered hour that is not kept lists nothing a load reads (its files were deleted by
-    retention or merged by compaction), so it is never read again. Derived data: missing, damaged
-    or of another version, it is rebuilt from every record (once, O(history)).
+    `committed`: every record name, as ranges of hours. `uncovered`: of those, records every
+    check reads again (damaged ones). `kept`: of the others, the records a check still needs
+    (they list index files in live slices, have an older index format, or are the newest), with
+    the record's size and mtime when read and what the check uses of it; a covered record that
+    is not kept lists nothing a load reads (its files were deleted by retention or merged by
+    compaction), so it is not read again. `commits_mtime`: the ``_commits`` directory's mtime
+    the names were valid at; another mtime now means records were added, removed or replaced
+    by name since, and the names are listed again. Derived data: missing, damaged or of another
+    version, it is rebuilt from every record (once, O(history)).
     """
 
-    covered: set[str] = field(default_factory=set)
+    committed: commits.HourSet = field(default_factory=commits.HourSet)
+    uncovered: set[str] = field(default_factory=set)
     kept: dict[str, dict] = field(default_factory=dict)  # tag -> {sig, index_format, index_files}
+    commits_mtime: str | None = None
 
 
 def _read_summary(st: Storage) -> Summary | None:
@@ -213,30 +221,50 @@ def _read_summary(st: Storage) -> Summary | None:
                     "index_files": [commits.IndexFileEntry.from_json(f).to_json()
                                     for f in k["index_files"]]}
                 for t, k in raw["kept"].items()}
-        covered = set(raw["covered"])
-        if not all(isinstance(t, str) for t in covered) or not set(kept) <= covered:
+        ranges = raw["committed"]
+        if not all(commits.is_tag(a) and commits.is_tag(b) and a <= b for a, b in ranges):
             return None
+        mtime = raw["commits_mtime"]
+        if mtime is not None and not isinstance(mtime, str):
+            return None
+        return Summary(commits.HourSet.of_ranges(ranges), {str(t) for t in raw["uncovered"]},
+                       kept, mtime)
     except (KeyError, TypeError, ValueError, AttributeError):
         return None  # damaged: rebuilt from the records
-    return Summary(covered, kept)
 
 
-def save_summary(st: Storage, damage: IndexDamage, drop: Iterable[str] = ()) -> None:
-    """Write the summary `damage`'s check built, without the hours in `drop` (atomically).
+def save_summary(st: Storage, damage: IndexDamage, drop: Iterable[str] = (),
+                 add: commits.CommitRecord | None = None,
+                 commits_mtime: str | None = None) -> None:
+    """Write the summary `damage`'s check built, without the hours in `drop`, with the record
+    `add` (just written by the caller), valid at `commits_mtime` (None: names are listed again).
 
-    Only a holder of the dataset lock calls this, and only for hours whose record it will not
-    rewrite under the same name without saving again: a load drops its own hour (its record is
-    written after this), a rebuild deletes the summary before rewriting records (`drop_summary`).
-    So a crash anywhere leaves a summary that is true of every hour it covers.
+    Only a holder of the dataset lock calls this, and never leaves a record it will rewrite under
+    the same name covered: a load drops its own hour before its record is written and adds it
+    after its last write; a rebuild deletes the summary before rewriting records
+    (`drop_summary`). So a crash anywhere leaves a summary that is true of every hour it covers.
     """
     s = damage.state
     if s is None:
         return
     gone = set(drop)
+    committed = s.committed.copy()
+    for t in gone:
+        committed.discard(t)
+    kept = {t: k for t, k in s.kept.items() if t not in gone}
+    uncovered = s.uncovered - gone
+    if add is not None:
+        sig = _signature(st, commits.commit_path(st, add.load_hour))
+        if sig is None:
+            return
+        committed.add(add.load_hour)
+        uncovered.discard(add.load_hour)
+        kept[add.load_hour] = {"sig": sig, "index_format": add.index_format,
+                               "index_files": [f.to_json() for f in add.index_files]}
     st.write_text_atomic(st.path(INDEX, SUMMARY), json.dumps(
-        {"version": SUMMARY_VERSION, "covered": sorted(s.covered - gone),
-         "kept": {t: k for t, k in sorted(s.kept.items()) if t not in gone}},
-        separators=(",", ":")))
+        {"version": SUMMARY_VERSION, "commits_mtime": commits_mtime,
+         "committed": committed.ranges(), "uncovered": sorted(uncovered),
+         "kept": dict(sorted(kept.items()))}, separators=(",", ":")))
 
 
 def drop_summary(st: Storage) -> None:
@@ -260,24 +288,29 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
 
     Lists files and reads no data, unless `content` (verify): then every file is hashed too.
     Reads only the records the summary (`index/_live.json`) does not cover or keeps, the latter
-    only if their size or mtime changed: O(live) requests, plus one listing of the record names
-    (which sees records added or deleted by hand). `full` or `content` read every record.
+    only if their size or mtime changed, and lists the record names only if the ``_commits``
+    directory changed since: O(live) requests and driver time. `full` or `content` read every
+    record.
     """
     damage = IndexDamage()
     kept = kept_from(st)
     lo = min_slice(ds, kept) if kept is not None else None
-    committed = commits.committed_tags(st)
+    mtime = st.dir_mtime(st.path(commits.COMMITS))  # before anything is read: conservative
+    prior = None if (full or content) else _read_summary(st)
+    if prior is not None and mtime is not None and prior.commits_mtime == mtime:
+        committed = prior.committed.copy()  # no record added, removed or renamed since
+        todo = set(prior.uncovered) | set(prior.kept)
+    else:
+        names = commits.committed_tags(st)
+        committed = commits.HourSet.of(names)
+        todo = set(names) if prior is None else (
+            {t for t in names if t not in prior.committed or t in prior.uncovered}
+            | (set(prior.kept) & names))
     compacted = [c for c in list_compacted(st) if lo is None or c.slice >= lo]
     merged = covered(compacted)
     start = to_tag(parse_key(ds.start))
-    prior = None if (full or content) else _read_summary(st)
-    state = Summary()
-    if prior is None:
-        todo = committed
-    else:  # covered records that list nothing live are not looked at again
-        state.covered = (committed & prior.covered) - set(prior.kept)
-        todo = (committed - prior.covered) | (committed & set(prior.kept))
-    newest = max((t for t in committed if t >= start), default=None)
+    state = Summary(committed, commits_mtime=mtime)
+    newest = committed.max()
     for tag in sorted(todo):
         if tag < start:  # no load writes it: a copied or misnamed file, and no rerun can replace it
             path = commits.commit_path(st, tag)
@@ -285,10 +318,12 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
                 f"commit record {path} is of hour {key_of(tag)}, before the dataset's start "
                 f"{ds.start}: no load writes such a record (a copied or misnamed file). Delete "
                 f"{path}")
+            state.uncovered.add(tag)
             continue
         sig = _signature(st, commits.commit_path(st, tag))
         if sig is None:
-            continue  # deleted since the listing
+            committed.discard(tag)  # deleted since the listing
+            continue
         cached = prior.kept.get(tag) if prior is not None else None
         if cached is not None and cached["sig"] == sig:
             fmt = cached["index_format"]
@@ -298,8 +333,10 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
                 rec = commits.read_commit(st, tag)
             except commits.CommitRecordError as e:
                 damage.bad_records[tag] = str(e)
+                state.uncovered.add(tag)
                 continue
             if rec is None:
+                committed.discard(tag)
                 continue
             fmt, listed = rec.index_format, list(rec.index_files)
         old = bool(listed) and fmt < INDEX_FORMAT
@@ -312,7 +349,6 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
             entry = IndexFile(tag, f.slice, f.name, f.size, f.rows, sha256=f.sha256)
             damage.files[entry.rel] = entry
             live = True
-        state.covered.add(tag)
         if live or old or tag == newest:
             state.kept[tag] = {"sig": sig, "index_format": fmt,
                                "index_files": [f.to_json() for f in listed]}
@@ -331,7 +367,7 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
         if n is None:
             actual[rel] = size  # reported as unexpected
             continue
-        if tag is not None and (tag not in committed or (n, tag) in merged
+        if tag is not None and (tag not in state.committed or (n, tag) in merged
                                 or tag in damage.bad_records):
             continue  # leftovers of an interrupted attempt or compaction (their rerun clears them)
         actual[rel] = size
@@ -387,3 +423,31 @@ def checksum_failure(error: BaseException) -> str | None:
     m = (CHECKSUM_PATH.search(text[text.index("ChecksumException"):])
          or CHECKSUM_PATH.search(text))
     return m.group(1) if m else None
+
+
+class RecordsWatch:
+    """A lock holder's own changes to the records, told apart from anybody else's.
+
+    Started from a check's summary state; each own change (`change`) first compares the
+    ``_commits`` directory's mtime with the one expected: another value means somebody else
+    added, removed or renamed a record since, and the summary then saves no mtime (the next
+    check lists the names). After the change the directory is stamped (`Storage.stamp_dir`), so
+    a change by anybody else later, even within the same clock tick, shows.
+    """
+
+    def __init__(self, st: Storage, health: IndexDamage):
+        self.st = st
+        self.rebase(health)
+
+    def rebase(self, health: IndexDamage) -> None:
+        """Continue from a fresh check (its state is true as of its own mtime sample)."""
+        self.health = health
+        self.expected = health.state.commits_mtime if health.state is not None else None
+
+    def change(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self.expected is not None and self.st.dir_mtime(
+                self.st.path(commits.COMMITS)) != self.expected:
+            self.expected = None
+        fn(*args)
+        if self.expected is not None:
+            self.expected = self.st.stamp_dir(self.st.path(commits.COMMITS))

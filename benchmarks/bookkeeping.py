@@ -186,6 +186,8 @@ def run(sizes: list[int], repeat: int = 5, spark: Any = None,
     """Synthesize each size and measure; returns {N: {name: (seconds, requests)}}."""
     results: dict[int, dict[str, Any]] = {}
     base = Path(workdir or tempfile.mkdtemp(prefix="bookkeeping-"))
+    if spark is not None:  # a warm JVM for both sizes: the first load pays the JIT
+        real_load(spark, synthesize(base / "warm-up", 2), 2)
     for n in sizes:
         root = base / f"n{n}"
         t0 = time.perf_counter()

@@ -49,15 +49,22 @@ from dedup_pipeline.engine.index import compaction, layout, store
 from dedup_pipeline.engine.index.health import (
     IndexDamage,
     IndexDamagedError,
+    RecordsWatch,
     check_index,
     checksum_failure,
     content_damage,
     damaged_message,
     index_file_manifest,
     record_damage,
+    save_summary,
 )
 from dedup_pipeline.engine.index.layout import IndexFile
-from dedup_pipeline.engine.index.live import apply_retention, check_retention, live_files
+from dedup_pipeline.engine.index.live import (
+    EarlierLoads,
+    apply_retention,
+    check_retention,
+    live_files,
+)
 from dedup_pipeline.engine.outputs import (
     CONFLICT,
     DUPLICATES,
@@ -201,8 +208,9 @@ class Prepared:
     hour: datetime
     tag: str
     st: Storage
-    committed: frozenset[str]  # committed loads, H excluded
+    committed: commits.HourSet  # committed loads, H excluded
     health: IndexDamage  # the index files the commit records list (healthy)
+    watch: RecordsWatch  # this load's own record changes, for the records' summary
     prev_latest: Number | None  # L_{H-1}
     batch: Batch
 
@@ -249,28 +257,37 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     tag = to_tag(hour)
     check_landing_root(ds)
     st = Storage(ds.output)
-    committed = commits.committed_tags(st)
-    commits.check_order(ds, hour, committed)
-    health = _forget_attempt(spark, ds, st, tag, ensure_healthy(spark, ds, st, say, rerun=tag), say)
+    first = check_index(st, ds)  # O(live): the records' summary, not every record
+    assert first.state is not None
+    commits.check_order(ds, hour, first.state.committed)
+    watch = RecordsWatch(st, ensure_healthy(spark, ds, st, say, rerun=tag, damage=first))
+    health = _forget_attempt(spark, ds, st, tag, watch, say)
+    # the records this check read, for the next check; not H's, whose record is written later
+    save_summary(st, health, drop={tag}, commits_mtime=watch.expected)
+    assert health.state is not None
+    committed = health.state.committed.copy()
     committed.discard(tag)
     prev = commits.read_commit(st, to_tag(hour - HOUR)) if hour > parse_key(ds.start) else None
-    return Prepared(hour, tag, st, frozenset(committed), health,
+    return Prepared(hour, tag, st, committed, health, watch,
                     prev.latest_point if prev else None, _parse(spark, ds, hour, partition_key, cache, say))
 
 
 def _forget_attempt(spark: SparkSession, ds: DatasetConfig, st: Storage, tag: str,
-                    health: IndexDamage, say: Progress) -> IndexDamage:
+                    watch: RecordsWatch, say: Progress) -> IndexDamage:
     """Delete what any earlier attempt of `tag` left: its commit record first (from then on the
     hour is not loaded), its index files (also inside compacted directories), its temp outputs.
     Returns the index manifest as it now is."""
-    commits.invalidate(st, tag)
+    health = watch.health
+    watch.change(commits.invalidate, st, tag)
     store.clear_load(st, tag)
     # a compacted file holding this hour is rewritten from its own bytes: check them first
     if ensure_intact(spark, ds, st, [f for f in health.files.values() if f.loads and tag in f.holds],
                      say, rerun=tag):
         health = check_index(st, ds)
+        watch.rebase(health)
     if compaction.remove_load(spark, ds, st, tag):
         health = check_index(st, ds)  # compacted files were rewritten: read the new manifest
+        watch.rebase(health)
     for leftover in st.list_dirs(st.path(TMP)):
         if leftover.startswith(tag):
             st.remove(st.path(TMP, leftover))
@@ -306,11 +323,13 @@ def classify_batch(spark: SparkSession, ds: DatasetConfig, p: Prepared, cache: P
     latest = latest_point(ds, p.hour, p.prev_latest, p.batch.vmax)
     x = expiry_point(ds, latest)
     check_retention(st, ds, x)
-    readable = {c for c in p.committed if c < p.tag}
+    readable = EarlierLoads(p.committed, p.tag)
     live = live_files(ds, p.health.files, readable, x)
     # content: exactly the files the probe will read are hashed (one pass over what Spark reads)
     if ensure_intact(spark, ds, st, live, say, rerun=p.tag):
-        live = live_files(ds, check_index(st, ds).files, readable, x)
+        fresh = check_index(st, ds)
+        p.watch.rebase(fresh)
+        live = live_files(ds, fresh.files, readable, x)
     idx_rows = sum(f.rows if f.rows is not None else st.parquet_rows(st.path(layout.INDEX, f.rel))
                    for f in live)
     xs = expiry_point_frame(spark, ds, x)
@@ -417,7 +436,7 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
         output_files={name: tuple(OutputFileEntry(p_.rsplit("/", 1)[1], int(st.fs.info(p_)["size"]))
                                   for p_ in files) for name, files in w.out_files.items()},
     )
-    commits.write_commit(st, record)
+    p.watch.change(commits.write_commit, st, record)
     return record
 
 
@@ -447,10 +466,14 @@ def housekeep(spark: SparkSession, ds: DatasetConfig, p: Prepared, record: Commi
             record_damage(st, found)
         return not found
 
-    compaction.compact(spark, ds, st, set(p.committed) | {p.tag}, intact)
+    done = p.committed.copy()
+    done.add(p.tag)
+    compaction.compact(spark, ds, st, done, intact)
     clock.lap("compact")
     final = record.with_(index_slices_deleted=deleted, seconds=clock.with_total())
-    commits.write_commit(st, final)
+    p.watch.change(commits.write_commit, st, final)
+    # H's final record joins the summary; its mtime only if no one else changed records meanwhile
+    save_summary(st, p.watch.health, drop={p.tag}, add=final, commits_mtime=p.watch.expected)
     return final
 
 

@@ -32,9 +32,11 @@ from dedup_pipeline.engine.index.health import (
     check_index,
     content_damage,
     damaged_message,
+    drop_summary,
     index_file_manifest,
     prune_marker,
     record_damage,
+    save_summary,
 )
 from dedup_pipeline.engine.index.layout import IndexFile
 from dedup_pipeline.engine.outputs import UNIQUE, partition
@@ -102,6 +104,7 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
     """
     t0 = time.perf_counter()
     st = Storage(ds.output)
+    drop_summary(st)  # records are rewritten in place below: a crash must not leave it stale
     committed = sorted(commits.committed_tags(st))
     if tags is not None:  # a damaged compacted directory goes, and every load it held is rebuilt
         bad = set(check_index(st, ds).bad_compacted)
@@ -156,13 +159,17 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
         st.replace_dir(staging, st.path(layout.INDEX))
     else:
         st.remove(staging)
-    prune_marker(st, check_index(st, ds).files)
+    after = check_index(st, ds)  # every record read again (no summary): the new summary
+    prune_marker(st, after.files)
+    assert after.state is not None
+    save_summary(st, after, commits_mtime=after.state.commits_mtime)
     return RebuildResult(len(targets), entries, round(time.perf_counter() - t0, 3))
 
 
 # -- what a load does about damage: fail, or rebuild the damaged loads first -----------------
 def ensure_healthy(spark: SparkSession, ds: DatasetConfig, st: Storage,
-                   say: object = None, rerun: str | None = None) -> IndexDamage:
+                   say: object = None, rerun: str | None = None,
+                   damage: IndexDamage | None = None) -> IndexDamage:
     """Fail (or rebuild, with `on_damaged_index: rebuild`) when the index is damaged.
 
     `rerun`: the load about to be (re)done. Only damaged commit records of earlier hours stop it
@@ -171,7 +178,8 @@ def ensure_healthy(spark: SparkSession, ds: DatasetConfig, st: Storage,
     acceptance: a damaged record of hour 09 with 05-08 not loaded blocked every load, its fix
     "rerun 09" was refused by the load order rule).
     """
-    damage = check_index(st, ds)
+    if damage is None:  # else the caller's check, just made
+        damage = check_index(st, ds)
     records = {t: m for t, m in damage.bad_records.items() if rerun is None or t < rerun}
     if records:
         first = sorted(records)[0]

@@ -27,6 +27,7 @@ import struct
 import time
 import uuid
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,45 @@ TRASH = "_trash"
 _AT_FDCWD = -100
 # Rows per Parquet file that the load's outputs and compacted index files are cut into.
 ROWS_PER_FILE = 1_000_000
+
+
+# File-system requests made through `Storage`, by kind, process-wide: what the bookkeeping
+# benchmark counts (issue 25), because on an object store each is a billed round trip.
+REQUESTS: Counter[str] = Counter()
+_COUNTED = frozenset({"ls", "find", "info", "exists", "isdir", "open", "rm", "mv", "makedirs",
+                      "cat_file", "pipe_file", "glob", "walk", "du"})
+
+
+class _CountingFS:
+    """The fsspec file system, with each call from this package counted in `REQUESTS`.
+
+    Only the calls this package makes are counted (one `ls` is one request), not the calls an
+    fsspec implementation makes internally; local `os` calls in `Storage` count themselves.
+    """
+
+    def __init__(self, fs: Any):
+        self._fs = fs
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._fs, name)
+        if name not in _COUNTED or not callable(attr):
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            REQUESTS[name] += 1
+            return attr(*args, **kwargs)
+        return counted
+
+
+@contextlib.contextmanager
+def count_requests() -> Iterator[Counter[str]]:
+    """The requests made inside the `with`, by kind (filled in when it exits)."""
+    before = REQUESTS.copy()
+    out: Counter[str] = Counter()
+    try:
+        yield out
+    finally:
+        out.update(REQUESTS - before)
 
 
 def _libc() -> Any | None:
@@ -88,9 +128,10 @@ class Storage:
 
     def __init__(self, root: str):
         root = normalize_uri(root)
-        self.fs, self.root = fsspec.core.url_to_fs(root)
+        fs, self.root = fsspec.core.url_to_fs(root)
         self.root = self.root.rstrip("/")
-        self.local = isinstance(self.fs, LocalFileSystem)
+        self.local = isinstance(fs, LocalFileSystem)
+        self.fs = _CountingFS(fs)
         self.uri_root = root.rstrip("/")
 
     # -- paths ---------------------------------------------------------------------------------
@@ -128,6 +169,68 @@ class Storage:
             return []
         return sorted(os.path.basename(e["name"].rstrip("/")) for e in entries
                       if e["type"] == "directory")
+
+    def list_names(self, path: str) -> list[str]:
+        """Names of the entries of `path` (one listing, no per-entry metadata); [] if absent.
+
+        Locally ``os.listdir``: fsspec's local `ls` stats every entry even without detail
+        (measured 16-20 ms against 4 ms for 8,760 names).
+        """
+        if self.local:
+            REQUESTS["ls"] += 1
+            try:
+                return os.listdir(path)
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+        try:
+            return [n.rstrip("/").rsplit("/", 1)[-1] for n in self.fs.ls(path, detail=False)]
+        except FileNotFoundError:
+            return []
+
+    def file_sizes(self, path: str, suffix: str = "") -> dict[str, int]:
+        """Size of every data file below `path` (recursive, as `list_files` selects them), from
+        one recursive listing: no request per file."""
+        try:
+            found = self.fs.find(path, detail=True)
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for f, info in found.items():
+            base = os.path.basename(f)
+            if base.startswith((".", "_")) or not base.endswith(suffix):
+                continue
+            out[f] = int(info.get("size") or 0)
+        return out
+
+    def dir_mtime(self, path: str) -> str | None:
+        """A directory's modification time, which changes when an entry is created, removed or
+        renamed into it (POSIX, HDFS); None where directories have none (object stores)."""
+        if self.local:
+            REQUESTS["info"] += 1
+            try:
+                return str(os.stat(path).st_mtime_ns)
+            except OSError:
+                return None
+        try:
+            info = self.fs.info(path)
+        except (FileNotFoundError, OSError):
+            return None
+        m = info.get("mtime")
+        return repr(m) if info.get("type") == "directory" and isinstance(m, int | float) else None
+
+    def stamp_dir(self, path: str) -> str | None:
+        """Set a local directory's mtime to a value no clock tick produces (the current time
+        plus random nanoseconds), so any later change to its entries, even within the same
+        coarse clock tick, gives it another mtime; returns the new `dir_mtime`. Elsewhere only
+        reads it."""
+        if not self.local:
+            return self.dir_mtime(path)
+        try:
+            st = os.stat(path)
+            os.utime(path, ns=(st.st_atime_ns, time.time_ns() + 1 + (uuid.uuid4().int % 999_983)))
+        except OSError:
+            return None
+        return self.dir_mtime(path)
 
     def list_files(self, path: str, suffix: str = "") -> list[str]:
         """Full paths of data files in `path` (recursive), skipping hidden and _-prefixed ones."""
@@ -184,6 +287,7 @@ class Storage:
         self.makedirs(parent)
         tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
         if self.local:
+            REQUESTS["put"] += 1
             fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             with os.fdopen(fd, "w") as f:
                 f.write(text)
@@ -255,6 +359,7 @@ class Storage:
         """Rename src to dst (dst must not exist)."""
         self.makedirs(dst.rsplit("/", 1)[0])
         if self.local:
+            REQUESTS["mv"] += 1
             os.rename(src, dst)
             fsync_dir(dst.rsplit("/", 1)[0])  # the rename itself survives a power loss
             fsync_dir(src.rsplit("/", 1)[0])

@@ -15,7 +15,8 @@ One owner per job, as Apex Malhar's dedup operator splits deciding, holding and 
 
 - `layout`      the path grammar: every directory and file name of the index, built and parsed;
                 `IndexFile`, `INDEX_FORMAT`
-- `live`        which entries a load reads: `slice_of`, `min_slice`, `live_files`; retention
+- `live`        which entries a load reads: `slice_of`, `min_slice`, `live_files`, `EarlierLoads`;
+                retention
                 (`check_retention`, `apply_retention`, `IndexRetentionError`)
 - `store`       the entries as data: `entry_schema`, `match_columns`, `read_live`,
                 `stage_entries`, `publish_entries`, `clear_load`
@@ -23,7 +24,9 @@ One owner per job, as Apex Malhar's dedup operator splits deciding, holding and 
                 `list_compacted`, `covered`
 - `health`      damage and the manifests that detect it: `check_index`, `IndexDamage`,
                 `content_damage`, `scrub`, the damaged marker (`record_damage`),
-                `index_file_manifest`, `checksum_failure`, `IndexDamagedError`
+                `index_file_manifest`, `checksum_failure`, `IndexDamagedError`; the records'
+                summary ``index/_live.json`` that keeps a check O(live) (`Summary`,
+                `save_summary`, `drop_summary`, `RecordsWatch`)
 
 Repair is `engine.rebuild`'s job: `rebuild_index` from unique, and a load's gate that fails or
 rebuilds on damage (`ensure_healthy`, `ensure_intact`), which needs both health and the rebuild.

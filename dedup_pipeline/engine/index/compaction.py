@@ -23,7 +23,7 @@ and the index entry set with and without it, including a rerun inside a compacte
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
@@ -119,7 +119,7 @@ def _write(spark: SparkSession, ds: DatasetConfig, st: Storage, n: int, name: st
     return work
 
 
-def compact(spark: SparkSession, ds: DatasetConfig, st: Storage, committed: set[str],
+def compact(spark: SparkSession, ds: DatasetConfig, st: Storage, committed: Container[str],
             intact: Callable[[int, list[str]], bool] | None = None) -> int:
     """Merge the per-load directories of every slice that has `compact_after` of them; count.
 

@@ -16,9 +16,11 @@ What a load does about damage (fail, or rebuild first) is `engine.rebuild`'s.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
@@ -28,6 +30,7 @@ from dedup_pipeline.engine.index.layout import (
     DAMAGED,
     INDEX,
     INDEX_FORMAT,
+    SUMMARY,
     IndexFile,
     is_compact_dir,
     is_slice_dir,
@@ -58,6 +61,9 @@ class IndexDamage:
     old_format: list[str] = field(default_factory=list)  # loads whose entries are an older layout
     corrupt: dict[str, list[str]] = field(default_factory=dict)  # load -> files of other content
     bad_records: dict[str, str] = field(default_factory=dict)  # load -> what is wrong with record
+    # the records' summary this check built (`save_summary` writes it), and so the committed
+    # hours (`state.committed`); None only for an IndexDamage no check built
+    state: Summary | None = field(default=None, repr=False, compare=False)
 
     @property
     def index_ok(self) -> bool:
@@ -177,57 +183,194 @@ def scrub(st: Storage, damage: IndexDamage, cursor: str, budget_bytes: int) -> s
     return chosen[-1].rel
 
 
-def check_index(st: Storage, ds: DatasetConfig, content: bool = False) -> IndexDamage:
+# -- the summary: what a check needs of history, so it reads O(live) records, not every one ----
+SUMMARY_VERSION = 2
+
+
+@dataclass
+class Summary:
+    """``index/_live.json``: the commit records as a check last saw them, so the next check
+    need not read them all (like a Delta log checkpoint).
+
+    `committed`: every record name, as ranges of hours. `uncovered`: of those, records every
+    check reads again (damaged ones). `kept`: of the others, the records a check still needs
+    (they list index files in live slices, have an older index format, or are the newest), with
+    the record's size and mtime when read and what the check uses of it; a covered record that
+    is not kept lists nothing a load reads (its files were deleted by retention or merged by
+    compaction), so it is not read again. `commits_mtime`: the ``_commits`` directory's mtime
+    the names were valid at; another mtime now means records were added, removed or replaced
+    by name since, and the names are listed again. Derived data: missing, damaged or of another
+    version, it is rebuilt from every record (once, O(history)).
+    """
+
+    committed: commits.HourSet = field(default_factory=commits.HourSet)
+    uncovered: set[str] = field(default_factory=set)
+    kept: dict[str, dict] = field(default_factory=dict)  # tag -> {sig, index_format, index_files}
+    commits_mtime: str | None = None
+
+
+def _read_summary(st: Storage) -> Summary | None:
+    try:
+        raw = st.read_json(st.path(INDEX, SUMMARY))
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        return None
+    try:
+        if raw["version"] != SUMMARY_VERSION:
+            return None
+        kept = {t: {"sig": list(k["sig"]), "index_format": int(k["index_format"]),
+                    "index_files": [commits.IndexFileEntry.from_json(f).to_json()
+                                    for f in k["index_files"]]}
+                for t, k in raw["kept"].items()}
+        ranges = raw["committed"]
+        if not all(commits.is_tag(a) and commits.is_tag(b) and a <= b for a, b in ranges):
+            return None
+        mtime = raw["commits_mtime"]
+        if mtime is not None and not isinstance(mtime, str):
+            return None
+        return Summary(commits.HourSet.of_ranges(ranges), {str(t) for t in raw["uncovered"]},
+                       kept, mtime)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None  # damaged: rebuilt from the records
+
+
+def save_summary(st: Storage, damage: IndexDamage, drop: Iterable[str] = (),
+                 add: commits.CommitRecord | None = None,
+                 commits_mtime: str | None = None) -> None:
+    """Write the summary `damage`'s check built, without the hours in `drop`, with the record
+    `add` (just written by the caller), valid at `commits_mtime` (None: names are listed again).
+
+    Only a holder of the dataset lock calls this, and never leaves a record it will rewrite under
+    the same name covered: a load drops its own hour before its record is written and adds it
+    after its last write; a rebuild deletes the summary before rewriting records
+    (`drop_summary`). So a crash anywhere leaves a summary that is true of every hour it covers.
+    """
+    s = damage.state
+    if s is None:
+        return
+    gone = set(drop)
+    committed = s.committed.copy()
+    for t in gone:
+        committed.discard(t)
+    kept = {t: k for t, k in s.kept.items() if t not in gone}
+    uncovered = s.uncovered - gone
+    if add is not None:
+        sig = _signature(st, commits.commit_path(st, add.load_hour))
+        if sig is None:
+            return
+        committed.add(add.load_hour)
+        uncovered.discard(add.load_hour)
+        kept[add.load_hour] = {"sig": sig, "index_format": add.index_format,
+                               "index_files": [f.to_json() for f in add.index_files]}
+    st.write_text_atomic(st.path(INDEX, SUMMARY), json.dumps(
+        {"version": SUMMARY_VERSION, "commits_mtime": commits_mtime,
+         "committed": committed.ranges(), "uncovered": sorted(uncovered),
+         "kept": dict(sorted(kept.items()))}, separators=(",", ":")))
+
+
+def drop_summary(st: Storage) -> None:
+    """Delete the summary before records are rewritten in place (a rebuild)."""
+    st.remove(st.path(INDEX, SUMMARY))
+
+
+def _signature(st: Storage, path: str) -> list | None:
+    """Size and modification time of a record: what tells a cached record from an edited one."""
+    try:
+        info = st.fs.info(path)
+    except FileNotFoundError:
+        return None
+    mtime = info.get("mtime", info.get("LastModified", info.get("last_modified")))
+    return [int(info.get("size") or 0), str(mtime)]
+
+
+def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
+                full: bool = False) -> IndexDamage:
     """Compare the index files on disk with what the commit records and compaction manifests say.
 
     Lists files and reads no data, unless `content` (verify): then every file is hashed too.
+    Reads only the records the summary (`index/_live.json`) does not cover or keeps, the latter
+    only if their size or mtime changed, and lists the record names only if the ``_commits``
+    directory changed since: O(live) requests and driver time. `full` or `content` read every
+    record.
     """
     damage = IndexDamage()
     kept = kept_from(st)
     lo = min_slice(ds, kept) if kept is not None else None
-    committed = commits.committed_tags(st)
+    mtime = st.dir_mtime(st.path(commits.COMMITS))  # before anything is read: conservative
+    prior = None if (full or content) else _read_summary(st)
+    if prior is not None and mtime is not None and prior.commits_mtime == mtime:
+        committed = prior.committed.copy()  # no record added, removed or renamed since
+        todo = set(prior.uncovered) | set(prior.kept)
+    else:
+        names = commits.committed_tags(st)
+        committed = commits.HourSet.of(names)
+        todo = set(names) if prior is None else (
+            {t for t in names if t not in prior.committed or t in prior.uncovered}
+            | (set(prior.kept) & names))
     compacted = [c for c in list_compacted(st) if lo is None or c.slice >= lo]
     merged = covered(compacted)
     start = to_tag(parse_key(ds.start))
-    for tag in sorted(committed):
+    state = Summary(committed, commits_mtime=mtime)
+    newest = committed.max()
+    for tag in sorted(todo):
         if tag < start:  # no load writes it: a copied or misnamed file, and no rerun can replace it
             path = commits.commit_path(st, tag)
             damage.bad_records[tag] = (
                 f"commit record {path} is of hour {key_of(tag)}, before the dataset's start "
                 f"{ds.start}: no load writes such a record (a copied or misnamed file). Delete "
                 f"{path}")
+            state.uncovered.add(tag)
             continue
-        try:
-            rec = commits.read_commit(st, tag)
-        except commits.CommitRecordError as e:
-            damage.bad_records[tag] = str(e)
+        sig = _signature(st, commits.commit_path(st, tag))
+        if sig is None:
+            committed.discard(tag)  # deleted since the listing
             continue
-        listed = rec.index_files if rec is not None else ()
-        if listed and rec is not None and rec.index_format < INDEX_FORMAT:
+        cached = prior.kept.get(tag) if prior is not None else None
+        if cached is not None and cached["sig"] == sig:
+            fmt = cached["index_format"]
+            listed = [commits.IndexFileEntry.from_json(f) for f in cached["index_files"]]
+        else:
+            try:
+                rec = commits.read_commit(st, tag)
+            except commits.CommitRecordError as e:
+                damage.bad_records[tag] = str(e)
+                state.uncovered.add(tag)
+                continue
+            if rec is None:
+                committed.discard(tag)
+                continue
+            fmt, listed = rec.index_format, list(rec.index_files)
+        old = bool(listed) and fmt < INDEX_FORMAT
+        if old:
             damage.old_format.append(tag)
+        live = False
         for f in listed:
             if (lo is not None and f.slice < lo) or (f.slice, tag) in merged:
                 continue  # deleted by retention, or merged by compaction, as intended
             entry = IndexFile(tag, f.slice, f.name, f.size, f.rows, sha256=f.sha256)
             damage.files[entry.rel] = entry
+            live = True
+        if live or old or tag == newest:
+            state.kept[tag] = {"sig": sig, "index_format": fmt,
+                               "index_files": [f.to_json() for f in listed]}
+    damage.state = state
     for c in compacted:
         for entry in c.index_files():
             damage.files[entry.rel] = entry
     actual: dict[str, int] = {}
     root = st.path(INDEX)
-    for path in st.list_files(root, ".parquet"):
+    for path, size in st.file_sizes(root, ".parquet").items():
         rel = path[len(root) + 1:]
         parts = rel.split("/")
         if len(parts) != 3 or not is_slice_dir(parts[0]):
             continue  # staging or compaction work areas (a load reads only listed files)
         n, tag = slice_number(parts[0]), load_tag(parts[1])
         if n is None:
-            actual[rel] = int(st.fs.info(path).get("size") or 0)  # reported as unexpected
+            actual[rel] = size  # reported as unexpected
             continue
-        if tag is not None and (tag not in committed or (n, tag) in merged
+        if tag is not None and (tag not in state.committed or (n, tag) in merged
                                 or tag in damage.bad_records):
             continue  # leftovers of an interrupted attempt or compaction (their rerun clears them)
-        actual[rel] = int(st.fs.info(path).get("size") or 0)
+        actual[rel] = size
     for rel, f in damage.files.items():
         if actual.get(rel) != f.size:
             for t in f.holds:
@@ -280,3 +423,31 @@ def checksum_failure(error: BaseException) -> str | None:
     m = (CHECKSUM_PATH.search(text[text.index("ChecksumException"):])
          or CHECKSUM_PATH.search(text))
     return m.group(1) if m else None
+
+
+class RecordsWatch:
+    """A lock holder's own changes to the records, told apart from anybody else's.
+
+    Started from a check's summary state; each own change (`change`) first compares the
+    ``_commits`` directory's mtime with the one expected: another value means somebody else
+    added, removed or renamed a record since, and the summary then saves no mtime (the next
+    check lists the names). After the change the directory is stamped (`Storage.stamp_dir`), so
+    a change by anybody else later, even within the same clock tick, shows.
+    """
+
+    def __init__(self, st: Storage, health: IndexDamage):
+        self.st = st
+        self.rebase(health)
+
+    def rebase(self, health: IndexDamage) -> None:
+        """Continue from a fresh check (its state is true as of its own mtime sample)."""
+        self.health = health
+        self.expected = health.state.commits_mtime if health.state is not None else None
+
+    def change(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self.expected is not None and self.st.dir_mtime(
+                self.st.path(commits.COMMITS)) != self.expected:
+            self.expected = None
+        fn(*args)
+        if self.expected is not None:
+            self.expected = self.st.stamp_dir(self.st.path(commits.COMMITS))

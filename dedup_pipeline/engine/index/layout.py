@@ -11,6 +11,7 @@ change of layout is a change of this module (and of `INDEX_FORMAT`).
     ``_staging/load_hour=<tag>/slice=<n>/``         a load's entries before they are published
     ``_damaged.json``                               files found with other content (health)
     ``_retention.json``                             what retention deleted below (live)
+    ``_live.json``                                  the summary of the commit records (health)
 ``{output}/_compact/slice=<n>/<dir>``               a compacted directory before its rename
 ``{output}/index_rebuild/``                          a full rebuild, swapped in whole
 """
@@ -33,6 +34,7 @@ REBUILD_STAGING = f"{INDEX}_rebuild"  # below the output root: a full rebuild's 
 MANIFEST = "_manifest.json"  # in a compacted directory: the loads and files it holds
 DAMAGED = "_damaged.json"  # below index/: {rel: recorded sha256 or ""} found corrupt
 RETENTION_STATE = "_retention.json"  # below index/: {"kept_from": v} after retention deleted
+SUMMARY = "_live.json"  # below index/: the records' summary a check reads instead of every record
 
 
 def slice_dir(n: int) -> str:

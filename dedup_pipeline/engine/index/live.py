@@ -12,6 +12,7 @@ v >= X_H anyway, so results never depend on it; the lag keeps reruns of recent h
 from __future__ import annotations
 
 import math
+from collections.abc import Container
 
 from pyspark.sql import functions as F
 
@@ -40,7 +41,17 @@ def min_slice(ds: DatasetConfig, x: float | None) -> int | None:
     return math.floor(x / ds.slice_span)
 
 
-def live_files(ds: DatasetConfig, files: dict[str, IndexFile], readable: set[str],
+class EarlierLoads:
+    """Committed loads before `tag`, tested by membership: a load never walks every hour."""
+
+    def __init__(self, committed: Container[str], tag: str):
+        self.committed, self.tag = committed, tag
+
+    def __contains__(self, t: object) -> bool:
+        return isinstance(t, str) and t < self.tag and t in self.committed
+
+
+def live_files(ds: DatasetConfig, files: dict[str, IndexFile], readable: Container[str],
                x: float | None) -> list[IndexFile]:
     """The index files a load may match: holding committed earlier loads, in slices >= slice(X_H).
 

@@ -40,15 +40,25 @@ def test_check_reads_only_the_records_the_summary_does_not_cover(spark, tmp_path
     ds = dataset_config(tmp_path)
     for i in range(4):
         write_hour(ds, H[i], [_ev(f"k{i}-{j}", i, j) for j in range(3)])
-    load_hours(spark, ds, H[:4])
+    load_hours(spark, ds, H[:3])
     st = Storage(ds.output)
-    assert Path(st.path(INDEX, SUMMARY)).exists()
+    summary = Path(st.path(INDEX, SUMMARY))
+    older = summary.read_bytes()  # as a crash right before hour 03's summary save would leave it
+    load_hours(spark, ds, [H[3]])
     full = check_index(st, ds, full=True)
     with count_requests() as reqs:
         fast = check_index(st, ds)
     assert fast.ok and fast.files == full.files
-    # the summary was saved before hour 03 committed: only that record is read again
-    assert reqs["open"] <= 1 + 1 + 1 + 1, reqs  # summary, 03's record, retention state, marker
+    assert fast.state is not None and "2026-11-01-03" in fast.state.committed
+    # no record read: the summary, the retention state, the damaged marker (none)
+    assert reqs["open"] <= 3, reqs
+    # a summary older than the records (a crash between record and summary) does not lie
+    current = summary.read_bytes()
+    summary.write_bytes(older)
+    stale = check_index(st, ds)
+    assert stale.ok and stale.files == full.files
+    assert stale.state is not None and "2026-11-01-03" in stale.state.committed
+    summary.write_bytes(current)
     # a record edited in place (same name) is seen by its size and mtime, not trusted
     rec = Path(commit_path(st, "2026-11-01-03"))
     rec.write_text(json.dumps({**json.loads(rec.read_text()), "rows_in": "x"}))

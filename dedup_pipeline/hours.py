@@ -31,10 +31,6 @@ def to_tag(dt: datetime) -> str:
     return dt.strftime(TAG_FMT)
 
 
-def tag_of(key: str) -> str:
-    return to_tag(parse_key(key))
-
-
 def key_of(tag: str) -> str:
     return to_key(parse_key(tag))
 

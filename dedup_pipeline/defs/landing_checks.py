@@ -31,10 +31,6 @@ def raw_key(ds: DatasetConfig) -> dg.AssetKey:
     return asset_key(ds.name, RAW)
 
 
-def check_key(ds: DatasetConfig) -> dg.AssetCheckKey:
-    return dg.AssetCheckKey(raw_key(ds), CHECK_NAME)
-
-
 def _change_metadata(ds: DatasetConfig, change: landing.InputChange) -> dict[str, object]:
     def listed(paths: list[str]) -> str:
         shown = [landing.display_path(p, ds) for p in paths[:MAX_LISTED]]

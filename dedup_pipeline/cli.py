@@ -6,7 +6,6 @@ import contextlib
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,10 +76,8 @@ def _instance() -> Iterator[object]:
         Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
         with dg.DagsterInstance.get() as inst:
             yield inst
-    else:
-        with tempfile.TemporaryDirectory(prefix="dedup-dagster-") as tmp, \
-                dg.DagsterInstance.local_temp(
-                    tempdir=tmp, overrides={"telemetry": {"enabled": False}}) as inst:
+    else:  # in memory: nothing outlives the command (its commit records are the history)
+        with dg.DagsterInstance.ephemeral() as inst:
             yield inst
 
 

@@ -45,13 +45,15 @@ from typing import Any
 import pyarrow.parquet as pq
 import yaml
 
-from benchmarks import systems
-from benchmarks.probe import Cost, measured, run_process
+from benchmarks import systems, warm
+from benchmarks.probe import Cost, measured, run_process, settle
 from benchmarks.worker import System, Worker, dataset_from_spec
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.load import LoadResult, run_load
 from dedup_pipeline.engine.parse import list_input_files
 from dedup_pipeline.engine.session import BASE_CONF, SparkSettings, get_session
+from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 from dedup_pipeline.sample.generate import generate_landing
 
@@ -64,6 +66,7 @@ SYSTEMS = {
     "streaming": "(d) streaming dropDuplicatesWithinWatermark, RocksDB",
     "floor": "(e) plain copy, JSON -> Parquet",
     "pipeline_noexp": "(f) this pipeline, no expiry",
+    "deployed": "(g) as deployed: a fresh run process, warm server",
 }
 EVERY_HOUR = ("pipeline", "pipeline_noexp", "streaming")
 SAMPLED = ("naive", "recompute", "floor")
@@ -86,6 +89,16 @@ class Plan:
     sampled: tuple[str, ...] = SAMPLED  # systems run at the measured hours only
     long: bool = False  # the long run: T2 at 720 h, its own section of RESULTS.md
     fresh: bool = True  # T6f: rerun (a)'s first hour at each point in a process of its own
+    deployed: bool = True  # T8: (g), a fresh `run` process per hour against a warm Connect server
+    ui: bool = True  # T8ui: one hour materialized from the UI of `dagster dev` (benchmarks/ui.py)
+    ui_rows: int = 2_000
+    ui_warmup: int = 2
+    ui_measured: int = 3
+
+    @property
+    def deployed_hours(self) -> int:
+        """(g) loads hours 0 .. the first point's three: its server warms up on the hours before."""
+        return min(self.points) + 3 if self.deployed else 0
 
     @property
     def hours(self) -> int:
@@ -99,15 +112,18 @@ class Plan:
 FULL = Plan(points=(24, 72, 168), rows_per_hour=100_000, big_rows_per_hour=1_000_000,
             big_history=24, backfill_hours=168, separate_runs=3)
 QUICK = Plan(points=(1, 3), rows_per_hour=300, big_rows_per_hour=1_000, big_history=1,
-             backfill_hours=2, separate_runs=1, quick=True, isolate=False)
+             backfill_hours=2, separate_runs=1, quick=True, isolate=False, ui_rows=50,
+             ui_warmup=0, ui_measured=1)
 # The long run measures T2 at 720 h: only what that ratio needs, (a) every hour and (b) (with the
 # copy (e) for scale) at three history lengths. Recompute would take hours at 720 h of history,
 # and (d)/(f) every hour would triple the run (4-5 h instead of about 2 h).
 LONG = Plan(points=(24, 168, 720), rows_per_hour=100_000, big_rows_per_hour=1_000_000,
             big_history=24, backfill_hours=0, separate_runs=0, every_hour=("pipeline",),
-            sampled=("naive", "floor"), long=True)
-LONG_PARTS = {"big", "backfill"}  # never part of the long run
-PARTS = {"big", "backfill", "fresh"}  # what --skip takes, besides system names
+            sampled=("naive", "floor"), long=True, deployed=False, ui=False)
+LONG_PARTS = {"big", "backfill", "deployed", "ui"}  # never part of the long run
+PARTS = {"big", "backfill", "fresh", "deployed", "ui"}  # what --skip takes, besides system names
+# (g)'s warm Spark Connect server: (a)'s worker settings on the server's command line
+SERVER_CONF = {"spark.driver.memory": WORKER_CONF["spark.driver.memory"]}
 
 
 @dataclass
@@ -119,6 +135,42 @@ class Sample:
     cpu_seconds: float
     peak_rss_bytes: int
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Deployed:
+    """(g), the recommended topology as a user runs it (T8): for each hour a fresh
+    `dedup-pipeline run` process (Python start-up, Dagster definitions, an in-process Dagster run
+    recorded in an instance on disk, a Spark Connect client) against one warm Spark Connect server
+    (`dedup-pipeline spark-server`, (a)'s driver memory), loading into an output of its own."""
+
+    def __init__(self, bench: Bench, config: Path):
+        from dedup_pipeline.cli import DEMO_INSTANCE_YAML
+
+        self.ds = bench.dataset(config, "out/deployed")
+        self.cfg = bench.cli_config(config, self.ds, "deployed.yaml", {})
+        logs = bench.work / "logs"
+        logs.mkdir(exist_ok=True)
+        self.log = logs / "deployed-runs.log"
+        home = bench.work / "deployed_home"  # the instance the runs write to, as a deployment's
+        shutil.rmtree(home, ignore_errors=True)
+        home.mkdir()
+        (home / "dagster.yaml").write_text(DEMO_INSTANCE_YAML)
+        port = warm.free_port()
+        self.server = warm.start_server(port, logs / "spark-server.log", SERVER_CONF)
+        self.env = warm.child_env(SPARK_REMOTE=f"sc://127.0.0.1:{port}", DAGSTER_HOME=str(home))
+
+    def step(self, spark: Any, hour: datetime) -> tuple[float, LoadResult]:
+        """Wall seconds of the run process for `hour` (its landing files in the page cache first,
+        as every system's) and the hour's commit record."""
+        settle(spark, _inputs(self.ds, hour))
+        wall = warm.fresh_run(self.cfg, to_key(hour), self.env, self.log)
+        rec = commits.read_commit(Storage(self.ds.output), to_tag(hour))
+        if rec is None:
+            raise RuntimeError(f"(g) did not commit {to_key(hour)}; see {self.log}")
+        return wall, rec
+
+    def close(self) -> None:
+        warm.stop_server(self.server)
 
 
 class Bench:
@@ -193,6 +245,7 @@ class Bench:
         stream = (self.system(spark, "streaming", config, "out/streaming",
                               root=self.work / "out" / "streaming")
                   if "streaming" in every else None)
+        deployed = Deployed(self, config) if plan.deployed else None
         t0 = time.perf_counter()
         try:
             for i in range(plan.hours):
@@ -213,6 +266,11 @@ class Bench:
                     cd, _ = stream.step(key)
                     self.record("streaming", hour, i, cd)
                     line += f" (d) {cd.seconds:5.2f}s"
+                if deployed is not None:
+                    line += self.deployed_hour(spark, deployed, ds, hour, i)
+                    if i + 1 == plan.deployed_hours:
+                        deployed.close()  # its JVM's memory back before the longer histories
+                        deployed = None
                 if i in measured_at:
                     line += self.sampled(spark, ds, hour, i, ra, scratch)
                 if plan.fresh and i in plan.points:
@@ -227,6 +285,24 @@ class Bench:
             pipeline.close()
             if stream is not None:
                 stream.close()
+            if deployed is not None:
+                deployed.close()
+
+    def deployed_hour(self, spark: Any, d: Deployed, ds: DatasetConfig, hour: datetime,
+                      i: int) -> str:
+        """(g) loads the hour; from the first point on its unique rows must equal (a)'s."""
+        wall, rec = d.step(spark, hour)
+        self.record("deployed", hour, i, Cost(seconds=wall), engine_seconds=rec.seconds["total"])
+        line = f" (g) {wall:5.2f}s"
+        if not _conserved(rec):
+            self.failures.append(f"{to_key(hour)}: (g) broke conservation")
+        if i >= min(self.plan.points):
+            same = _same_unique(Path(ds.output), Path(d.ds.output), to_tag(hour),
+                                list(ds.source.schema))
+            if not same:
+                self.failures.append(f"{to_key(hour)}: (g) and (a) kept different unique rows")
+            line += f" (g)==(a): {'yes' if same else 'NO'}"
+        return line
 
     def sampled(self, spark: Any, ds: DatasetConfig, hour: datetime, i: int, ra: LoadResult,
                 scratch: Path) -> str:
@@ -344,6 +420,16 @@ class Bench:
                 "separate_run_per_hour": round(statistics.median(separate), 3)}
 
 
+    # ------------------------------------------------------------------ T8ui: the UI
+    def run_ui(self) -> dict[str, Any]:
+        """One hour at a time materialized from `dagster dev`'s UI against a warm server."""
+        from benchmarks.ui import measure_ui
+
+        plan = self.plan
+        return measure_ui(self.work / "ui", rows=plan.ui_rows, warmup=plan.ui_warmup,
+                          measured=plan.ui_measured, say=self.say)
+
+
 def complete_run(plan: Plan, skip: set[str]) -> bool:
     """Only a run that measures every target replaces RESULTS.md and its plot: not `--quick`,
     not `--long`, nothing skipped, three history points reaching 168 h or more."""
@@ -452,7 +538,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def targets(plan: Plan, samples: list[Sample], backfill: dict[str, Any] | None,
-            fresh: list[dict[str, Any]] | None = None) -> list[dict]:
+            fresh: list[dict[str, Any]] | None = None,
+            ui: dict[str, Any] | None = None) -> list[dict]:
     lo, hi = min(plan.points), max(plan.points)
     a = {p: _median(samples, "pipeline", p) for p in plan.points}
     out: list[dict] = []
@@ -487,6 +574,20 @@ def targets(plan: Plan, samples: list[Sample], backfill: dict[str, Any] | None,
     if lo in peak and hi in peak:
         add("T6f", f"peak memory, fresh driver per run (a rerun) at {hi}h / at {lo}h",
             _ratio(peak[hi], peak[lo]), "<=", 1.2)
+    g = [s for s in samples if s.system == "deployed" and s.history in range(lo, lo + 3)
+         and ("pipeline", s.hour) in by_hour]
+    if g:
+        add("T8", f"(g) fresh run, warm server / (a) warm, same hour, {lo}h",
+            round(statistics.median(s.seconds / by_hour[("pipeline", s.hour)].seconds
+                                    for s in g), 3), "<=", 2.0)
+        d = [by_hour[("streaming", s.hour)].seconds / s.seconds for s in g
+             if ("streaming", s.hour) in by_hour]
+        if d:
+            add("T8d", f"(d) / (g), same hour, {lo}h: as deployed, ahead of streaming",
+                round(statistics.median(d), 3), ">=", 1.0)
+    if ui:
+        add("T8ui", f"UI, one {ui['rows']:,}-row hour, click to success, median s",
+            round(ui["median"], 2), "<=", 10.0)
     f_hi = [s for s in samples if s.system == "pipeline_noexp" and s.history in range(hi, hi + 3)]
     f_lo = [s for s in samples if s.system == "pipeline_noexp" and s.history in range(lo, lo + 3)]
     if f_hi and f_lo:
@@ -507,8 +608,8 @@ def table(plan: Plan, samples: list[Sample]) -> str:
     head = f"{'system':<52}" + "".join(f"{f'{p}h s':>9}{'cpu s':>8}{'MiB':>7}" for p in plan.points)
     lines += [head, "-" * len(head)]
     for sysname, label in SYSTEMS.items():
-        if not any(s.system == sysname for s in samples):
-            continue
+        if sysname == "deployed" or not any(s.system == sysname for s in samples):
+            continue  # (g) is timed as a whole process: its own block (deployed_text)
         row = f"{label:<52}"
         for p in plan.points:
             t = _median(samples, sysname, p)
@@ -575,6 +676,37 @@ def fresh_text(fresh: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def deployed_text(plan: Plan, samples: list[Sample], fresh: list[dict[str, Any]],
+                  ui: dict[str, Any] | None) -> str:
+    """T8's measurements side by side: per hour (a) warm in-process, (g) a fresh run process
+    against the warm server, (d) streaming's always-on query, the fresh local-mode rerun (T6f);
+    then the UI's click-to-success times."""
+    lo = min(plan.points)
+    by_hour = {(s.system, s.hour): s for s in samples}
+    g = sorted((s for s in samples if s.system == "deployed" and s.history in range(lo, lo + 3)),
+               key=lambda s: s.history)
+    lines = []
+    if g:
+        local = {f["hour"]: f["seconds"] for f in fresh}
+        lines += [f"As deployed (T8), {plan.rows_per_hour:,}-row hours at {lo} h of history; (g) "
+                  "loaded every hour before too (its server warmed up on them):",
+                  f"  {'hour':<18}{'(a) warm':>10}{'(g) run':>10}{'(g) engine':>12}"
+                  f"{'(d) streaming':>15}{'fresh local run':>17}"]
+        for s in g:
+            a = by_hour.get(("pipeline", s.hour))
+            d = by_hour.get(("streaming", s.hour))
+            loc = local.get(s.hour)
+            lines.append(f"  {s.hour:<18}{a.seconds if a else float('nan'):>9.2f}s"
+                         f"{s.seconds:>9.2f}s{s.extra['engine_seconds']:>11.2f}s"
+                         f"{d.seconds if d else float('nan'):>14.2f}s"
+                         + (f"{loc:>16.2f}s" if loc is not None else f"{'-':>17}"))
+    if ui:
+        walls = " / ".join(f"{h['wall']:.1f}" for h in ui["hours"] if h["measured"])
+        lines += [f"UI: one {ui['rows']:,}-row hour materialized from `dagster dev` (warm "
+                  f"server), click to SUCCESS: {walls} s (median {ui['median']:.1f} s)"]
+    return "\n".join(lines)
+
+
 def results_md(plan: Plan, report: dict[str, Any], tbl: str, io: str, tgt: str,
                png_name: str) -> str:
     m = report["machine"]
@@ -608,7 +740,7 @@ as (a)'s process), which must leave the same unique rows.
 
 {_md_pre(io)}
 
-{_fresh_block(report)}![load time against history length]({png_name})
+{_fresh_block(report)}{_deployed_block(report)}![load time against history length]({png_name})
 
 ## Targets
 
@@ -671,6 +803,11 @@ Correctness while measuring: {report["correctness"]}
 
 def _md_pre(text: str) -> str:
     return f"```\n{text}\n```"
+
+
+def _deployed_block(report: dict[str, Any]) -> str:
+    text = report.get("deployed_text") or ""
+    return _md_pre(text) + "\n\n" if text else ""
 
 
 def _fresh_block(report: dict[str, Any]) -> str:
@@ -738,7 +875,9 @@ def main(argv: list[str] | None = None) -> int:
                  f"{', '.join(k for k in SYSTEMS if k != 'pipeline')}")
     plan = replace(plan, every_hour=tuple(x for x in plan.every_hour if x not in skip),
                    sampled=tuple(x for x in plan.sampled if x not in skip),
-                   fresh=plan.fresh and "fresh" not in skip)
+                   fresh=plan.fresh and "fresh" not in skip,
+                   deployed=plan.deployed and "deployed" not in skip,
+                   ui=plan.ui and "ui" not in skip)
     work = Path(args.work).resolve() / ("long" if plan.long else "")  # keeps the full run's data
     results = Path(args.results).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -760,10 +899,13 @@ def main(argv: list[str] | None = None) -> int:
     if "big" not in skip:
         bench.run_big(spark)
     backfill = None if "backfill" in skip else bench.run_backfill(config)
+    ui = bench.run_ui() if plan.ui else None
 
-    tgts = targets(plan, bench.samples, backfill, bench.fresh)
+    tgts = targets(plan, bench.samples, backfill, bench.fresh, ui)
     tbl, io, tgt = table(plan, bench.samples), pipeline_io(plan, bench.samples), targets_text(tgts)
-    print("\n" + "\n\n".join(b for b in (tbl, io, fresh_text(bench.fresh), tgt) if b) + "\n")
+    dep = deployed_text(plan, bench.samples, bench.fresh, ui)
+    print("\n" + "\n\n".join(b for b in (tbl, io, fresh_text(bench.fresh), dep, tgt) if b)
+          + "\n")
     correctness = ("every measured hour: (a) and (b) kept identical unique rows; (a), (b) and (f) "
                    "conserved rows" if not bench.failures else "; ".join(bench.failures))
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
@@ -776,8 +918,9 @@ def main(argv: list[str] | None = None) -> int:
                        **{k: v for k, v in BENCH_CONF.items() if k != "spark.driver.memory"}},
         "worker_conf": WORKER_CONF,
         "samples": [asdict(s) for s in bench.samples], "backfill": backfill,
-        "fresh_driver": bench.fresh,
+        "fresh_driver": bench.fresh, "ui": ui,
         "targets": tgts, "correctness": correctness, "failures": bench.failures,
+        "deployed_text": dep,
     }
     (results / f"{stamp}.json").write_text(json.dumps(report, indent=1, default=str))
     png = results / f"{stamp}.png"

@@ -49,13 +49,14 @@ START = "2026-11-01-00:00"
 WAYS = ("warm_server", "local_mode", "in_process")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _env(**extra: str) -> dict[str, str]:
+def child_env(**extra: str) -> dict[str, str]:
+    """A child process's environment: none of this one's Spark or Dagster targets, plus `extra`."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("SPARK_REMOTE", "SPARK_MASTER_URL", "DAGSTER_HOME", "DEDUP_CONFIG")}
     env.update(PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1", **extra)
@@ -78,7 +79,16 @@ def _engine_seconds(output: str, hour: str) -> float:
     return float(rec.seconds["total"])
 
 
-def _fresh_run(config: Path, hour: str, env: dict[str, str], log: Path) -> float:
+def stop_server(server: subprocess.Popen[bytes]) -> None:
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+def fresh_run(config: Path, hour: str, env: dict[str, str], log: Path) -> float:
     """Wall time of a `dedup-pipeline run` process for one hour (as a Dagster run process)."""
     t0 = time.perf_counter()
     with open(log, "ab") as out:
@@ -91,11 +101,14 @@ def _fresh_run(config: Path, hour: str, env: dict[str, str], log: Path) -> float
     return wall
 
 
-def _start_server(port: int, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [str(BIN / "dedup-pipeline"), "spark-server", "--port", str(port),
-           "--conf", "spark.ui.enabled=false"]
+def start_server(port: int, log: Path, conf: dict[str, str] | None = None
+                 ) -> subprocess.Popen[bytes]:
+    """`dedup-pipeline spark-server` on `port` (its own process group), once it accepts clients."""
+    cmd = [str(BIN / "dedup-pipeline"), "spark-server", "--port", str(port)]
+    for k, v in {"spark.ui.enabled": "false", **(conf or {})}.items():
+        cmd += ["--conf", f"{k}={v}"]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, env=_env(), stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, env=child_env(), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     deadline = time.monotonic() + 300
     while "export SPARK_REMOTE=" not in log.read_text(errors="replace"):
@@ -126,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ways = [w for w in WAYS if not (args.skip_local and w == "local_mode")]
     configs = {w: _config(root, w) for w in ways}
     outputs = {w: yaml.safe_load(configs[w].read_text())["datasets"][0]["output"] for w in ways}
-    port = _free_port()
-    server = _start_server(port, root / "server.log")
+    port = free_port()
+    server = start_server(port, root / "server.log")
     remote = f"sc://127.0.0.1:{port}"
     from dedup_pipeline.config import load_config
 
@@ -145,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                     run_load(spark, ds, hour)
                     wall = time.perf_counter() - t0
                 else:
-                    env = _env(SPARK_REMOTE=remote) if way == "warm_server" else _env()
-                    wall = _fresh_run(configs[way], hour, env, root / f"{way}.log")
+                    env = child_env(SPARK_REMOTE=remote) if way == "warm_server" else child_env()
+                    wall = fresh_run(configs[way], hour, env, root / f"{way}.log")
                 row[way] = {"wall": round(wall, 2),
                             "engine": round(_engine_seconds(outputs[way], hour), 2)}
             if "warm_server" in row and "in_process" in row:
@@ -154,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
+        stop_server(server)
     measured = [r for r in rows if r["measured"]]
     report: dict[str, Any] = {"rows_per_hour": args.rows, "hours": [r["hour"] for r in measured],
                               "load_avg_1m": os.getloadavg()[0], "per_hour": rows}

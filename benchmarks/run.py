@@ -14,9 +14,13 @@ anti-join, (c) recompute and (e) the plain copy, and checks that (a) and (b) kee
 same unique rows and that both conserve rows. At the first hour of each point (a)'s hour is
 also rerun by a `dedup-pipeline run` process of its own, a fresh driver as a Dagster run has one
 (T6f: memory per run, without the warm-up of a JVM that has loaded every hour before; the rerun
-must leave the same unique rows). Then the 1e6-row scenario (T4) and the backfill as whole
-processes (T5). `--skip` takes parts (big, backfill, fresh) and peers (streaming,
-pipeline_noexp, naive, recompute, floor) for exploratory runs. It prints a table with the target
+must leave the same unique rows). Over the hours up to the first point's three, (g) loads each
+hour the way the recommended topology runs it: a fresh `dedup-pipeline run` process against one
+warm Spark Connect server (T8: against (a) and (d) of the same hour; its unique rows must equal
+(a)'s). Then the 1e6-row scenario (T4), the backfill as whole processes (T5), and one hour at a
+time materialized from the UI of `dagster dev` against a warm server (T8ui, benchmarks/ui.py).
+`--skip` takes parts (big, backfill, fresh, deployed, ui) and peers (streaming, pipeline_noexp,
+naive, recompute, floor) for exploratory runs. It prints a table with the target
 ratios and writes `benchmarks/results/<stamp>.json`, a PNG plot and (full runs)
 `benchmarks/RESULTS.md`.
 `--long` is the run for T2 at 720 h of history: only (a) every hour and (b), (e) at 24, 168 and
@@ -767,6 +771,15 @@ Correctness while measuring: {report["correctness"]}
   unique rows are checked equal to (a)'s).
 - Backfill (T5): `dedup-pipeline run` processes (Spark start-up and Dagster included); one run over
   {plan.backfill_hours} hours vs one-hour runs.
+- As deployed (g), T8: hours 0-{plan.deployed_hours - 1}, each a `dedup-pipeline run --from H --to H`
+  process with `SPARK_REMOTE` set to one `dedup-pipeline spark-server` (started for the part,
+  {", ".join(f"`{k}` = `{v}`" for k, v in SERVER_CONF.items())}), recording its Dagster run in an
+  instance on disk (the demo's `dagster.yaml`); wall time of the whole process, after the hour's
+  files are in the page cache. The fresh local run is T6f's rerun (its own JVM).
+- UI, T8ui: `dagster dev` (the demo's instance config) with `SPARK_REMOTE` to a warm server; each
+  hour launched as the UI's Materialize button sends it (`launchRun` with the partition tag),
+  timed from the request to the run's SUCCESS as the UI polls it; the first
+  {plan.ui_warmup} hours warm up and are not counted.
 """
 
 

@@ -27,6 +27,8 @@ DEMO_INSTANCE_YAML = """\
 run_coordinator:
   module: dagster._core.run_coordinator
   class: QueuedRunCoordinator
+  config:
+    dequeue_interval_seconds: 1  # Dagster's 5 s was half of a small hour's click-to-done time
 concurrency:
   runs:
     max_concurrent_runs: 4

@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -53,6 +54,7 @@ from dedup_pipeline_tests.spark_services import (
     free_port,
     graphql,
     loaded_location,
+    port_open,
     start,
     stop_all,
     wait_until,
@@ -249,7 +251,13 @@ def measure_ui(work: Path, remote: str | None = None, rows: int = 2000, warmup: 
     per_hour: list[dict[str, Any]] = []
     timings: dict[str, float] = {}
     try:
-        if remote is None:
+        if remote is not None:
+            # a run against an unreachable server would sit in Spark Connect's retries for minutes
+            where = remote.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
+            host, _, port_text = where.rpartition(":") if ":" in where else (where, "", "15002")
+            if not port_open(int(port_text), host or LOOPBACK):
+                raise UiRunFailed(f"no Spark Connect server answers at {remote}")
+        else:
             t0 = time.perf_counter()
             server = start("spark-server", [str(VENV_BIN / "dedup-pipeline"), "spark-server",
                                             "--port", str(free_port()),
@@ -305,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--remote", default=None,
                     help="a running Spark Connect server (sc://127.0.0.1:PORT); default: start one")
     args = ap.parse_args(argv)
+    # SIGTERM (timeout, kill): unwind through measure_ui's finally, which stops dagster dev and
+    # the server it started, instead of dying and leaving their process groups behind
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         report = measure_ui(args.work, args.remote, args.rows, args.warmup, args.measured)
     except UiRunFailed as e:

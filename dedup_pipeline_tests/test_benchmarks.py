@@ -203,3 +203,27 @@ def test_profiler_reports_every_load_and_the_reruns(spark, tmp_path: Path) -> No
     assert all(r["rows_in"] == 200 and r["seconds"] > 0 and r["jit_ms"] >= 0 for r in records)
     assert records[1]["index_rows_read"] > 0  # the second hour probed the first hour's index
     assert "reruns: median" in out.getvalue()
+
+
+@pytest.mark.slow
+def test_the_ui_benchmark_materializes_an_hour_from_the_ui(tmp_path: Path) -> None:
+    """`benchmarks.ui.measure_ui` at its smallest, with real parts (its own Spark Connect server
+    and `dagster dev`): the UI run succeeds and commits the hour the SPEC oracle expects."""
+    from benchmarks.ui import measure_ui
+    from dedup_pipeline.config import load_config
+    from dedup_pipeline.engine import commits
+    from dedup_pipeline.engine.storage import Storage
+    from dedup_pipeline.hours import parse_key, to_tag
+    from dedup_pipeline_tests.reference import Reference
+
+    work = tmp_path / "ui"
+    report = measure_ui(work, rows=50, warmup=0, measured=1)
+    (row,) = report["per_hour"]
+    assert row["measured"] and row["wall"] > 0 and row["engine_total"] > 0
+    assert report["wall"]["median"] == row["wall"]
+    (ds,) = load_config(str(work / "dedup.yaml")).datasets
+    hour = parse_key(row["hour"])
+    expected = Reference(ds).run(hour, 1)[f"{hour:%Y-%m-%d-%H}"]
+    rec = commits.read_commit(Storage(ds.output), to_tag(hour))
+    assert rec is not None
+    assert (rec.rows_in, rec.unique) == (expected.rows_in, sum(expected.rows["unique"].values()))

@@ -286,3 +286,25 @@ def test_only_a_lost_server_becomes_a_spark_server_error() -> None:
         raise closed
     with pytest.raises(OSError), connect_errors("sc://h:1"):
         raise OSError("Connection refused")
+
+
+def test_a_run_against_no_server_fails_at_once_naming_it() -> None:
+    """Nothing listens at SPARK_REMOTE: the session is refused in one line within seconds (the
+    Connect client alone would retry for ~10 minutes, a run stuck in STARTED)."""
+    from dedup_pipeline.engine.session import (
+        SparkServerError,
+        SparkSettings,
+        connect_address,
+        get_session,
+    )
+
+    assert connect_address("sc://h:7/;session_id=x") == ("h", 7)
+    assert connect_address("sc://h") == ("h", 15002)
+    remote = f"sc://{LOOPBACK}:{free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(SparkServerError) as err:
+        get_session(SparkSettings(remote=remote))
+    assert time.monotonic() - t0 < 10
+    msg = str(err.value)
+    assert remote in msg and "dedup-pipeline spark-server" in msg and "\n" not in msg
+

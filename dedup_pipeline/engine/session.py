@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,9 +106,34 @@ def session_conf(s: SparkSettings) -> dict[str, str]:
             if (k.startswith("spark.sql.") and k not in STATIC_CONF) or BASE_CONF.get(k) != v}
 
 
+def connect_address(remote: str) -> tuple[str, int]:
+    """Host and port of a Spark Connect URL, `sc://host[:port][/;param=value...]`."""
+    where = remote.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
+    host, sep, port = where.rpartition(":")
+    if not sep or not port.isdigit():
+        return where, CONNECT_PORT
+    return host.strip("[]"), int(port)
+
+
+def check_server(remote: str, timeout: float = 5.0) -> None:
+    """Fail in one line when nothing listens at `remote`: the Connect client would otherwise
+    retry for about ten minutes, a run sitting in STARTED with no error."""
+    host, port = connect_address(remote)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return
+    except OSError as e:
+        raise SparkServerError(
+            f"no Spark Connect server answers at {remote} (SPARK_REMOTE): {e.strerror or e}; "
+            "start one with `dedup-pipeline spark-server`, or unset SPARK_REMOTE to run on local "
+            "Spark") from None
+
+
 def get_session(settings: SparkSettings) -> SparkSession:
     """Create (or reuse) the process's session. Never called while definitions load."""
     s = settings.resolved()
+    if s.remote:
+        check_server(s.remote)
     builder = SparkSession.builder.appName(s.app_name)
     builder = builder.remote(s.remote) if s.remote else builder.master(s.master or DEFAULT_MASTER)
     for k, v in session_conf(s).items():

@@ -566,7 +566,7 @@ def targets(plan: Plan, samples: list[Sample], backfill: dict[str, Any] | None,
     big_e = [s.seconds for s in samples if s.system == "big_floor"]
     add("T4", f"(a) / (e) on {plan.big_rows_per_hour:,}-row hours, {plan.big_history}h history",
         _ratio(statistics.median(big_a), statistics.median(big_e)) if big_a and big_e else None,
-        "<=", 2.5)
+        "<=", 5.0)  # issue 25 item 4 (the spec's first bound was 2.5)
     if backfill:
         add("T5", "single-run backfill per hour / separate run",
             _ratio(backfill["single_run_per_hour"], backfill["separate_run_per_hour"]), "<=",
@@ -915,7 +915,12 @@ def main(argv: list[str] | None = None) -> int:
     if "big" not in skip:
         bench.run_big(spark)
     backfill = None if "backfill" in skip else bench.run_backfill(config)
-    ui = bench.run_ui() if plan.ui else None
+    ui = None
+    if plan.ui:
+        try:
+            ui = bench.run_ui()
+        except Exception as e:  # noqa: BLE001 - reported with the results, not lost with them
+            bench.failures.append(f"the UI part failed: {type(e).__name__}: {e}")
 
     tgts = targets(plan, bench.samples, backfill, bench.fresh, ui)
     tbl, io, tgt = table(plan, bench.samples), pipeline_io(plan, bench.samples), targets_text(tgts)

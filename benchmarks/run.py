@@ -692,8 +692,8 @@ def deployed_text(plan: Plan, samples: list[Sample], fresh: list[dict[str, Any]]
     lines = []
     if g:
         local = {f["hour"]: f["seconds"] for f in fresh}
-        lines += [f"As deployed (T8), {plan.rows_per_hour:,}-row hours at {lo} h of history; (g) "
-                  "loaded every hour before too (its server warmed up on them):",
+        lines += [f"{SYSTEMS['deployed']} (T8), {plan.rows_per_hour:,}-row hours at {lo} h of "
+                  "history; (g) loaded every hour before too (its server warmed up on them):",
                   f"  {'hour':<18}{'(a) warm':>10}{'(g) run':>10}{'(g) engine':>12}"
                   f"{'(d) streaming':>15}{'fresh local run':>17}"]
         for s in g:

@@ -114,8 +114,14 @@ def test_quick_benchmark_runs_every_system_and_reports(spark, tmp_path: Path, ca
     assert seen == {*SYSTEMS, "big_pipeline", "big_floor"}
     assert report["failures"] == []  # (a) == (b) unique rows and conservation at every measured hour
     assert {t["target"] for t in report["targets"]} == {"T1", "T2", "T3", "T4", "T5", "T6", "T6f",
-                                                         "T7a", "T7b"}
+                                                         "T7a", "T7b", "T8", "T8d", "T8ui"}
     assert all(t["value"] is not None for t in report["targets"])
+    # (g): a fresh run process per hour against the warm server, hours 0 .. first point + 2; its
+    # unique rows equal (a)'s from the first point on (else a failure above); the UI part ran
+    deployed = [s for s in report["samples"] if s["system"] == "deployed"]
+    assert [s["history"] for s in deployed] == list(range(QUICK.deployed_hours))
+    assert all(s["extra"]["engine_seconds"] > 0 for s in deployed)
+    assert [h["measured"] for h in report["ui"]["per_hour"]] == [True] * QUICK.ui_measured
     assert report["backfill"]["separate_run_per_hour"] > 0
     # T6f: the first hour of each point rerun by a process of its own, which measured a driver
     # JVM (hundreds of MiB, not just the Python process) and left the same unique rows (failures)

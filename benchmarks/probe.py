@@ -10,12 +10,15 @@ gets its own peak instead of the lifetime's.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -134,3 +137,13 @@ def run_process(cmd: list[str], env: dict[str, str] | None = None, log: str | No
     took = time.perf_counter() - t0
     own = hwm.pop(proc.pid, 0)
     return proc.returncode, took, own + max(hwm.values(), default=0)
+
+
+def save_report(name: str, report: dict[str, Any]) -> Path:
+    """Write a standalone measurement's report to benchmarks/results/<name>-<stamp>.json."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(__file__).resolve().parent / "results" / f"{name}-{stamp}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    return out
+

@@ -17,14 +17,13 @@ startTime); from the run's events, the queue wait's parts (RUN_ENQUEUED -> RUN_S
 daemon's dequeue; RUN_STARTING -> RUN_START: the run process starting and loading the code); the
 engine's total from the hour's commit record. The first `--warmup` hours (the server's JIT, the
 code location) are not measured. The target is met when the median measured wall is <= 10 s.
-Writes benchmarks/results/ui-<stamp>.json. Not part of
-`./scripts/bench.sh`; `measure_ui` is what the main benchmark calls.
+Writes benchmarks/results/ui-<stamp>.json. The full benchmark (`./scripts/bench.sh`) runs the
+same as its UI part (T8ui) through `measure_ui`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -32,15 +31,16 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from benchmarks.probe import save_report
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
 from dedup_pipeline.config import load_config
-from dedup_pipeline.defs.names import PARTITION, WRITTEN
+from dedup_pipeline.defs.checks import CHECKS
+from dedup_pipeline.defs.names import WRITTEN
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
@@ -53,6 +53,7 @@ from dedup_pipeline_tests.spark_services import (
     clean_env,
     free_port,
     graphql,
+    launch_partition_run,
     loaded_location,
     port_open,
     start,
@@ -62,27 +63,10 @@ from dedup_pipeline_tests.spark_services import (
 
 HERE = Path(__file__).resolve().parent
 TARGET_S = 10.0
-LOCATION, REPOSITORY = "dedup_pipeline", "__repository__"
+LOCATION = "dedup_pipeline"
 DS = "clicks"  # generate_landing's dataset
-# each asset check of the dataset and the output it checks (as the UI selects them with the assets)
-CHECK_ASSET = {"conservation": "unique", "unique_keys": "unique", "index_agrees": "index",
-               "index_size": "index", "duplicate_rate": "duplicates", "conflict_rate": "duplicates",
-               "rejected_rate": "rejected"}
 DONE = ("SUCCESS", "FAILURE", "CANCELED")
 POLL_S = 0.2
-
-# The asset job's launch of one partition, as the UI's "Materialize" sends it (test_ui_server.py).
-LAUNCH_RUN = """
-mutation LaunchRun($executionParams: ExecutionParams!) {
-  launchRun(executionParams: $executionParams) {
-    __typename
-    ... on LaunchRunSuccess { run { runId status } }
-    ... on PythonError { message stack }
-    ... on InvalidSubsetError { message }
-    ... on RunConfigValidationInvalid { errors { message } }
-  }
-}
-"""
 
 RUN = """
 query Run($id: ID!) { runOrError(runId: $id) { __typename
@@ -103,19 +87,8 @@ class UiRunFailed(RuntimeError):
 
 def _launch_one_hour(url: str, hour: str) -> str:
     """What the UI sends for "Materialize" of one partition of the dataset's outputs."""
-    res = graphql(url, LAUNCH_RUN, {"executionParams": {
-        "mode": "default",
-        "runConfigData": {},
-        "selector": {
-            "repositoryLocationName": LOCATION,
-            "repositoryName": REPOSITORY,
-            "pipelineName": "__ASSET_JOB",
-            "assetSelection": [{"path": [DS, o]} for o in WRITTEN],
-            "assetCheckSelection": [{"assetKey": {"path": [DS, a]}, "name": c}
-                                    for c, a in CHECK_ASSET.items()],
-        },
-        "executionMetadata": {"tags": [{"key": PARTITION, "value": hour}]},
-    }})["launchRun"]
+    checks = {name: asset for name, (asset, _blocking, _desc) in CHECKS.items()}
+    res = launch_partition_run(url, DS, WRITTEN, checks, hour, LOCATION)
     if res["__typename"] != "LaunchRunSuccess":
         raise UiRunFailed(f"launchRun of {hour} was refused: {res}")
     return str(res["run"]["runId"])
@@ -330,10 +303,7 @@ def main(argv: list[str] | None = None) -> int:
           f"min/median/max {w['min']:.1f} / {w['median']:.1f} / {w['max']:.1f} s; median queue wait "
           f"{q['median']:.1f} s, run {r['median']:.1f} s, engine {g['median']:.1f} s. Target "
           f"<= {TARGET_S:.0f} s: {'met' if report['target_met'] else 'MISSED'}")
-    out = HERE / "results" / f"ui-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    print(f"written to {out}")
+    print(f"written to {save_report('ui', report)}")
     return 0
 
 

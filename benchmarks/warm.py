@@ -32,12 +32,12 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from benchmarks.probe import save_report
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.load import run_load
 from dedup_pipeline.engine.session import SparkSettings, get_session
@@ -192,10 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     report["t8"] = t8
     print(f"  T8 = fresh run process against the warm server / warm in-process load of the same "
           f"hour: {t8:.2f}x (target <= 2.0, stretch 1.5)")
-    out = HERE / "results" / f"warm-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    print(f"  written to {out}")
+    print(f"  written to {save_report('warm', report)}")
     return 0
 
 

@@ -58,6 +58,7 @@ from dedup_pipeline_tests.spark_services import (
     clean_env,
     free_port,
     launch_backfill,
+    launch_partition_run,
     loaded_location,
     stop_all,
     wait_until,
@@ -83,19 +84,6 @@ LOCATION, REPOSITORY = "dedup_pipeline", "__repository__"
 SENSOR = landing_sensor_name(DS)
 POOL = pool_name(DS)
 
-
-# The asset job's launch of one partition, as the UI's "Materialize" sends it.
-LAUNCH_RUN = """
-mutation LaunchRun($executionParams: ExecutionParams!) {
-  launchRun(executionParams: $executionParams) {
-    __typename
-    ... on LaunchRunSuccess { run { runId status } }
-    ... on PythonError { message stack }
-    ... on InvalidSubsetError { message }
-    ... on RunConfigValidationInvalid { errors { message } }
-  }
-}
-"""
 
 SET_LIMIT = """
 mutation SetLimit($key: String!, $limit: Int!) { setConcurrencyLimit(concurrencyKey: $key, limit: $limit) }
@@ -142,19 +130,7 @@ def _asset_paths() -> list[dict[str, list[str]]]:
 
 def launch_one_hour(url: str, hour: str) -> str:
     """What the UI sends for "Materialize" of one partition of the dataset's outputs."""
-    res = gql(url, LAUNCH_RUN, {"executionParams": {
-        "mode": "default",
-        "runConfigData": {},
-        "selector": {
-            "repositoryLocationName": LOCATION,
-            "repositoryName": REPOSITORY,
-            "pipelineName": "__ASSET_JOB",
-            "assetSelection": _asset_paths(),
-            "assetCheckSelection": [{"assetKey": {"path": [DS, a]}, "name": c}
-                                    for c, a in CHECK_ASSET.items()],
-        },
-        "executionMetadata": {"tags": [{"key": PARTITION, "value": hour}]},
-    }})["launchRun"]
+    res = launch_partition_run(url, DS, OUTPUTS, CHECK_ASSET, hour, LOCATION)
     assert res["__typename"] == "LaunchRunSuccess", res
     return res["run"]["runId"]
 

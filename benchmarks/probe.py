@@ -146,4 +146,3 @@ def save_report(name: str, report: dict[str, Any]) -> Path:
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
     return out
-

@@ -249,9 +249,10 @@ class Bench:
         stream = (self.system(spark, "streaming", config, "out/streaming",
                               root=self.work / "out" / "streaming")
                   if "streaming" in every else None)
-        deployed = Deployed(self, config) if plan.deployed else None
+        deployed = None
         t0 = time.perf_counter()
         try:
+            deployed = Deployed(self, config) if plan.deployed else None
             for i in range(plan.hours):
                 hour = start + i * HOUR
                 key = to_key(hour)

@@ -37,11 +37,13 @@ from typing import Any
 import pytest
 
 from benchmarks.probe import save_report
+from benchmarks.warm import start_server, stop_server
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
 from dedup_pipeline.config import load_config
 from dedup_pipeline.defs.checks import CHECKS
 from dedup_pipeline.defs.names import WRITTEN
 from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.session import check_server
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 from dedup_pipeline.sample.generate import default_start, generate_landing
@@ -55,7 +57,6 @@ from dedup_pipeline_tests.spark_services import (
     graphql,
     launch_partition_run,
     loaded_location,
-    port_open,
     start,
     stop_all,
     wait_until,
@@ -131,17 +132,6 @@ def _engine_seconds(output: str, hour: str) -> float:
     if rec is None:
         raise UiRunFailed(f"hour {hour} succeeded in Dagster but has no commit record in {output}")
     return float(rec.seconds["total"])
-
-
-def _wait_for_server(svc: Service, timeout: float = 300) -> str:
-    """The SPARK_REMOTE `dedup-pipeline spark-server` prints once it serves."""
-    def remote() -> str | None:
-        for line in svc.tail(20000).splitlines():
-            if "export SPARK_REMOTE=" in line:
-                return line.split("export SPARK_REMOTE=", 1)[1].strip()
-        return None
-
-    return str(wait_until("the Spark Connect server", remote, timeout, [svc]))
 
 
 def _summary(xs: list[float]) -> dict[str, float]:
@@ -220,24 +210,19 @@ def measure_ui(work: Path, remote: str | None = None, rows: int = 2000, warmup: 
         pass
 
     logs = work / "logs"
+    logs.mkdir()
     services: list[Service] = []
+    server = None
     per_hour: list[dict[str, Any]] = []
     timings: dict[str, float] = {}
     try:
         if remote is not None:
-            # a run against an unreachable server would sit in Spark Connect's retries for minutes
-            where = remote.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
-            host, _, port_text = where.rpartition(":") if ":" in where else (where, "", "15002")
-            if not port_open(int(port_text), host or LOOPBACK):
-                raise UiRunFailed(f"no Spark Connect server answers at {remote}")
+            check_server(remote)  # else every run would sit in the Connect client's retries
         else:
             t0 = time.perf_counter()
-            server = start("spark-server", [str(VENV_BIN / "dedup-pipeline"), "spark-server",
-                                            "--port", str(free_port()),
-                                            "--conf", "spark.ui.enabled=false"],
-                           logs / "spark-server.log", env=clean_env(), cwd=work)
-            services.append(server)
-            remote = _wait_for_server(server)
+            server_port = free_port()
+            server = start_server(server_port, logs / "spark-server.log")
+            remote = f"sc://{LOOPBACK}:{server_port}"
             timings["spark_server_start"] = round(time.perf_counter() - t0, 1)
             say(f"Spark Connect server {remote} up in {timings['spark_server_start']:.1f} s")
         port = free_port()
@@ -264,6 +249,8 @@ def measure_ui(work: Path, remote: str | None = None, rows: int = 2000, warmup: 
                 f"  engine {row['engine_total']:5.2f} s")
     finally:
         stop_all(services)
+        if server is not None:
+            stop_server(server)
     meas = [r for r in per_hour if r["measured"]]
     walls = _summary([r["wall"] for r in meas])
     load_avg = os.getloadavg()

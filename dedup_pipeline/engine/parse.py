@@ -303,7 +303,10 @@ def _read_jsonl(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> Data
     cols = [F.col(f"_j.{c}").alias(c) for c in ds.source.schema]
     malformed = F.col(f"_j.{CORRUPT}").isNotNull() | F.col("_j").isNull()
     df = parsed.select(*cols, *META_COLS, malformed.alias("_malformed"))
-    return _with_encoding_check(df, ds, F.col("_raw").rlike(LONE_SURROGATE))
+    # the regex only where a `\u` escape occurs (it must contain one to match): run on every line
+    # it doubled the parse of a 1e6-row hour (3.9-4.1 s -> 7.7-7.8 s; `And` skips its right side)
+    lone = F.col("_raw").contains("\\u") & F.col("_raw").rlike(LONE_SURROGATE)
+    return _with_encoding_check(df, ds, lone)
 
 
 def _read_csv(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> DataFrame:

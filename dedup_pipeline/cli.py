@@ -359,6 +359,8 @@ def spark_server(port: int | None, host: str, master: str | None,
     cmd = server_command(master, host, port, conf)
     env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE")}
     env["SPARK_CONNECT_MODE"] = "0"  # start a classic JVM server, not a client of one
+    # spark-submit runs the server's driver program (engine/connect_host.py) with this Python
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     click.echo(f"starting a Spark Connect server on {host}:{port}, master {master} "
                f"(10-30 s)...")
     # Same process group as this command, so a supervisor that kills the group (or a terminal's

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import time
@@ -25,6 +26,7 @@ import yaml
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import load_config
+from dedup_pipeline.engine.connect_host import CONNECT_PLUGIN
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.session import BASE_CONF, PARALLEL_GC, SERVER_CONF
 from dedup_pipeline.hours import HOUR, hour_range, parse_key, to_key
@@ -148,7 +150,8 @@ def finish(svc: Service, timeout: float = 600) -> tuple[int, str]:
 def test_spark_server_command_serves_clients_with_the_start_up_settings(
         server: WarmServer) -> None:
     """The command prints the SPARK_REMOTE to export; a client process reads through it the
-    settings only the server can take; the server's JVM runs the Parallel collector."""
+    settings only the server can take; the server's JVM runs the Parallel collector and the
+    Connect plugin with per-session artifact isolation off."""
     server.wait_ready()
     probe = (
         "import json; from pyspark.sql import SparkSession\n"
@@ -156,7 +159,8 @@ def test_spark_server_command_serves_clients_with_the_start_up_settings(
         "keys = ['spark.sql.codegen.cache.maxEntries', 'spark.sql.session.timeZone',\n"
         "        'spark.connect.session.manager.defaultSessionTimeout',\n"
         "        'spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs',\n"
-        "        'spark.driver.extraJavaOptions', 'spark.sql.shuffle.partitions']\n"
+        "        'spark.driver.extraJavaOptions', 'spark.sql.shuffle.partitions',\n"
+        "        'spark.sql.artifact.isolation.enabled']\n"
         "print(json.dumps({k: s.conf.get(k) for k in keys} | {'n': s.range(10).count()}))\n"
     )
     out = subprocess.run([str(VENV_BIN / "python"), "-c", probe], env=clean_env(),
@@ -172,13 +176,43 @@ def test_spark_server_command_serves_clients_with_the_start_up_settings(
             SERVER_CONF["spark.connect.session.manager.defaultSessionTimeout"],
         "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
         "spark.sql.shuffle.partitions": "4",  # --conf wins over BASE_CONF
+        "spark.sql.artifact.isolation.enabled": "false",
         "n": 10,
     }
     # the JVM (a child in the command's process group) was started with the collector
     assert server.service is not None
     jvm_args = subprocess.run(["ps", "-ww", "-o", "args=", "-g", str(server.service.proc.pid)],
                               capture_output=True, text=True).stdout
-    assert "SparkConnectServer" in jvm_args and PARALLEL_GC in jvm_args
+    assert CONNECT_PLUGIN in jvm_args and PARALLEL_GC in jvm_args
+
+
+def test_a_new_session_reuses_the_code_an_earlier_run_generated(server: WarmServer) -> None:
+    """Every run is a new Connect session. The second of two client processes running the same
+    query compiles no class: the server's generated-code cache serves every session (with
+    per-session isolation each session had a class loader of its own and compiled everything
+    again, ~1.5 s of a 1e5-row load; issue 25, T8)."""
+    server.wait_ready()
+    factor = random.randrange(10**6, 10**7)  # a constant no earlier query compiled
+    query = (
+        "from pyspark.sql import SparkSession, functions as F\n"
+        f"s = SparkSession.builder.remote({server.url!r}).getOrCreate()\n"
+        f"df = s.range(5000).select((F.col('id') % 7).alias('k'), (F.col('id') * {factor}).alias('v'))\n"
+        "print(df.groupBy('k').agg(F.sum('v')).orderBy('k').collect()[0])\n"
+    )
+
+    def compiled() -> int:
+        assert server.service is not None
+        return server.service.tail(10**8).count("Code generated in")
+
+    counts = [compiled()]
+    for _ in range(2):
+        out = subprocess.run([str(VENV_BIN / "python"), "-c", query], env=clean_env(),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+        time.sleep(1)  # the server's log lines of the query
+        counts.append(compiled())
+    assert counts[1] > counts[0], "the first client's query compiled nothing (log level?)"
+    assert counts[2] == counts[1], f"the second client compiled {counts[2] - counts[1]} classes"
 
 
 def test_spark_server_refuses_a_port_in_use(server: WarmServer, tmp_path: Path) -> None:

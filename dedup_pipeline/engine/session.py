@@ -64,7 +64,6 @@ CONF_PREFIX = "DEDUP_SPARK_CONF_"
 
 # The warm Spark Connect server (SPEC N5; `dedup-pipeline spark-server`, deploy/).
 CONNECT_PORT = 15002
-CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 # Settings only the server takes, on top of BASE_CONF (which it gets whole: its start-up part
 # can be set nowhere else, its SQL part is the default of every client session).
 SERVER_CONF = {
@@ -162,13 +161,19 @@ def spark_home() -> Path:
 
 def server_command(master: str, host: str, port: int,
                    conf: Mapping[str, str] | None = None) -> list[str]:
-    """`spark-submit` of the Connect server in the foreground (what the wheel's
-    sbin/start-connect-server.sh runs, without its daemon wrapper, log and pid files)."""
-    cmd = [str(spark_home() / "bin" / "spark-submit"), "--class", CONNECT_CLASS,
+    """`spark-submit` of the Connect server in the foreground: `connect_host.py` as a classic
+    application with Spark's Connect plugin and per-session artifact isolation off (why: that
+    module's docstring), not the SparkConnectServer class that sbin/start-connect-server.sh runs."""
+    from dedup_pipeline.engine.connect_host import CONNECT_PLUGIN, HOST_CONF, SCRIPT
+
+    settings = {**HOST_CONF, **server_conf(host, port, conf)}  # a user may turn isolation on
+    plugins = [p for p in settings["spark.plugins"].split(",") if p.strip()]
+    settings["spark.plugins"] = ",".join(dict.fromkeys([*plugins, CONNECT_PLUGIN]))
+    cmd = [str(spark_home() / "bin" / "spark-submit"),
            "--name", "Spark Connect server (dedup_pipeline)", "--master", master]
-    for k, v in server_conf(host, port, conf).items():
+    for k, v in settings.items():
         cmd += ["--conf", f"{k}={v}"]
-    return cmd
+    return [*cmd, str(SCRIPT)]
 
 
 class SparkServerError(RuntimeError):

@@ -26,9 +26,9 @@ import yaml
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import load_config
-from dedup_pipeline.engine.connect_host import CONNECT_PLUGIN
+from dedup_pipeline.engine.connect_host import CONNECT_PLUGIN, SCRIPT
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.engine.session import BASE_CONF, PARALLEL_GC, SERVER_CONF
+from dedup_pipeline.engine.session import BASE_CONF, PARALLEL_GC, SERVER_CONF, server_command
 from dedup_pipeline.hours import HOUR, hour_range, parse_key, to_key
 from dedup_pipeline.sample.generate import generate_landing
 from dedup_pipeline_tests.conftest import generated_config
@@ -184,6 +184,28 @@ def test_spark_server_command_serves_clients_with_the_start_up_settings(
     jvm_args = subprocess.run(["ps", "-ww", "-o", "args=", "-g", str(server.service.proc.pid)],
                               capture_output=True, text=True).stdout
     assert CONNECT_PLUGIN in jvm_args and PARALLEL_GC in jvm_args
+
+
+def _confs(cmd: list[str]) -> dict[str, str]:
+    return dict(cmd[i + 1].split("=", 1) for i, a in enumerate(cmd) if a == "--conf")
+
+
+def test_server_command_adds_the_connect_plugin_and_keeps_a_users_choices() -> None:
+    """The server is the driver program with the Connect plugin and isolation off; a user's own
+    plugins stay and the Connect plugin is appended; a user may turn isolation back on."""
+    cmd = server_command("local[2]", "127.0.0.1", 15002)
+    assert Path(cmd[-1]) == SCRIPT and SCRIPT.is_file()
+    assert cmd[cmd.index("--master") + 1] == "local[2]"
+    conf = _confs(cmd)
+    assert conf["spark.plugins"] == CONNECT_PLUGIN
+    assert conf["spark.sql.artifact.isolation.enabled"] == "false"
+    assert conf["spark.connect.grpc.binding.port"] == "15002"
+    mine = _confs(server_command("local[2]", "0.0.0.0", 15003, {
+        "spark.plugins": "com.example.Mine", "spark.sql.artifact.isolation.enabled": "true"}))
+    assert mine["spark.plugins"] == f"com.example.Mine,{CONNECT_PLUGIN}"
+    assert mine["spark.sql.artifact.isolation.enabled"] == "true"
+    again = _confs(server_command("local[2]", "0.0.0.0", 15003, {"spark.plugins": CONNECT_PLUGIN}))
+    assert again["spark.plugins"] == CONNECT_PLUGIN
 
 
 def test_a_new_session_reuses_the_code_an_earlier_run_generated(server: WarmServer) -> None:

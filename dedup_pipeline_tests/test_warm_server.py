@@ -364,3 +364,17 @@ def test_a_run_against_no_server_fails_at_once_naming_it() -> None:
     msg = str(err.value)
     assert remote in msg and "dedup-pipeline spark-server" in msg and "\n" not in msg
 
+
+
+def test_a_stream_reset_by_a_dying_server_counts_as_a_lost_server() -> None:
+    """The text CI saw when the server was killed while it streamed a result (CANCELLED,
+    RST_STREAM); an ordinary error is not a lost server."""
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+
+    from dedup_pipeline.engine.session import lost_server_reason
+
+    reset = SparkConnectGrpcException(
+        "<_InactiveRpcError of RPC that terminated with:\n\tstatus = StatusCode.CANCELLED\n\t"
+        'details = "Stream removed (RST_STREAM (Received RST_STREAM with error code 8))"')
+    assert lost_server_reason(reset) == "became unreachable (Stream removed)"
+    assert lost_server_reason(ValueError("Stream removed")) is None

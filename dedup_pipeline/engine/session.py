@@ -186,7 +186,9 @@ _RESTARTED = ("INVALID_HANDLE.SESSION_CHANGED", "INVALID_HANDLE.SESSION_NOT_FOUN
               "INVALID_HANDLE.SESSION_CLOSED", "INVALID_HANDLE.OPERATION_NOT_FOUND",
               "server side session identifier")
 _UNREACHABLE = ("failed to connect to all addresses", "Connection refused", "Socket closed",
-                "Connection reset")
+                "Connection reset",
+                # the server killed while it streamed a result: HTTP/2 reset the stream (seen in CI)
+                "Stream removed")
 # a server killed mid-query can answer it while its context shuts down (seen in CI)
 _STOPPING = ("Cannot call methods on a stopped SparkContext",)
 

@@ -309,15 +309,6 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
     del results
 
 
-def _die_with_parent() -> None:
-    """In the server's child before exec: SIGTERM when this command's process dies (Linux)."""
-    import ctypes
-    import signal
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 @main.command("spark-server")
 @click.option("--port", default=None, type=click.IntRange(1, 65535),
               help="gRPC port  [default: 15002]")
@@ -336,6 +327,7 @@ def spark_server(port: int | None, host: str, master: str | None,
     import socket
     import subprocess
 
+    from dedup_pipeline.engine.connect_host import die_with_parent
     from dedup_pipeline.engine.session import CONNECT_PORT, DEFAULT_MASTER, server_command
 
     port = port or CONNECT_PORT
@@ -365,7 +357,7 @@ def spark_server(port: int | None, host: str, master: str | None,
                f"(10-30 s)...")
     # Same process group as this command, so a supervisor that kills the group (or a terminal's
     # Ctrl-C) reaches the JVM too; it also gets SIGTERM if this process dies (Linux).
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
 
     def stop(*_: object) -> None:
         raise KeyboardInterrupt

@@ -27,8 +27,9 @@ HOST_CONF = {"spark.plugins": CONNECT_PLUGIN, "spark.sql.artifact.isolation.enab
 SCRIPT = Path(__file__).resolve()
 
 
-def _die_with_parent() -> None:
-    """SIGTERM when the JVM that started this process dies (Linux), so no Python is left behind."""
+def die_with_parent() -> None:
+    """SIGTERM when this process's parent dies (Linux): the server's JVM when `spark-server`
+    dies, this program when its JVM dies, so nothing is left behind."""
     import contextlib
     import ctypes
     import signal
@@ -40,7 +41,7 @@ def _die_with_parent() -> None:
 def main() -> None:
     here = str(SCRIPT.parent)
     sys.path[:] = [p for p in sys.path if p != here]  # engine modules must not shadow others
-    _die_with_parent()
+    die_with_parent()
     from py4j.protocol import Py4JError
     from pyspark.sql import SparkSession
 

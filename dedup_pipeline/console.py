@@ -17,6 +17,7 @@ here and not in `cli` (tests and `dagster dev` import `cli` into long-lived proc
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import os
 import sys
@@ -45,10 +46,8 @@ def leave(code: int) -> NoReturn:
             t.join()
     atexit._run_exitfuncs()  # noqa: SLF001 - what the interpreter itself calls at exit
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: no one left to tell
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing left to tell anyone
-            pass
     os._exit(code)
 
 

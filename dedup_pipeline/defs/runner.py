@@ -1,7 +1,8 @@
 """Run a dataset's load job for a range of hours through Dagster, from Python (CLI, demo, tests).
 
-One run for the whole range (as a UI backfill with the single-run policy would), recorded in the
-given instance, so the materializations show up in `dagster dev` pointed at the same DAGSTER_HOME.
+One run for the whole range (as a UI backfill with the single-run policy would; one hour as the
+UI's Materialize of that partition would), recorded in the given instance, so the materializations
+show up in `dagster dev` pointed at the same DAGSTER_HOME.
 """
 
 from __future__ import annotations
@@ -46,9 +47,14 @@ def run_range(cfg: PipelineConfig, dataset: str, first: str, last: str,
     if parse_key(last) < parse_key(first):
         raise ValueError(f"--to {last} is before --from {first}")
     job = build_definitions(cfg).resolve_job_def(load_job_name(ds.name))
+    # One hour runs as the UI's Materialize of one partition does: its outputs carry the hour's
+    # figures, so it records one materialization per asset, not a range's plus the hour's
+    # (12 fewer events and 5 fewer instance queries per run; session 21).
+    one_hour = first == last
     result = job.execute_in_process(
         instance=instance,
-        tags=range_tags(first, last),
+        partition_key=first if one_hour else None,
+        tags=None if one_hour else range_tags(first, last),
         run_config=QUIET_LOGGERS if quiet else None,
         raise_on_error=False,
     )

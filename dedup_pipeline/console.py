@@ -9,9 +9,9 @@ here and not in `cli` (tests and `dagster dev` import `cli` into long-lived proc
 - The process ends without the interpreter's teardown of those modules, which took ~0.75 s of
   a fresh 1e5-row `run`'s ~6 s; by then the command has closed what it opened (its Dagster
   instance, commit records and outputs are written before it returns). The exit still does what
-  a normal one does that matters: waits for non-daemon threads, runs the `atexit` handlers
-  (logging's flush, temporary directories, the Spark Connect client's clean-up) and flushes
-  stdout and stderr.
+  a normal one does that matters, by the interpreter's own calls: stops thread pools and waits
+  for non-daemon threads, runs the `atexit` handlers (logging's flush, temporary directories,
+  the Spark Connect client's clean-up), and flushes stdout and stderr.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ def exit_code(code: object) -> int:
 
 def leave(code: int) -> NoReturn:
     """End the process as a normal exit would, minus the module teardown."""
-    for t in threading.enumerate():
-        if t is not threading.main_thread() and not t.daemon:
-            t.join()
-    atexit._run_exitfuncs()  # noqa: SLF001 - what the interpreter itself calls at exit
+    # The interpreter's own exit steps, in its order: stop thread pools and wait for non-daemon
+    # threads (joining them directly would wait forever on an idle pool's workers), then atexit.
+    threading._shutdown()  # type: ignore[attr-defined]  # noqa: SLF001
+    atexit._run_exitfuncs()  # noqa: SLF001
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: no one left to tell
             stream.flush()

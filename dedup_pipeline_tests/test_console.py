@@ -17,7 +17,7 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
     """`code` in a new interpreter whose piped stdout is block-buffered, as a user's would be."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=env)
+                          timeout=60, env=env)
 
 
 def test_leave_keeps_what_a_normal_exit_guarantees() -> None:
@@ -68,3 +68,15 @@ def test_a_reader_that_stops_early_gets_no_traceback() -> None:
                        text=True, timeout=120)
     assert r.stdout.startswith("Usage: dedup-pipeline")
     assert "Traceback" not in r.stderr
+
+
+def test_an_idle_thread_pool_does_not_hold_the_exit() -> None:
+    """A pool's idle worker is a non-daemon thread that waits for work until the interpreter's
+    exit tells the pool to stop (the Spark Connect client keeps such a pool)."""
+    r = _python("from concurrent.futures import ThreadPoolExecutor\n"
+                "from dedup_pipeline import console\n"
+                "pool = ThreadPoolExecutor(2)\n"
+                "print(pool.submit(lambda: 'work done').result())\n"
+                "console.leave(0)\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["work done"]

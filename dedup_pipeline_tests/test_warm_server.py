@@ -305,6 +305,37 @@ def test_server_restart_mid_run_fails_the_run_and_the_rerun_is_exact(
 
 
 
+def test_a_server_lost_for_good_fails_the_run_within_two_minutes(
+        server: WarmServer, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The server dies mid-run and nothing takes its place: the run gives up after its client's
+    few retries (CONNECT_RETRIES, ~1 minute) with the one-line error, not after the Connect
+    client's default 10+ minutes, STARTED all along."""
+    from dedup_pipeline.engine.session import CONNECT_RETRIES
+
+    name, seed, hours, rows = RESTART
+    root = make_landing(tmp_path_factory.mktemp(f"{name}_lost"), name, seed, hours, rows)
+    server.wait_ready()
+    run, config = start_run(root, "lost", hours, server.url)
+    commits = Path(load_config(config).datasets[0].output) / "_commits"
+    wait_until("the run's first committed hour",
+               lambda: len(list(commits.glob("*.json"))) >= 1, 300, [run])
+    server.kill()
+    killed = time.monotonic()
+    committed_at_kill = len(list(commits.glob("*.json")))
+    try:
+        rc, out = finish(run, timeout=180)  # 10+ minutes with the client's default retries
+        waited = time.monotonic() - killed
+        assert committed_at_kill < hours, "the run finished before the server was killed"
+        assert rc == 1, out[-6000:]
+        error = out.strip().splitlines()[-1]
+        assert error.startswith("error: run ") and f"Spark Connect server {server.url}" in error
+        assert "\n" not in error and len(error) < 400, error
+        print(f"the run failed {waited:.0f} s after the server died ({CONNECT_RETRIES} retries): "
+              f"{error}")
+    finally:
+        server.start()  # for the tests after this one
+
+
 def test_spark_server_stops_cleanly_on_ctrl_c(server: WarmServer) -> None:
     """SIGINT to the command alone (what Ctrl-C delivers to it) stops the JVM through its
     shutdown hooks: the command exits 0 and nothing of its process group is left."""

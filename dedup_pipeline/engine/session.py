@@ -138,10 +138,27 @@ def get_session(settings: SparkSettings) -> SparkSession:
     for k, v in session_conf(s).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
+    if s.remote:
+        limit_connect_retries(spark)
     for k in ("spark.sql.session.timeZone", "spark.sql.parquet.outputTimestampType",
               "spark.sql.legacy.parquet.nanosAsLong"):
         spark.conf.set(k, s.conf[k])  # runtime settings also apply to a reused session
     return spark
+
+
+# How often a run's Connect client retries a server it cannot reach. The client's default (15
+# retries, backoff x4 up to 60 s: at least 10 minutes) only helps a server that comes back with the
+# run's session, which a restarted server never has (the run then fails anyway, SparkServerError),
+# so a server lost for good kept its runs STARTED for 10+ minutes. 6 retries (50 ms x4 up to 51.2 s
+# apart, ~68 s in all) still ride out a network blip.
+CONNECT_RETRIES = 6
+
+
+def limit_connect_retries(spark: SparkSession) -> None:
+    """Make the Connect client give up on an unreachable server after CONNECT_RETRIES."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    spark.client.set_retry_policies([DefaultPolicy(max_retries=CONNECT_RETRIES)])  # type: ignore[attr-defined]
 
 
 def server_conf(host: str, port: int, conf: Mapping[str, str] | None = None) -> dict[str, str]:

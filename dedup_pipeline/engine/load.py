@@ -555,7 +555,7 @@ def load_hours(
     results = []
     # Lock.__exit__ never lets a failing release (the same full or read-only disk) replace the
     # load's own error
-    with Lock(Storage(ds.output), owner), connect_errors(remote):
+    with Lock(Storage(ds.output), owner), connect_errors(remote, spark):
         for key in keys:
             result = run_load(spark, ds, key, progress)
             results.append(result)

@@ -239,13 +239,18 @@ def lost_server_reason(exc: BaseException) -> str | None:
 
 
 @contextlib.contextmanager
-def connect_errors(remote: str | None) -> Iterator[None]:
-    """Turn a lost Spark Connect server into one line naming it (SparkServerError)."""
+def connect_errors(remote: str | None, spark: SparkSession | None = None) -> Iterator[None]:
+    """Turn a lost Spark Connect server into one line naming it (SparkServerError), and close
+    `spark`'s client: its exit clean-up would otherwise retry the lost server (~1 minute) after
+    the run has already failed."""
     try:
         yield
     except Exception as e:
         why = remote and lost_server_reason(e)
         if not why:
             raise
+        if spark is not None and hasattr(spark, "client"):
+            with contextlib.suppress(Exception):
+                spark.client.close()
         raise SparkServerError(f"Spark Connect server {remote} {why} during the run; rerun the "
                                "hours that did not commit (loads are idempotent, R10)") from e

@@ -90,6 +90,16 @@ class WarmServer:
         if self.service is not None:
             self.service.stop(timeout=0.1)
 
+    def serve_a_client(self) -> None:
+        """One query from a client process: the server is fully up (its port opens while the
+        SparkContext is still starting, before Spark registers its shutdown hook)."""
+        probe = ("from pyspark.sql import SparkSession\n"
+                 f"assert SparkSession.builder.remote({self.url!r}).getOrCreate()"
+                 ".range(3).count() == 3\n")
+        out = subprocess.run([str(VENV_BIN / "python"), "-c", probe], env=clean_env(),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+
     def executions(self) -> int:
         assert self.service is not None
         return self.service.tail(10**8).count("ExecuteHolder ExecuteKey(")
@@ -340,7 +350,8 @@ def test_spark_server_stops_cleanly_on_ctrl_c(server: WarmServer) -> None:
     """SIGINT to the command alone (what Ctrl-C delivers to it) stops the JVM through its
     shutdown hooks: the command exits 0 and nothing of its process group is left."""
     server.wait_ready()
-    assert server.service is not None
+    server.serve_a_client()  # as a user's server has; right after start-up, Ctrl-C can precede
+    assert server.service is not None  # Spark's shutdown hook (seen in CI after a restart)
     svc = server.service
     os.kill(svc.proc.pid, signal.SIGINT)
     rc = svc.proc.wait(timeout=60)

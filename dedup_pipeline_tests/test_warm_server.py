@@ -90,15 +90,20 @@ class WarmServer:
         if self.service is not None:
             self.service.stop(timeout=0.1)
 
+    def client(self, code: str) -> str:
+        """`code` in a new client process with `s`, its Connect session to this server; its
+        stdout."""
+        script = ("from pyspark.sql import SparkSession\n"
+                  f"s = SparkSession.builder.remote({self.url!r}).getOrCreate()\n{code}")
+        out = subprocess.run([str(VENV_BIN / "python"), "-c", script], env=clean_env(),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout
+
     def serve_a_client(self) -> None:
         """One query from a client process: the server is fully up (its port opens while the
         SparkContext is still starting, before Spark registers its shutdown hook)."""
-        probe = ("from pyspark.sql import SparkSession\n"
-                 f"assert SparkSession.builder.remote({self.url!r}).getOrCreate()"
-                 ".range(3).count() == 3\n")
-        out = subprocess.run([str(VENV_BIN / "python"), "-c", probe], env=clean_env(),
-                             capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr[-3000:]
+        self.client("assert s.range(3).count() == 3\n")
 
     def executions(self) -> int:
         assert self.service is not None
@@ -164,8 +169,7 @@ def test_spark_server_command_serves_clients_with_the_start_up_settings(
     Connect plugin with per-session artifact isolation off."""
     server.wait_ready()
     probe = (
-        "import json; from pyspark.sql import SparkSession\n"
-        f"s = SparkSession.builder.remote({server.url!r}).getOrCreate()\n"
+        "import json\n"
         "keys = ['spark.sql.codegen.cache.maxEntries', 'spark.sql.session.timeZone',\n"
         "        'spark.connect.session.manager.defaultSessionTimeout',\n"
         "        'spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs',\n"
@@ -173,10 +177,7 @@ def test_spark_server_command_serves_clients_with_the_start_up_settings(
         "        'spark.sql.artifact.isolation.enabled']\n"
         "print(json.dumps({k: s.conf.get(k) for k in keys} | {'n': s.range(10).count()}))\n"
     )
-    out = subprocess.run([str(VENV_BIN / "python"), "-c", probe], env=clean_env(),
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = json.loads(server.client(probe).strip().splitlines()[-1])
     java_options = got.pop("spark.driver.extraJavaOptions")  # Spark adds its own to ours
     assert PARALLEL_GC in java_options.split(), java_options
     assert got == {
@@ -226,8 +227,7 @@ def test_a_new_session_reuses_the_code_an_earlier_run_generated(server: WarmServ
     server.wait_ready()
     factor = random.randrange(10**6, 10**7)  # a constant no earlier query compiled
     query = (
-        "from pyspark.sql import SparkSession, functions as F\n"
-        f"s = SparkSession.builder.remote({server.url!r}).getOrCreate()\n"
+        "from pyspark.sql import functions as F\n"
         f"df = s.range(5000).select((F.col('id') % 7).alias('k'), (F.col('id') * {factor}).alias('v'))\n"
         "print(df.groupBy('k').agg(F.sum('v')).orderBy('k').collect()[0])\n"
     )
@@ -238,9 +238,7 @@ def test_a_new_session_reuses_the_code_an_earlier_run_generated(server: WarmServ
 
     counts = [compiled()]
     for _ in range(2):
-        out = subprocess.run([str(VENV_BIN / "python"), "-c", query], env=clean_env(),
-                             capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr[-3000:]
+        server.client(query)
         time.sleep(1)  # the server's log lines of the query
         counts.append(compiled())
     assert counts[1] > counts[0], "the first client's query compiled nothing (log level?)"
@@ -312,7 +310,6 @@ def test_server_restart_mid_run_fails_the_run_and_the_rerun_is_exact(
     assert rc == 0, out[-6000:]
     assert_same_loads(snapshot(ds.output), reference,
                       "the rerun after a server restart (R10)")
-
 
 
 def test_a_server_lost_for_good_fails_the_run_within_five_minutes(
@@ -405,7 +402,6 @@ def test_a_run_against_no_server_fails_at_once_naming_it() -> None:
     assert time.monotonic() - t0 < 10
     msg = str(err.value)
     assert remote in msg and "dedup-pipeline spark-server" in msg and "\n" not in msg
-
 
 
 def test_a_stream_reset_by_a_dying_server_counts_as_a_lost_server() -> None:

@@ -25,7 +25,6 @@ from typing import Any
 
 import pyarrow.dataset as pads
 import pyspark
-import pytest
 
 LOOPBACK = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[1]
@@ -254,6 +253,11 @@ def stop_all(services: Iterable[Service | None]) -> None:
         s.stop()
 
 
+class ServiceFailed(AssertionError):
+    """A service exited or did not come up in time. An AssertionError, so a test reports it as
+    a failure; plain Python, so `benchmarks/ui.py` can use these helpers without pytest."""
+
+
 def wait_until(what: str, fn: Callable[[], Any], timeout: float,
                watch: Iterable[Service] = (), interval: float = 0.5) -> Any:
     """Poll `fn` until it returns something truthy; fail with the logs of `watch` if one of them
@@ -269,11 +273,11 @@ def wait_until(what: str, fn: Callable[[], Any], timeout: float,
             return value
         for s in watch:
             if not s.alive():
-                pytest.fail(f"{s.name} exited ({s.proc.returncode}) while waiting for {what}:\n"
+                raise ServiceFailed(f"{s.name} exited ({s.proc.returncode}) while waiting for {what}:\n"
                             f"{s.tail()}")
         if time.monotonic() > deadline:
             logs = "\n".join(f"--- {s.name} ({s.log}):\n{s.tail(2000)}" for s in watch)
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
+            raise ServiceFailed(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
         time.sleep(interval)
 
 

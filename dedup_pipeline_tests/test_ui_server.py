@@ -9,7 +9,9 @@ process groups on free loopback ports. Launched the way the webserver's buttons 
 - H4: a UI run held in the queue (the pool's limit set to 0 through `setConcurrencyLimit`, as on
   the UI's concurrency page) while H4's `_SUCCESS` marker lands: the landing sensor's ticks skip
   and name the UI run (the collision case); the limit back to 1, the UI run loads H4;
-- H5: its marker lands; the landing sensor under the real daemon loads it.
+- H5: its marker lands; the landing sensor under the real daemon loads it;
+- H6: loaded by the CLI (`dedup-pipeline run --from H6 --to H6` on the same DAGSTER_HOME, as an
+  engineer reruns one hour from a shell): a single-partition run, which the UI must show like H0.
 
 Then asserted through GraphQL, the queries the UI's pages make: each check's Partitions tab
 (`partitionStatuses`) shows every loaded hour Passed for every check, nothing else; each output's
@@ -60,6 +62,7 @@ from dedup_pipeline_tests.spark_services import (
     launch_backfill,
     launch_partition_run,
     loaded_location,
+    run_logged,
     stop_all,
     wait_until,
 )
@@ -68,10 +71,10 @@ from dedup_pipeline_tests.spark_services import start as start_service
 
 pytestmark = pytest.mark.slow
 
-# the last six complete hours: the UI's Plots -> Partitions asks for the latest 120 partition
+# the last seven complete hours: the UI's Plots -> Partitions asks for the latest 120 partition
 # keys of the definition (up to now), so older hours would not be plotted at all
-FIRST = default_start(6)
-HOURS = [to_key(parse_key(FIRST) + i * HOUR) for i in range(6)]
+FIRST = default_start(7)
+HOURS = [to_key(parse_key(FIRST) + i * HOUR) for i in range(7)]
 ROWS_PER_HOUR = 200
 DS = "clicks"
 OUTPUTS = WRITTEN
@@ -296,6 +299,14 @@ def ui_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
         assert wait_until("the sensor's run", lambda: finished(sensor_run_id), 300, services, 2) == \
             "SUCCESS", logs_tail()
         timings["sensor"] = time.monotonic() - t1
+
+        # H6: the CLI, as an engineer runs one hour from a shell, recorded in the same instance
+        t1 = time.monotonic()
+        rc, out = run_logged([str(VENV_BIN / "dedup-pipeline"), "run", "--config",
+                              str(root / "dedup.yaml"), "--from", HOURS[6], "--to", HOURS[6]],
+                             logs / "cli-run.log", env, REPO)
+        assert rc == 0, out
+        timings["cli_one_hour"] = time.monotonic() - t1
         print("ui server timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
         yield {"url": url, "root": root, "services": services, "skipped_tick": skipped,
                "runs": {"ui_one": ui_one, "backfill": backfill, "ui_held": ui_held,
@@ -308,7 +319,7 @@ def test_every_ui_and_sensor_run_succeeded_once_per_hour(ui_session: dict[str, A
     url = ui_session["url"]
     assert len(ui_session["runs"]["backfill"]["runs"]) == 1  # single-run backfill of H1..H3
     runs = gql(url, RUNS)["runsOrError"]["results"]
-    assert [r["status"] for r in runs] == ["SUCCESS"] * 4, runs
+    assert [r["status"] for r in runs] == ["SUCCESS"] * 5, runs
     loaded_by: dict[str, list[str]] = {}
     for r in runs:
         tags = {t["key"]: t["value"] for t in r["tags"]}
@@ -322,6 +333,10 @@ def test_every_ui_and_sensor_run_succeeded_once_per_hour(ui_session: dict[str, A
     assert tick["runIds"] == [] and "__ASSET_JOB" in tick["skipReason"], tick
     assert loaded_by[HOURS[4]] == [ui_session["runs"]["ui_held"]]
     assert loaded_by[HOURS[5]] == [ui_session["runs"]["sensor"]]
+    # the CLI's one hour is a run of that one partition, no range tags (as the UI's Materialize)
+    (cli,) = [r for r in runs if loaded_by[HOURS[6]] == [r["runId"]]]
+    tags = {t["key"]: t["value"] for t in cli["tags"]}
+    assert tags[PARTITION] == HOURS[6] and RANGE_START not in tags and RANGE_END not in tags, tags
 
 
 def test_every_check_shows_every_loaded_hour_passed(ui_session: dict[str, Any]) -> None:

@@ -273,8 +273,8 @@ def wait_until(what: str, fn: Callable[[], Any], timeout: float,
             return value
         for s in watch:
             if not s.alive():
-                raise ServiceFailed(f"{s.name} exited ({s.proc.returncode}) while waiting for {what}:\n"
-                            f"{s.tail()}")
+                raise ServiceFailed(f"{s.name} exited ({s.proc.returncode}) while waiting for "
+                                    f"{what}:\n{s.tail()}")
         if time.monotonic() > deadline:
             logs = "\n".join(f"--- {s.name} ({s.log}):\n{s.tail(2000)}" for s in watch)
             raise ServiceFailed(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")

@@ -347,8 +347,10 @@ def test_spark_server_stops_cleanly_on_ctrl_c(server: WarmServer) -> None:
     """SIGINT to the command alone (what Ctrl-C delivers to it) stops the JVM through its
     shutdown hooks: the command exits 0 and nothing of its process group is left."""
     server.wait_ready()
-    server.serve_a_client()  # as a user's server has; right after start-up, Ctrl-C can precede
-    assert server.service is not None  # Spark's shutdown hook (seen in CI after a restart)
+    # answer a client first, as a user's server has: right after start-up a Ctrl-C can precede
+    # Spark's shutdown hook (seen in CI after a restart)
+    server.serve_a_client()
+    assert server.service is not None
     svc = server.service
     os.kill(svc.proc.pid, signal.SIGINT)
     rc = svc.proc.wait(timeout=60)

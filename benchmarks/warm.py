@@ -1,23 +1,29 @@
-"""T8 (SPEC N5): what one hour costs as Dagster runs it, a fresh run process per hour.
+"""T8 and T8d (SPEC N5): what one hour costs as Dagster runs it, a fresh run process per hour.
 
     .venv/bin/python -m benchmarks.warm [--rows 100000] [--hours 3] [--warmup 2]
+                                        [--skip-local] [--skip-streaming]
 
 Generates a landing zone, starts `dedup-pipeline spark-server` (the warm Spark Connect server,
-local[*]) and loads the same hours three ways into three output directories, interleaved hour by
-hour so a busy machine slows all three alike:
+local[*]) and runs the same hours these ways, interleaved hour by hour so a busy machine slows all
+alike:
 
-- warm server: a fresh `dedup-pipeline run --from H --to H` process with SPARK_REMOTE;
+- warm server, (g): a fresh `dedup-pipeline run --from H --to H` process with SPARK_REMOTE;
 - local mode: the same process without it (its own JVM per run, the alternative);
-- in-process: `run_load` in this process's local Spark session, warm from the earlier hours
-  (what the main benchmark measures).
+- in-process, (a): `run_load` in this process's local Spark session, warm from the earlier hours
+  (what the main benchmark measures);
+- streaming, (d): the streaming peer's always-on query (`benchmarks.systems.StreamingPeer`) in a
+  worker process of its own, as the full benchmark runs it;
+- run floor: a `benchmarks.run_floor` process, a run process with no load work (Dagster, its
+  instance, the Connect client and a session): the least a fresh run process can cost.
 
-The first `--warmup` hours warm each up (the server's JIT, this process's JVM) and are not
-measured. Prints wall time per run and engine time (the commit record's `total`), min / median /
-max per way, and T8 = median(warm-server run wall / in-process load wall of the same hour); the
-target is <= 2.0 (stretch 1.5). Both run processes record their Dagster run in one instance on
-disk (the demo's `dagster.yaml`), as a deployment's runs do. Writes
-benchmarks/results/warm-<stamp>.json. The full benchmark measures the same as its part (g)
-against its warm workers; this script is the few-minute version (at 1e5 rows per hour).
+The first `--warmup` hours warm each up (the server's JIT, the JVMs) and are not measured. Prints
+wall time per run and engine time (the commit record's `total`), min / median / max per way;
+T8 = median(warm-server run wall / in-process load wall of the same hour), target <= 2.0 (stretch
+1.5); T8d = median(streaming wall / warm-server run wall), target >= 1.0; and how long (g)'s
+engine may take to be ahead of streaming (streaming - run floor). The run processes record their
+Dagster runs in one instance on disk (the demo's `dagster.yaml`), as a deployment's runs do.
+Writes benchmarks/results/warm-<stamp>.json. The full benchmark measures the same as its part
+(g); this script is the few-minute version (at 1e5 rows per hour).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from typing import Any
 import yaml
 
 from benchmarks.probe import save_report
+from benchmarks.worker import WORKER_CONF, Worker
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.load import run_load
 from dedup_pipeline.engine.session import SparkSettings, get_session
@@ -48,7 +55,7 @@ from dedup_pipeline.sample.generate import generate_landing
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 START = "2026-11-01-00:00"
-WAYS = ("warm_server", "local_mode", "in_process")
+WAYS = ("warm_server", "local_mode", "in_process", "streaming", "run_floor")
 
 
 def free_port() -> int:
@@ -103,6 +110,19 @@ def fresh_run(config: Path, hour: str, env: dict[str, str], log: Path) -> float:
     return wall
 
 
+def run_floor(hour: str, env: dict[str, str]) -> dict[str, Any]:
+    """Wall time of a `benchmarks.run_floor` process for `hour` (Dagster's and the Connect
+    client's cost of a run process, no load work) and its step marks."""
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "benchmarks.run_floor", hour], env=env,
+                         capture_output=True, text=True, timeout=600, cwd=HERE.parent)
+    wall = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise SystemExit(f"benchmarks.run_floor {hour} failed ({out.returncode}):\n{out.stderr}")
+    report: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"wall": round(wall, 2), **report}
+
+
 def start_server(port: int, log: Path, conf: dict[str, str] | None = None
                  ) -> subprocess.Popen[bytes]:
     """`dedup-pipeline spark-server` on `port` (its own process group), once it accepts clients."""
@@ -131,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2, help="hours loaded first, not measured")
     ap.add_argument("--work", type=Path, default=HERE / "work" / "warm")
     ap.add_argument("--skip-local", action="store_true", help="no fresh local-mode runs")
+    ap.add_argument("--skip-streaming", action="store_true",
+                    help="no streaming peer (and no run floor), so no T8d")
     args = ap.parse_args(argv)
 
     root: Path = args.work
@@ -138,9 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     total = args.warmup + args.hours
     generate_landing(root, hours=total, rows_per_hour=args.rows, seed=7, start=START)
     hours = [to_key(parse_key(START) + i * HOUR) for i in range(total)]
-    ways = [w for w in WAYS if not (args.skip_local and w == "local_mode")]
-    configs = {w: _config(root, w) for w in ways}
-    outputs = {w: yaml.safe_load(configs[w].read_text())["datasets"][0]["output"] for w in ways}
+    skip = {"local_mode"} if args.skip_local else set()
+    if args.skip_streaming:
+        skip |= {"streaming", "run_floor"}
+    ways = [w for w in WAYS if w not in skip]
+    loads = [w for w in ways if w in ("warm_server", "local_mode", "in_process")]
+    configs = {w: _config(root, w) for w in loads}
+    outputs = {w: yaml.safe_load(configs[w].read_text())["datasets"][0]["output"] for w in loads}
     from dedup_pipeline.cli import DEMO_INSTANCE_YAML
 
     home = root / "dagster_home"  # the runs are recorded in an instance on disk, as deployed
@@ -155,11 +181,25 @@ def main(argv: list[str] | None = None) -> int:
     spark = get_session(SparkSettings(master="local[*]",
                                       conf={"spark.ui.enabled": "false"}))
     spark.sparkContext.setLogLevel("ERROR")
+    stream = None
+    if "streaming" in ways:  # (d) in its own process and JVM, as the full benchmark runs it
+        spec = {"config": str(configs["in_process"]),
+                "dataset": yaml.safe_load(configs["in_process"].read_text())["datasets"][0],
+                "conf": WORKER_CONF, "root": str(root / "streaming")}
+        stream = Worker("streaming", spec, root / "streaming.log")
     rows: list[dict[str, Any]] = []
     try:
         for i, hour in enumerate(hours):
             row: dict[str, Any] = {"hour": hour, "measured": i >= args.warmup}
             for way in ways:
+                if way == "streaming":
+                    assert stream is not None
+                    row[way] = {"wall": round(stream.step(hour)[0].seconds, 2)}
+                    continue
+                if way == "run_floor":
+                    row[way] = run_floor(hour, child_env(DAGSTER_HOME=str(home),
+                                                         SPARK_REMOTE=remote))
+                    continue
                 if way == "in_process":
                     t0 = time.perf_counter()
                     run_load(spark, ds, hour)
@@ -172,9 +212,13 @@ def main(argv: list[str] | None = None) -> int:
                             "engine": round(_engine_seconds(outputs[way], hour), 2)}
             if "warm_server" in row and "in_process" in row:
                 row["t8"] = round(row["warm_server"]["wall"] / row["in_process"]["wall"], 2)
+            if "warm_server" in row and "streaming" in row:
+                row["t8d"] = round(row["streaming"]["wall"] / row["warm_server"]["wall"], 2)
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
+        if stream is not None:
+            stream.close()
         stop_server(server)
     measured = [r for r in rows if r["measured"]]
     report: dict[str, Any] = {"rows_per_hour": args.rows, "hours": [r["hour"] for r in measured],
@@ -183,15 +227,33 @@ def main(argv: list[str] | None = None) -> int:
           f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores):")
     for way in ways:
         walls = _summary([r[way]["wall"] for r in measured])
-        engine = _summary([r[way]["engine"] for r in measured])
-        report[way] = {"wall": walls, "engine": engine}
-        print(f"  {way:<12} wall min/median/max {walls['min']:.1f} / {walls['median']:.1f} / "
-              f"{walls['max']:.1f} s   engine {engine['min']:.1f} / {engine['median']:.1f} / "
-              f"{engine['max']:.1f} s")
+        report[way] = {"wall": walls}
+        line = (f"  {way:<12} wall min/median/max {walls['min']:.1f} / {walls['median']:.1f} / "
+                f"{walls['max']:.1f} s")
+        if way in loads:
+            engine = _summary([r[way]["engine"] for r in measured])
+            report[way]["engine"] = engine
+            line += (f"   engine {engine['min']:.1f} / {engine['median']:.1f} / "
+                     f"{engine['max']:.1f} s")
+        print(line)
     t8 = statistics.median(r["t8"] for r in measured)
     report["t8"] = t8
     print(f"  T8 = fresh run process against the warm server / warm in-process load of the same "
           f"hour: {t8:.2f}x (target <= 2.0, stretch 1.5)")
+    if "t8d" in measured[0]:
+        t8d = statistics.median(r["t8d"] for r in measured)
+        report["t8d"] = t8d
+        print(f"  T8d = streaming's always-on query / fresh run process against the warm server, "
+              f"same hour: {t8d:.2f}x (target >= 1.0)")
+    if "run_floor" in ways and "streaming" in ways:
+        floor = statistics.median(r["run_floor"]["wall"] for r in measured)
+        budget = statistics.median(r["streaming"]["wall"] - r["run_floor"]["wall"]
+                                   for r in measured)
+        engine_g = statistics.median(r["warm_server"]["engine"] for r in measured)
+        report["run_floor"]["budget"] = budget
+        print(f"  a run process's floor (Dagster and the Connect client, no load work): "
+              f"{floor:.1f} s, so (g) is ahead of streaming only if its engine takes under "
+              f"streaming - run floor = {budget:.1f} s (median per hour); it took {engine_g:.1f} s")
     print(f"  written to {save_report('warm', report)}")
     return 0
 

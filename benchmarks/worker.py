@@ -34,6 +34,8 @@ from dedup_pipeline.config import DatasetConfig, parse_config
 from dedup_pipeline.hours import parse_key
 
 KINDS = ("pipeline", "streaming")
+# each worker's session: (a)'s and (d)'s in the full benchmark, (d)'s in `benchmarks.warm`
+WORKER_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "4g"}
 
 
 def dataset_from_spec(spec: dict[str, Any]) -> DatasetConfig:

@@ -5,6 +5,7 @@ asserted in tests)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,15 @@ def test_quick_benchmark_runs_every_system_and_reports(spark, tmp_path: Path, ca
     deployed = [s for s in report["samples"] if s["system"] == "deployed"]
     assert [s["history"] for s in deployed] == list(range(QUICK.deployed_hours))
     assert all(s["extra"]["engine_seconds"] > 0 for s in deployed)
+    # beside (g)'s T8d hours, a run process with no load work: its steps in order, then its run
+    floors = [s["extra"] for s in deployed if "run_floor_seconds" in s["extra"]]
+    assert [s["history"] for s in deployed if "run_floor_seconds" in s["extra"]] == list(
+        range(min(QUICK.points), QUICK.deployed_hours))
+    for f in floors:
+        assert list(f["run_floor_marks"]) == ["import_dagster", "import_connect", "instance",
+                                              "session_and_query", "run"]
+        assert 0 < f["run_floor_marks"]["run"] < f["run_floor_seconds"]
+    assert "run floor" in report["deployed_text"]
     assert [h["measured"] for h in report["ui"]["per_hour"]] == [True] * QUICK.ui_measured
     assert report["backfill"]["separate_run_per_hour"] > 0
     # T6f: the first hour of each point rerun by a process of its own, which measured a driver
@@ -233,3 +243,44 @@ def test_the_ui_benchmark_materializes_an_hour_from_the_ui(tmp_path: Path) -> No
     rec = commits.read_commit(Storage(ds.output), to_tag(hour))
     assert rec is not None
     assert (rec.rows_in, rec.unique) == (expected.rows_in, sum(expected.rows["unique"].values()))
+
+
+def test_the_run_floor_has_the_loads_shape_and_runs_in_an_instance(tmp_path: Path) -> None:
+    """`benchmarks.run_floor` stands for a load's run process minus the load: the same assets and
+    checks as a dataset's load (so the same events), run for real in an instance on disk."""
+    import subprocess
+    import sys
+
+    import dagster as dg
+
+    from benchmarks import run_floor
+    from dedup_pipeline.config import load_config
+    from dedup_pipeline.defs.checks import CHECKS
+    from dedup_pipeline.defs.definitions import build_definitions
+    from dedup_pipeline.defs.names import load_op_name
+    from dedup_pipeline.sample.generate import generate_landing
+
+    assert {c: a for c, (a, _, _) in CHECKS.items()} == run_floor.CHECKS
+    assert {c for c, (_, blocking, _) in CHECKS.items() if blocking} == run_floor.BLOCKING
+    generate_landing(tmp_path / "gen", hours=1, rows_per_hour=10, start="2026-11-01-00:00")
+    cfg = load_config(tmp_path / "gen" / "dedup.yaml")
+    op = load_op_name(cfg.datasets[0].name)
+    [load] = [a for a in build_definitions(cfg).resolve_asset_graph().assets_defs
+              if a.is_executable and a.node_def.name == op]
+    assert sorted(k.path[-1] for k in load.keys) == sorted(run_floor.OUTPUTS)
+    assert {c.name: c.asset_key.path[-1] for c in load.check_keys} == run_floor.CHECKS
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"}
+    out = subprocess.run([sys.executable, "-m", "benchmarks.run_floor", "2026-11-01-05:00"],
+                         env={**env, "DAGSTER_HOME": str(home)}, capture_output=True, text=True,
+                         timeout=300, cwd=Path(run_floor.__file__).parent.parent)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert list(report["marks"]) == ["import_dagster", "instance", "run"]
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        [run] = instance.get_runs()
+        assert run.status == dg.DagsterRunStatus.SUCCESS
+        assert run.tags["dagster/partition"] == "2026-11-01-05:00"
+        assert len(instance.all_logs(run.run_id)) == report["events"]

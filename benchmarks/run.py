@@ -298,14 +298,15 @@ class Bench:
         wall, rec = d.step(spark, hour)
         extra: dict[str, Any] = {"engine_seconds": rec.seconds["total"]}
         line = f" (g) {wall:5.2f}s"
-        if i >= min(self.plan.points):  # T8d's hours: what any run process costs, beside (g)
+        measured_hour = i >= min(self.plan.points)  # T8 and T8d's hours
+        if measured_hour:  # what any run process costs, beside (g)
             rf = warm.run_floor(to_key(hour), d.env)
             extra.update(run_floor_seconds=rf["wall"], run_floor_marks=rf["marks"])
             line += f" run floor {rf['wall']:4.2f}s"
         self.record("deployed", hour, i, Cost(seconds=wall), **extra)
         if not _conserved(rec):
             self.failures.append(f"{to_key(hour)}: (g) broke conservation")
-        if i >= min(self.plan.points):
+        if measured_hour:
             same = _same_unique(Path(ds.output), Path(d.ds.output), to_tag(hour),
                                 list(ds.source.schema))
             if not same:

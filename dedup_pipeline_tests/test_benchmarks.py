@@ -123,10 +123,9 @@ def test_quick_benchmark_runs_every_system_and_reports(spark, tmp_path: Path, ca
     assert [s["history"] for s in deployed] == list(range(QUICK.deployed_hours))
     assert all(s["extra"]["engine_seconds"] > 0 for s in deployed)
     # beside (g)'s T8d hours, a run process with no load work: its steps in order, then its run
-    floors = [s["extra"] for s in deployed if "run_floor_seconds" in s["extra"]]
-    assert [s["history"] for s in deployed if "run_floor_seconds" in s["extra"]] == list(
-        range(min(QUICK.points), QUICK.deployed_hours))
-    for f in floors:
+    floors = [s for s in deployed if "run_floor_seconds" in s["extra"]]
+    assert [s["history"] for s in floors] == list(range(min(QUICK.points), QUICK.deployed_hours))
+    for f in (s["extra"] for s in floors):
         assert list(f["run_floor_marks"]) == ["import_dagster", "import_connect", "instance",
                                               "session_and_query", "run"]
         assert 0 < f["run_floor_marks"]["run"] < f["run_floor_seconds"]

@@ -1,4 +1,4 @@
-"""Bookkeeping against history (issue 25, item 3): is a load's and a recovery-sensor tick's
+"""Bookkeeping against history: is a load's and a recovery-sensor tick's
 driver-side work the same at a year of committed hours as at a day?
 
 Synthesizes a dataset with N committed hours (commit records in the format `CommitRecord` writes,

@@ -572,7 +572,7 @@ def targets(plan: Plan, samples: list[Sample], backfill: dict[str, Any] | None,
     big_e = [s.seconds for s in samples if s.system == "big_floor"]
     add("T4", f"(a) / (e) on {plan.big_rows_per_hour:,}-row hours, {plan.big_history}h history",
         _ratio(statistics.median(big_a), statistics.median(big_e)) if big_a and big_e else None,
-        "<=", 5.0)  # issue 25 item 4 (the spec's first bound was 2.5)
+        "<=", 5.0)  # 5x, stretch 4x, since 2026-11-26 (the spec's first bound was 2.5)
     if backfill:
         add("T5", "single-run backfill per hour / separate run",
             _ratio(backfill["single_run_per_hour"], backfill["separate_run_per_hour"]), "<=",

@@ -1,4 +1,4 @@
-"""Issue 25's UI target: one 2,000-row hour materialized from the `dagster dev` UI in <= 10 s.
+"""The UI target T8ui: one 2,000-row hour materialized from the `dagster dev` UI in <= 10 s.
 
     .venv/bin/python -m benchmarks.ui [--rows 2000] [--warmup 2] [--measured 3] [--remote sc://…]
 

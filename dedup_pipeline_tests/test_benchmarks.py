@@ -1,4 +1,4 @@
-"""The benchmark's `--quick` size, so it never rots (issue "Performance"). It asserts that every
+"""The benchmark's `--quick` size, so it never rots. It asserts that every
 system ran and the report was written, not how fast anything was (performance is measured, never
 asserted in tests)."""
 

@@ -1,4 +1,4 @@
-"""Bookkeeping does not grow with history (issue 25, item 3): the records' summary, the request
+"""Bookkeeping does not grow with history: the records' summary, the request
 counter, the benchmark at a small size, and verify's Spark jobs at two history sizes."""
 
 from __future__ import annotations

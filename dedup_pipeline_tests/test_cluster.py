@@ -147,7 +147,7 @@ def test_standalone_cluster_load_equals_local_mode(landing: Path, services: dict
 def test_spark_connect_load_with_file_uris_equals_local_mode(
         spark: SparkSession, landing: Path, services: dict[str, Any],
         reference: dict[str, Any]) -> None:
-    """Also issue 4 item 5: this load's `source.path` and `output` are file:// URIs, so its rows
+    """Also storage URIs: this load's `source.path` and `output` are file:// URIs, so its rows
     are compared with a plain-path load, and every list/rename/delete went through fsspec from a
     client without a JVM."""
     connect: ConnectServer = services["connect"]
@@ -200,7 +200,7 @@ def test_connect_client_passes_only_settings_a_client_can_set(monkeypatch: pytes
 def test_local_session_runs_the_throughput_collector(spark: SparkSession,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """BASE_CONF's JVM option reaches the JVM that PySpark starts (Parallel GC: 28% faster warm
-    loads than G1, docs/notes.md session 11), and a user's own java options replace it."""
+    loads than G1, docs/notes.md, 2026-11-25), and a user's own java options replace it."""
     from dedup_pipeline.engine.session import PARALLEL_GC, SparkSettings
 
     mf = spark.sparkContext._jvm.java.lang.management.ManagementFactory  # type: ignore[union-attr]

@@ -1,4 +1,4 @@
-"""The commit record is what a load reports (issue 24): one type, every figure in it, records of
+"""The commit record is what a load reports: one type, every figure in it, records of
 earlier versions still read, unknown fields kept."""
 
 from __future__ import annotations

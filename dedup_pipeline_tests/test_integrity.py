@@ -1,4 +1,4 @@
-"""Integrity of the pipeline's own state (issue 22): the lock, index content, commit records,
+"""Integrity of the pipeline's own state: the lock, index content, commit records,
 verify on a damaged warehouse, durability of the small state files."""
 
 from __future__ import annotations
@@ -329,7 +329,7 @@ def test_state_files_are_fsynced_before_and_after_the_rename(tmp_path: Path, mon
         assert kinds[0] == ("rename", st.path("_lock")) and kinds[1] == ("fsync", st.path())
 
 
-# -- the acceptance run's own damage cases: one small warehouse, copied per case -----------------
+# -- damage cases: one small warehouse, copied per case, damaged, then checked ----------------------
 COMPACT = {"compact_after": 2}
 
 
@@ -477,7 +477,7 @@ def _harmless(ds) -> None:
 ])
 def test_acceptance_damage_that_held(spark, loaded: Path, tmp_path: Path, damage,
                                      refused: str | None) -> None:
-    """Held on the first acceptance run: refused with the rebuild hint, then exact after it."""
+    """Refused with the rebuild hint, then exact after it."""
     ds = _copy(loaded, tmp_path)
     damage(ds)
     if refused:

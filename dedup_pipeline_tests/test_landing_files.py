@@ -1,4 +1,4 @@
-"""Issue 21: hostile landing zones. Every data file is read exactly once whatever its name, no file
+"""Hostile landing zones. Every data file is read exactly once whatever its name, no file
 content stops a load (R9), and every record lands in exactly one output (R8).
 
 Each record carries an id; the expected output of every id is written down here from the SPEC
@@ -336,7 +336,7 @@ def reference_placement(ref: Reference) -> dict[str, tuple[str, str | None]]:
     return seen
 
 
-# --- 5a. the acceptance run's own cases (line ends, BOM, lone surrogates, links, pandas Parquet) --
+# --- 5a. hostile cases (line ends, BOM, lone surrogates, links, pandas Parquet) --
 def jsonl_corpus_2(d: Path) -> dict[str, tuple[str, str | None]]:
     d.mkdir(parents=True, exist_ok=True)
     (d / "crlf.jsonl").write_bytes(  # CRLF line ends; a lone `\r` is JSON whitespace, not a line end

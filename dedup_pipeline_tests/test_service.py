@@ -282,7 +282,7 @@ def test_materializations_are_recorded_in_postgres(service_env: dict[str, Any],
         conn.close()
     expected = {(dg.AssetKey(a).to_string(), h) for a in ASSETS for h in HOURS}
     # a ranged run: Dagster's output event per hour (no metadata), then the hour's own
-    # materialization with its figures (issue 23), so each asset and hour exactly twice
+    # materialization with its figures, so each asset and hour exactly twice
     assert Counter(rows) == dict.fromkeys(expected, 2), rows
     assert statuses == ["SUCCESS"]
     # every check of every hour: its planned row filled by a passing evaluation (one row per

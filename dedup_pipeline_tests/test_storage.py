@@ -115,7 +115,7 @@ def test_lock_of_another_host_is_honoured(tmp_path: Path) -> None:
         Lock(Storage(str(tmp_path)), "local run").acquire()
 
 
-# ---------------------------------------------------------------- storage URIs (issue 4, item 5)
+# ---------------------------------------------------------------- storage URIs
 
 
 @pytest.mark.parametrize("spelling", ["plain", "file:///", "file:/", "file://localhost/"])

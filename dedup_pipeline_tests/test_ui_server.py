@@ -1,4 +1,4 @@
-"""What the UI shows per hour, through the real `dagster-webserver` and `dagster-daemon` (issue 23).
+"""What the UI shows per hour, through the real `dagster-webserver` and `dagster-daemon`.
 
 One server session on the demo's instance config (SQLite, queued runs, pool dedup_<ds> limited to
 one run): the webserver (which starts the code location's gRPC server) and the daemon run as
@@ -17,7 +17,7 @@ Then asserted through GraphQL, the queries the UI's pages make: each check's Par
 (`partitionStatuses`) shows every loaded hour Passed for every check, nothing else; each output's
 materialization for each hour carries that hour's own figures, the expected numbers computed by
 the independent SPEC oracle (`reference.py`) from the generated files; every run succeeded and each
-hour was loaded by exactly one run. The browser test at the end of this file reuses this session.
+hour was loaded by exactly one run. The browser test at the end of this file reuses these servers.
 """
 
 from __future__ import annotations

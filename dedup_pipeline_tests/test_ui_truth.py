@@ -1,4 +1,4 @@
-"""What the Dagster UI shows per hour, read the way the UI reads it (issue 23).
+"""What the Dagster UI shows per hour, read the way the UI reads it.
 
 Check status per partition: `event_log_storage.get_asset_check_state`, the call behind the check's
 Partitions tab (dagster_graphql/schema/asset_checks.py -> AssetCheckState.gen). Per-hour figures:

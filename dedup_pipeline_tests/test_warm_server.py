@@ -1,4 +1,4 @@
-"""The warm Spark topology (SPEC N5, issue 25 item 1): one Spark Connect server started by
+"""The warm Spark topology (SPEC N5): one Spark Connect server started by
 `dedup-pipeline spark-server`, fresh `dedup-pipeline run` processes as its clients.
 
 One server is started for the module with the command users run (its own process group, killed
@@ -223,7 +223,7 @@ def test_a_new_session_reuses_the_code_an_earlier_run_generated(server: WarmServ
     """Every run is a new Connect session. The second of two client processes running the same
     query compiles no class: the server's generated-code cache serves every session (with
     per-session isolation each session had a class loader of its own and compiled everything
-    again, ~1.5 s of a 1e5-row load; issue 25, T8)."""
+    again, ~1.5 s of a 1e5-row load; T8)."""
     server.wait_ready()
     factor = random.randrange(10**6, 10**7)  # a constant no earlier query compiled
     query = (

@@ -49,7 +49,7 @@ def run_range(cfg: PipelineConfig, dataset: str, first: str, last: str,
     job = build_definitions(cfg).resolve_job_def(load_job_name(ds.name))
     # One hour runs as the UI's Materialize of one partition does: its outputs carry the hour's
     # figures, so it records one materialization per asset, not a range's plus the hour's
-    # (12 fewer events and 5 fewer instance queries per run; session 21).
+    # (12 fewer events and 5 fewer instance queries per run; 2026-11-26).
     one_hour = first == last
     result = job.execute_in_process(
         instance=instance,

@@ -1,5 +1,5 @@
 """Which dataset and hours a Dagster run loads or rebuilds, and why it failed, however it was
-launched (issue 23).
+launched.
 
 A run launched from the UI (`__ASSET_JOB`, a backfill) carries none of our job tags, so the
 dataset is derived from what the run materializes (its asset selection) or which job it runs,

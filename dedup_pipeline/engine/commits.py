@@ -83,8 +83,8 @@ class CommitRecord:
     """Everything one load of an hour did and vouches for; also what `run_load` returns.
 
     The load's figures and the record are one type, so nothing a load reports can be missing from
-    its record (issue 24: `index_slices_deleted` and the housekeeping timings used to be set after
-    the record was written). Frozen: a changed record is a new one (`with_`), written again.
+    its record (`index_slices_deleted` and the housekeeping timings were once set after the record
+    was written). Frozen: a changed record is a new one (`with_`), written again.
     """
 
     dataset: str

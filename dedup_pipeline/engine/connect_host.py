@@ -7,7 +7,7 @@ forces `spark.sql.artifact.isolation.enabled=true` on the application, whatever 
 says. With it every Connect session (every Dagster run) gets a class loader of its own, and Spark's
 cache of generated code is keyed by class loader, so each run compiled its ~100 generated classes
 again: a fresh run's 1e5-row load took 5.3-5.8 s against 3.7-4.0 s with isolation off (docs/notes.md,
-session 20). Isolation only matters to clients that upload their own jars or classes; runs of this
+2026-11-26). Isolation only matters to clients that upload their own jars or classes; runs of this
 package upload none.
 
 Run as a script by spark-submit (its directory is then first on `sys.path`, so it imports nothing

@@ -174,9 +174,9 @@ def ensure_healthy(spark: SparkSession, ds: DatasetConfig, st: Storage,
 
     `rerun`: the load about to be (re)done. Only damaged commit records of earlier hours stop it
     (their entries and expiry point are what it reads); its own record is what the rerun repairs,
-    and a later hour's does not affect it, so that hour's own rerun stays reachable (issue 22
-    acceptance: a damaged record of hour 09 with 05-08 not loaded blocked every load, its fix
-    "rerun 09" was refused by the load order rule).
+    and a later hour's does not affect it, so that hour's own rerun stays reachable (otherwise a
+    damaged record of hour 09 with 05-08 not loaded blocks every load, and its fix "rerun 09" is
+    refused by the load order rule).
     """
     if damage is None:  # else the caller's check, just made
         damage = check_index(st, ds)

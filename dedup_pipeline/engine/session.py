@@ -52,7 +52,7 @@ BASE_CONF = {
     "spark.sql.codegen.cache.maxEntries": "2000",
     # the throughput collector instead of the JVM's default G1: warm 1e5-row loads took 2.83 s
     # instead of 3.95 s (median of hours 15-29, same machine and session settings), 4.5 instead
-    # of 6.5 CPU-s, and a lower resident set (docs/notes.md, session 11). A load is a batch job
+    # of 6.5 CPU-s, and a lower resident set (docs/notes.md, 2026-11-25). A load is a batch job
     # that wants throughput; G1's short pauses buy it nothing. Start-up settings: a user's own
     # extraJavaOptions replace these (add -XX:+UseParallelGC to them to keep it).
     "spark.driver.extraJavaOptions": PARALLEL_GC,

@@ -44,7 +44,7 @@ ROWS_PER_FILE = 1_000_000
 
 
 # File-system requests made through `Storage`, by kind, process-wide: what the bookkeeping
-# benchmark counts (issue 25), because on an object store each is a billed round trip.
+# benchmark counts, because on an object store each is a billed round trip.
 REQUESTS: Counter[str] = Counter()
 _COUNTED = frozenset({"ls", "find", "info", "exists", "isdir", "open", "rm", "mv", "makedirs",
                       "cat_file", "pipe_file", "glob", "walk", "du"})
@@ -474,7 +474,7 @@ class Lock:
         if exc is None:
             self.release()
             return
-        try:  # the body's own error is the one to report, never the release's (issue 21)
+        try:  # the body's own error is the one to report, never the release's
             self.release()
         except Exception as e:  # noqa: BLE001 - e.g. the same full or read-only disk
             exc.add_note(f"the dataset lock {self.path} could not be released either: {e}")

@@ -7,7 +7,7 @@
   rows), not read from commit records. Without expiry, no key is in unique twice.
 - Completeness: every committed hour has all four output partitions; output partitions of hours
   that are not committed (an interrupted load) are violations.
-- The warehouse's own state (issue 22), never crashing on it: commit records that do not parse,
+- The warehouse's own state, never crashing on it: commit records that do not parse,
   files or directories inside partitions that no load writes, Parquet files that cannot be read,
   files missing from or added to what the commit record lists (a duplicated file), and the index:
   every index file hashed against the hash recorded when it was written (`check_index(content=
@@ -79,7 +79,7 @@ COUNT_CHUNK = 168
 
 def _landing_counts(spark: SparkSession, ds: DatasetConfig,
                     tags: list[str]) -> dict[str, int | Exception]:
-    """`_landing_count` of many hours in one Spark job per `COUNT_CHUNK` hours (issue 25).
+    """`_landing_count` of many hours in one Spark job per `COUNT_CHUNK` hours.
 
     Each hour is read exactly as `_landing_count` reads it (its own plan, tagged with its hour)
     and the union is counted by hour. A chunk whose job fails (a file Spark cannot read, which

@@ -1,4 +1,4 @@
-"""Compaction of index slices: many small per-load directories become one (issue "Performance").
+"""Compaction of index slices: many small per-load directories become one.
 
 Every load writes its entries into ``index/slice=n/load_hour=H/``, so a slice read by many loads
 collects one small directory per load (without expiry, every bucket does, forever). After a load

@@ -5,7 +5,7 @@ here and not in `cli` (tests and `dagster dev` import `cli` into long-lived proc
 
 - Python's cyclic collector runs less often. With its default thresholds, collecting while the
   CLI imports Dagster, Spark Connect, pandas and Arrow (~430,000 objects that live until exit)
-  cost 0.2-0.4 s of a fresh run's ~1.5 s of imports (measured 2026-11-26, cc0db46).
+  cost 0.2-0.4 s of a fresh run's ~1.5 s of imports (measured 2026-11-26, 1a315b8).
 - The process ends without the interpreter's teardown of those modules, which took ~0.75 s of
   a fresh 1e5-row `run`'s ~6 s; by then the command has closed what it opened (its Dagster
   instance, commit records and outputs are written before it returns). The exit still does what

@@ -7,7 +7,7 @@ the conf key `spark.master.env` (the session falls back to local[*]), and it han
 the builder as given, where a Spark Connect client must leave the start-up ones to the server
 (`session_conf`). Neither resource stops the session at teardown: an in-process run (CLI `run`,
 tests) shares its caller's session, which a stop would kill; a run worker's local session ends with
-its process. Evidence: docs/notes.md, "Decision: the Spark resource".
+its process. Evidence: docs/notes.md, "Spark resource".
 """
 
 from __future__ import annotations

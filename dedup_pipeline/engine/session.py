@@ -230,7 +230,7 @@ def lost_server_reason(exc: BaseException) -> str | None:
             for t in _STOPPING:
                 if t in text:
                     return f"was shutting down ({t})"
-            # after SESSION_CHANGED the client closes itself and then fails to fetch the error's
+            # on SESSION_CHANGED the client closes itself and then fails to fetch the error's
             # details: NO_ACTIVE_SESSION is all that is left (a load never closes its session)
             if "NO_ACTIVE_SESSION" in text:
                 fallback = "was restarted (the client lost its session: NO_ACTIVE_SESSION)"

@@ -81,7 +81,7 @@ def _verify_jobs(spark, ds, group: str) -> tuple[bool, int]:
 
 
 def test_verify_runs_a_bounded_number_of_spark_jobs(spark, tmp_path: Path) -> None:
-    """Verify used to count each hour's landing files in its own job (1-2 per hour)."""
+    """Verify counts landing files in one Spark job per 168 hours, not one or two jobs per hour."""
     small = dataset_config(tmp_path / "small")
     large = dataset_config(tmp_path / "large")
     for ds, n in ((small, 2), (large, 8)):

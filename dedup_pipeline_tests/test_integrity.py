@@ -357,10 +357,10 @@ def _exact_after_hour2(spark, ds) -> None:
     assert _ids(spark, ds, "unique", H[2]) == {"c0"}
 
 
-def test_acceptance_damaged_records(spark, loaded: Path, tmp_path: Path) -> None:
-    """Broke before the acceptance fixes: a string expiry point gave a raw TypeError; a record of
-    an hour before `start` could never be repaired (its 'rerun' is refused); a damaged record of a
-    later, unreachable hour blocked every load while its fix (rerun it) was refused by R11."""
+def test_damaged_records_are_named_with_their_fix(spark, loaded: Path, tmp_path: Path) -> None:
+    """A string expiry point is a named record error, not a raw TypeError; a record of an hour
+    before `start` says delete it (its rerun is refused); a damaged record of a later, unreachable
+    hour does not block earlier loads, so its own fix (rerun it) stays reachable under R11."""
     ds = _copy(loaded, tmp_path)
     st = Storage(ds.output)
     rec1 = _rec_file(ds, "2026-11-01-01")
@@ -401,10 +401,10 @@ def test_acceptance_damaged_records(spark, loaded: Path, tmp_path: Path) -> None
         "2026-11-01-00:00 (no load writes it; delete it)")
 
 
-def test_acceptance_rebuild_refuses_a_damaged_unique(spark, loaded: Path, tmp_path: Path) -> None:
-    """Broke before: rebuild-index read whatever unique held, so a removed unique file (or a
-    copied record of a never-loaded hour) was 'repaired' into a healthy-looking index missing
-    keys (later loads then take them for new), and a copied unique file doubled entries."""
+def test_rebuild_refuses_a_damaged_unique(spark, loaded: Path, tmp_path: Path) -> None:
+    """rebuild-index reads exactly the unique files the record lists: a removed unique file (or a
+    copied record of a never-loaded hour) is refused, never 'repaired' into a healthy-looking index
+    missing keys (later loads would take them for new), and a copied unique file doubles nothing."""
     ds = _copy(loaded, tmp_path)
     uniq0 = Path(ds.output, "unique", "load_hour=2026-11-01-00")
     (f0,) = list(uniq0.glob("*.parquet"))
@@ -475,8 +475,8 @@ def _harmless(ds) -> None:
     (_drop_index_files_field, "index file(s) not written by their load"),
     (_harmless, None),
 ])
-def test_acceptance_damage_that_held(spark, loaded: Path, tmp_path: Path, damage,
-                                     refused: str | None) -> None:
+def test_index_damage_is_refused_then_exact_after_rebuild(spark, loaded: Path, tmp_path: Path,
+                                                          damage, refused: str | None) -> None:
     """Refused with the rebuild hint, then exact after it."""
     ds = _copy(loaded, tmp_path)
     damage(ds)
@@ -491,9 +491,10 @@ def test_acceptance_damage_that_held(spark, loaded: Path, tmp_path: Path, damage
     assert check_index(Storage(ds.output), ds, content=True).ok
 
 
-def test_acceptance_lock_cases(tmp_path: Path) -> None:
-    """Broke before: a stale lock whose pid was reused by a live process was honoured forever;
-    a `_lock` that is a directory gave a raw IsADirectoryError."""
+def test_lock_reused_pid_and_directory_cases(tmp_path: Path) -> None:
+    """A stale lock whose pid was reused by a live process (another start time) is taken over,
+    not honoured forever; a `_lock` that is a directory is a DatasetLockedError, not a raw
+    IsADirectoryError."""
     st = Storage(str(tmp_path / "w"))
     st.makedirs(st.root)
     lock = Path(st.root, "_lock")

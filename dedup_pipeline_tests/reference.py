@@ -20,10 +20,16 @@ there the engine re-serializes the row, so raw is the tuple of its fields ("" fo
 
 Which files are read and how (R9a, docs/design.md "Reading landing files"):
 - Data files are the regular files directly in the hour's directory whose names do not start
-  with `.` or `_`; subdirectories are not read; an empty file is zero records. Files are read by
-  their listed path, so any name is one file.
-- `.gz` / `.bz2` are decompressed; a file that does not decompress, or a `.parquet` that pyarrow
-  cannot read, is ONE rejected row `unreadable_file` (its `_raw` is an error message).
+  with `.` or `_` nor end with an in-progress suffix (`.tmp`, `._COPYING_`, ...); subdirectories
+  are not read; an empty file is zero records; a link that leads nowhere is unreadable. Files are
+  read by their listed path, so any name is one file.
+- `.gz` / `.bz2` / `.zst` / `.deflate` (exactly these, lower case) are decompressed; any other
+  compression extension, a file that does not decompress, a `.parquet` that pyarrow cannot read
+  or whose declared column has a type Spark cannot read, is ONE rejected row `unreadable_file`
+  (its `_raw` is an error message).
+- JSONL: a line must hold exactly one JSON object (`json.loads` refuses trailing content); a BOM
+  before any line is ignored; a bare NaN/Infinity token is no number.
+- Keys compare as Spark compares them: `-0.0` is `0.0`, every NaN is one key.
 - Input is UTF-8: a JSONL line or CSV record whose bytes are not valid UTF-8 is `bad_encoding`
   (before any other reason), `_raw` the base64 of its bytes.
 - Parquet: each file on its own against the declared schema; integers widen to long/double,
@@ -160,33 +166,21 @@ def _json_text(value: Any) -> str | None:
 
 def java_double(x: float) -> str:
     """A double as Java's `Double.toString` spells it (how Spark writes a JSON number it reads
-    for a string column): `0.1`, `100.0`, `1.0E-5`, `1.0E10`."""
+    for a string column): `0.1`, `100.0`, `1.0E-5`, `1.0E10` (shortest digits, as `repr`)."""
     if math.isnan(x) or math.isinf(x):
         return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
     if x == 0:
         return "-0.0" if math.copysign(1, x) < 0 else "0.0"
-    if 1e-3 <= abs(x) < 1e7:
-        text = repr(x)
-        if "e" in text:
-            text = f"{x:.20f}".rstrip("0")
-        return text if "." in text else text + ".0"
-    mant, exp = f"{x:e}".split("e")  # shortest digits from repr, then Java's layout
-    digits = repr(abs(x)).lower()
-    if "e" in digits:
-        m, e = digits.split("e")
-    else:
-        m, e = digits, "0"
-        # a plain repr (e.g. 12345678.0): move the point after the first digit
-        whole, _, frac = m.partition(".")
-        frac = frac.rstrip("0")
-        m = whole[0] + "." + (whole[1:] + frac).rstrip("0")
-        e = str(len(whole) - 1)
-    if "." not in m:
-        m += ".0"
-    if m.endswith("."):
-        m += "0"
-    del mant, exp
-    return ("-" if x < 0 else "") + m + "E" + str(int(e))
+    exp10 = int(f"{abs(x):.17e}".split("e")[1])
+    mant = repr(abs(x)).split("e")[0].replace(".", "").strip("0") or "0"  # shortest digits
+    sign = "-" if x < 0 else ""
+    if 1e-3 <= abs(x) < 1e7:  # plain notation, at least one digit after the point
+        if exp10 >= 0:
+            whole, frac = mant[:exp10 + 1].ljust(exp10 + 1, "0"), mant[exp10 + 1:]
+        else:
+            whole, frac = "0", "0" * (-exp10 - 1) + mant
+        return f"{sign}{whole}.{frac or '0'}"
+    return f"{sign}{mant[0]}.{mant[1:] or '0'}E{exp10}"
 
 
 @dataclass

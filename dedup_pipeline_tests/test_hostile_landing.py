@@ -28,6 +28,7 @@ from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.index.compaction import list_compacted
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.parse import (
     failed_file,
@@ -37,6 +38,7 @@ from dedup_pipeline.engine.parse import (
     read_text_batch,
     spark_skips,
 )
+from dedup_pipeline.engine.rebuild import rebuild_index
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline.hours import parse_key
@@ -100,6 +102,8 @@ def write_jsonl_hours(root: Path) -> None:
         obj(155, True), obj(156, "true"),
         obj(159, -0.0), obj(160, 0.0),  # a string key: two spellings, two keys
         obj(153, n="12"), obj(154, n=1.0),
+        obj(164, 1e-5), obj(165, 12345678.0), obj(166, 123456789012345678901234567890),
+        obj(167, 1.5e300), obj(168, False),
     ))
     (d / "bools-dates.jsonl").write_bytes(lines(
         obj(127, b=1), obj(128, b=0), obj(129, b="yes"), obj(130, b="NO"), obj(131, b=2),
@@ -180,10 +184,10 @@ def reference_placement(ref: Reference, tag: str) -> dict[str, tuple[str, str | 
 
 
 def make(tmp: Path, name: str, fmt: str, schema: dict[str, str], key: list[str],
-         output: str) -> DatasetConfig:
+         output: str, **extra: Any) -> DatasetConfig:
     return dataset_config(tmp, name=name, start=H0, key=key,
                           source=source_raw(str(tmp / name / "landing"), fmt, schema),
-                          output=str(tmp / name / output))
+                          output=str(tmp / name / output), **extra)
 
 
 def load_and_compare(spark: SparkSession, ds: DatasetConfig, hours: list[str],
@@ -233,7 +237,8 @@ def M(reason: str = "malformed") -> tuple[str, str]:
 @pytest.mark.slow
 def test_hostile_jsonl_corpus_agrees_with_the_reference(spark: SparkSession,
                                                         tmp_path: Path) -> None:
-    ds = make(tmp_path, "hostile", "jsonl", SCHEMA, ["k"], ODD_ROOT)
+    # index compaction after two loads: merged, rebuilt and rerun under the odd output root too
+    ds = make(tmp_path, "hostile", "jsonl", SCHEMA, ["k"], ODD_ROOT, index={"compact_after": 2})
     write_jsonl_hours(Path(ds.source.path))
     got = load_and_compare(spark, ds, [H0, H1])
     h0, h1 = got[TAGS[0]], got[TAGS[1]]
@@ -243,6 +248,7 @@ def test_hostile_jsonl_corpus_agrees_with_the_reference(spark: SparkSession,
         **{str(r): U for r in (110, 111, 112, 113, 115, 116, 158)},
         "120": U, "121": D, "122": U, "123": D, "124": U, "125": U, "126": D, "155": U,
         "156": D, "159": U, "160": U, "153": U, "154": M("bad_value:n"),
+        **{str(r): U for r in (164, 165, 166, 167, 168)},
         **{str(r): U for r in (127, 128, 129, 130, 139, 134, 135, 138)},
         **{str(r): M("bad_value:b") for r in (131, 132, 133)},
         **{str(r): M("bad_value:d") for r in (136, 137, 161)},
@@ -268,8 +274,19 @@ def test_hostile_jsonl_corpus_agrees_with_the_reference(spark: SparkSession,
             for r in pq.read_table(f).to_pylist()]
     by_rid = {r["rid"]: r for r in uniq}
     assert by_rid[134]["d"] == dt.date(2026, 11, 1)
-    assert (by_rid[122]["k"], by_rid[125]["k"], by_rid[159]["k"]) == ("0.1", "100.0", "-0.0")
+    assert [by_rid[r]["k"] for r in (122, 125, 159, 164, 165, 166, 168)] == [
+        "0.1", "100.0", "-0.0", "1.0E-5", "1.2345678E7", "123456789012345678901234567890",
+        "false"]
     assert [by_rid[r]["b"] for r in (127, 128, 129, 130, 139)] == [True, False, True, False, True]
+    # the output root holds `[ ] { } ? *`, a space and unicode: the index under it is compacted,
+    # rebuilt, and a rerun takes its hour out of the compacted index
+    st = Storage(ds.output)
+    assert list_compacted(st)
+    rebuild_index(spark, ds)
+    load_hours(spark, ds, [H1])
+    assert engine_placement(ds, TAGS[1]) == h1
+    rep = verify_dataset(spark, ds)
+    assert rep.ok, rep.violations
 
 
 @pytest.mark.slow

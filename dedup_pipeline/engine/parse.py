@@ -7,7 +7,9 @@ the file splitting) and its original text in `_raw`.
 
 Which files are read (README "Landing files"; every rule: docs/design.md, "Reading landing files"):
 the regular files directly in the hour's directory whose names do not start with `.` or `_`
-(markers, hidden and temporary files); subdirectories are never read. Each listed file is read
+(markers, hidden and temporary files) nor end like a file still being written (`._COPYING_`,
+`.tmp`, ...: `is_data_name`); subdirectories are never read. Every name Spark's file index would
+skip is excluded, so Spark reads exactly the listed files. Each listed file is read
 exactly once, whatever its name holds: names are escaped for Hadoop's glob syntax, local files are
 read through Hadoop's raw local file system (its checksum wrapper cannot open a name with a `:`),
 and `_source_file` is the path exactly as `list_input_files` lists it (and the commit record's
@@ -15,7 +17,8 @@ and `_source_file` is the path exactly as `list_input_files` lists it (and the c
 
 Reject reasons (short codes, in order of precedence):
   unreadable_file     the whole file cannot be read as its format (not gzip, truncated, not
-                      Parquet); one row per file, `_raw` says why
+                      Parquet, a compression not read, a dangling link, vanished, no
+                      permission); one row per file, `_raw` says why
   bad_encoding        the record's bytes are not valid UTF-8; `_raw` is the base64 of its bytes
   malformed           the line/record does not parse (bad JSON, not an object, wrong CSV field count)
   bad_value:<col>     a non-empty value that does not cast to the column's declared type

@@ -372,3 +372,25 @@ def test_listed_names_are_names_spark_reads() -> None:
     listed = [n for n in names if is_data_name(n)]
     assert listed == ["part-1.jsonl", "a=b.jsonl", "x._COPYING_.gz", "ok.jsonl.gz", "tmp.jsonl"]
     assert not any(spark_skips(n) for n in listed)
+
+
+@pytest.mark.fast
+def test_unreadable_files_name_their_reason(tmp_path: Path) -> None:
+    """The driver-side check (no Spark): each unreadable file is set aside with its reason."""
+    ds = make(tmp_path, "why", "jsonl", SCHEMA, ["k"], "out")
+    d = hour_dir(Path(ds.source.path), 0)
+    (d / "a.jsonl.lz4").write_bytes(b"\x04\x22\x4d\x18garbage")
+    (d / "b.jsonl.GZ").write_bytes(gzip.compress(b"{}\n"))
+    (d / "c.jsonl.deflate").write_bytes(zlib.compress(b"{}\n")[:-3])
+    (d / "d.jsonl.zst").write_bytes(pa.compress(b"{}\n", "zstd", asbytes=True) + b"x")
+    (d / "e.jsonl.deflate").write_bytes(zlib.compress(b"{}\n") + zlib.compress(b"{}\n"))
+    (d / "f.jsonl.zst").write_bytes(pa.compress(b"{}\n", "zstd", asbytes=True) * 2)
+    os.symlink(d / "nowhere", d / "g.jsonl")
+    plan = plan_batch(ds, list_input_files(ds, parse_key(H0)))
+    why = {u.path.rsplit("/", 1)[-1]: u.error for u in plan.unreadable}
+    assert sorted(why) == ["a.jsonl.lz4", "b.jsonl.GZ", "c.jsonl.deflate", "d.jsonl.zst",
+                           "g.jsonl"]
+    assert ".lz4 compression is not supported" in why["a.jsonl.lz4"]
+    assert "rename it to *.gz" in why["b.jsonl.GZ"]
+    assert "dangling symbolic link" in why["g.jsonl"]
+    assert sorted(p.rsplit("/", 1)[-1] for p in plan.paths) == ["e.jsonl.deflate", "f.jsonl.zst"]

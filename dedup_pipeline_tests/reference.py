@@ -20,10 +20,16 @@ there the engine re-serializes the row, so raw is the tuple of its fields ("" fo
 
 Which files are read and how (R9a, docs/design.md "Reading landing files"):
 - Data files are the regular files directly in the hour's directory whose names do not start
-  with `.` or `_`; subdirectories are not read; an empty file is zero records. Files are read by
-  their listed path, so any name is one file.
-- `.gz` / `.bz2` are decompressed; a file that does not decompress, or a `.parquet` that pyarrow
-  cannot read, is ONE rejected row `unreadable_file` (its `_raw` is an error message).
+  with `.` or `_` nor end with an in-progress suffix (`.tmp`, `._COPYING_`, ...); subdirectories
+  are not read; an empty file is zero records; a link that leads nowhere is unreadable. Files are
+  read by their listed path, so any name is one file.
+- `.gz` / `.bz2` / `.zst` / `.deflate` (exactly these, lower case) are decompressed; any other
+  compression extension, a file that does not decompress, a `.parquet` that pyarrow cannot read
+  or whose declared column has a type Spark cannot read, is ONE rejected row `unreadable_file`
+  (its `_raw` is an error message).
+- JSONL: a line must hold exactly one JSON object (`json.loads` refuses trailing content); a BOM
+  before any line is ignored; a bare NaN/Infinity token is no number.
+- Keys compare as Spark compares them: `-0.0` is `0.0`, every NaN is one key.
 - Input is UTF-8: a JSONL line or CSV record whose bytes are not valid UTF-8 is `bad_encoding`
   (before any other reason), `_raw` the base64 of its bytes.
 - Parquet: each file on its own against the declared schema; integers widen to long/double,
@@ -99,6 +105,10 @@ def cast_text(text: str | None, typ: str) -> Any:
             raise BadCast(text)
         return n
     if typ == "double":
+        special = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "infinity": math.inf,
+                   "+infinity": math.inf, "-inf": -math.inf, "-infinity": -math.inf}
+        if t.lower() in special:  # Spark's spellings, any case
+            return special[t.lower()]
         if not _DOUBLE_RE.match(t):
             raise BadCast(text)
         return float(t)
@@ -126,9 +136,12 @@ def cast_text(text: str | None, typ: str) -> Any:
             off = timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
             dt = dt.replace(tzinfo=UTC) - sign * off
         return micros(dt)
-    if typ == "date":
+    if typ == "date":  # YYYY-MM-DD, or a timestamp: its date as written (before its offset)
         if not _DATE_RE.match(t):
-            raise BadCast(text)
+            if not (_DATE_RE.match(t[:10]) and t[10:11] in ("T", " ")):
+                raise BadCast(text)
+            cast_text(t, "timestamp")  # the whole text must be a timestamp
+            t = t[:10]
         try:
             return (date.fromisoformat(t) - date(1970, 1, 1)).days
         except ValueError:
@@ -147,8 +160,27 @@ def _json_text(value: Any) -> str | None:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return repr(value)
+        return java_double(value)
     return json.dumps(value, separators=(",", ":"))
+
+
+def java_double(x: float) -> str:
+    """A double as Java's `Double.toString` spells it (how Spark writes a JSON number it reads
+    for a string column): `0.1`, `100.0`, `1.0E-5`, `1.0E10` (shortest digits, as `repr`)."""
+    if math.isnan(x) or math.isinf(x):
+        return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+    if x == 0:
+        return "-0.0" if math.copysign(1, x) < 0 else "0.0"
+    exp10 = int(f"{abs(x):.17e}".split("e")[1])
+    mant = repr(abs(x)).split("e")[0].replace(".", "").strip("0") or "0"  # shortest digits
+    sign = "-" if x < 0 else ""
+    if 1e-3 <= abs(x) < 1e7:  # plain notation, at least one digit after the point
+        if exp10 >= 0:
+            whole, frac = mant[:exp10 + 1].ljust(exp10 + 1, "0"), mant[exp10 + 1:]
+        else:
+            whole, frac = "0", "0" * (-exp10 - 1) + mant
+        return f"{sign}{whole}.{frac or '0'}"
+    return f"{sign}{mant[0]}.{mant[1:] or '0'}E{exp10}"
 
 
 @dataclass
@@ -197,16 +229,48 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+_UNSUPPORTED = (".lz4", ".snappy", ".xz", ".lzma", ".zip", ".7z", ".br", ".lzo", ".z", ".zstd",
+                ".lz", ".sz", ".tgz")
+
+
+def _zlib_streams(data: bytes) -> bytes:
+    """`.deflate`: zlib streams one after another, nothing after the last."""
+    out = []
+    while data:
+        z = zlib.decompressobj()
+        out.append(z.decompress(data))
+        if not z.eof:
+            raise EOFError("truncated zlib stream")
+        data = z.unused_data
+    return b"".join(out)
+
+
+def _zstd(data: bytes) -> bytes:
+    import pyarrow as pa
+
+    return pa.CompressedInputStream(pa.BufferReader(data), "zstd").read()
+
+
+_CODECS: dict[str, Callable[[bytes], bytes]] = {
+    ".gz": gzip.decompress, ".bz2": bz2.decompress, ".zst": _zstd, ".deflate": _zlib_streams}
+
+
 def _file_bytes(path: Path) -> bytes:
-    """The file's content, decompressed by its extension (.gz, .bz2); Unreadable if it cannot be."""
-    data = path.read_bytes()
-    name = path.name.lower()
+    """The file's content, decompressed by its extension (exactly `.gz`, `.bz2`, `.zst`,
+    `.deflate`); Unreadable if it cannot be, or if it is compressed otherwise."""
+    name = path.name
+    for ext in (*_CODECS, *_UNSUPPORTED):
+        if name.lower().endswith(ext) and not name.endswith(ext if ext in _CODECS else "\0"):
+            raise Unreadable(f"compression of {name} is not read")
     try:
-        if name.endswith(".gz"):
-            return gzip.decompress(data)
-        if name.endswith(".bz2"):
-            return bz2.decompress(data)
-    except (OSError, EOFError, ValueError, zlib.error) as e:
+        data = path.read_bytes()
+    except OSError as e:
+        raise Unreadable(f"{type(e).__name__}: {e}") from None
+    try:
+        for ext, decompress in _CODECS.items():
+            if name.endswith(ext):
+                return decompress(data)
+    except Exception as e:  # noqa: BLE001 - whatever the codec library raises
         raise Unreadable(f"{type(e).__name__}: {e}") from None
     return data
 
@@ -227,7 +291,9 @@ def _parse_jsonl(data: bytes) -> list[Item]:
     UTF-8, or whose JSON escapes name a lone surrogate (not a character), is `bad_encoding`; a
     byte-order mark before the JSON is not part of it."""
     out: list[Item] = []
-    for bline in data.split(b"\n"):
+    # the file's own byte-order mark is not part of its first line; one before a later line
+    # (`cat a.jsonl b.jsonl`) is kept in that line's text, and ignored by its JSON
+    for bline in data.removeprefix(b"\xef\xbb\xbf").split(b"\n"):
         bline = bline.removesuffix(b"\r")
         if bline.strip(b" ") == b"":
             continue
@@ -236,7 +302,8 @@ def _parse_jsonl(data: bytes) -> list[Item]:
             out.append(Item(_b64(bline), None, pre="bad_encoding"))
             continue
         try:
-            obj = json.loads(line.removeprefix("\ufeff"))
+            # JSON has no NaN/Infinity: such a token's text is quoted (Jackson's), so it is no number
+            obj = json.loads(line.removeprefix("\ufeff"), parse_constant=lambda c: f'"{c}"')
         except ValueError:
             obj = None
         if not isinstance(obj, dict):
@@ -353,7 +420,7 @@ def _parse_parquet(path: Path, ds: DatasetConfig) -> list[Item]:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(path)  # INT96 timestamps are read as timestamp[ns]
     except Exception as e:  # noqa: BLE001 - any failure to read the file makes it unreadable
         raise Unreadable(f"{type(e).__name__}: {e}") from None
     lower = [f.name.lower() for f in table.schema]
@@ -363,10 +430,20 @@ def _parse_parquet(path: Path, ds: DatasetConfig) -> list[Item]:
         if pa.types.is_timestamp(f.type) and f.type.unit == "ns":
             table = table.set_column(i, f.name, table.column(i).cast(
                 pa.timestamp("us", f.type.tz), safe=False))
-    types = {f.name.lower(): (f.name, f.type) for f in table.schema}
+    types = {f.name.lower(): (f.name, f.type) for f in table.schema
+             if f.name.lower() in {c.lower() for c in ds.source.schema}}
+    for name, arrow_type in types.values():
+        t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
+        if not any(test(t) for test in (
+                pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,
+                pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary,
+                pa.types.is_date32, pa.types.is_timestamp, pa.types.is_decimal)) \
+                or pa.types.is_float16(t):
+            raise Unreadable(f"column {name} has type {arrow_type}")
     out: list[Item] = []
     for row in table.to_pylist():
-        raw = json.dumps({k: v for k, v in row.items() if v is not None}, default=str)
+        raw = json.dumps({k: v for k, v in row.items()
+                          if v is not None and k.lower() in types}, default=str)
 
         def get(col: str, typ: str, row: dict[str, Any] = row) -> Any:
             if col.lower() not in types:
@@ -436,14 +513,28 @@ def hour_dir(ds: DatasetConfig, hour: datetime) -> Path:
     return Path(ds.source.path) / f"date={hour:%Y-%m-%d}" / f"hour={hour:%H}"
 
 
+IN_PROGRESS = ("._copying_", ".tmp", ".temp", ".inprogress", ".in-progress", ".partial", ".part",
+               ".filepart", ".crdownload", ".uploading")
+
+
+def is_data_name(name: str) -> bool:
+    """Not a marker, hidden or temporary name, nor one a writer gives a file it has not finished."""
+    return not name.startswith(("_", ".")) and not name.lower().endswith(IN_PROGRESS)
+
+
 def read_hour(ds: DatasetConfig, hour: datetime) -> list[Record]:
-    """The hour's data files: regular files directly in its directory, not `.`/`_`-prefixed."""
+    """The hour's data files: regular files directly in its directory with a data name; a link
+    that leads nowhere (dangling, a loop) is an unreadable file."""
     d = hour_dir(ds, hour)
     if not d.is_dir():
         return []
-    files = sorted((p for p in d.iterdir()
-                    if p.is_file() and not p.name.startswith(("_", "."))), key=str)
-    return [r for p in files for r in parse_file(ds, p)]
+    out: list[Record] = []
+    for p in sorted((p for p in d.iterdir() if is_data_name(p.name)), key=str):
+        if p.is_symlink() and not p.exists():
+            out.append(Record(str(p), 0, "a link to nothing", reason="unreadable_file", faults=1))
+        elif p.is_file():
+            out.extend(parse_file(ds, p))
+    return out
 
 
 def normalise_raw(ds: DatasetConfig, reason: str, raw: str) -> Any:
@@ -487,6 +578,13 @@ class _Entry:
     tag: str
     v: int | float | None
     fp: tuple
+
+
+def key_of(rec: Record, key: list[str]) -> tuple:
+    """A record's key as keys compare (R2): `-0.0` equals `0.0` (as in Python), every NaN is one
+    value."""
+    return tuple("NaN" if isinstance(v, float) and math.isnan(v) else v
+                 for v in (rec.values[k] for k in key))
 
 
 def _num(x: float) -> int | float:
@@ -567,7 +665,7 @@ class Reference:
         # R3: in-batch order per key; R4: earlier unique rows still live; R5: fingerprint
         groups: dict[tuple, list[Record]] = {}
         for r in live:
-            groups.setdefault(tuple(r.values[k] for k in ds.key), []).append(r)
+            groups.setdefault(key_of(r, ds.key), []).append(r)
         for key, group in groups.items():
             group.sort(key=self._order)
             hits = [e for e in self.index.get(key, [])

@@ -77,7 +77,7 @@ def check_unique_and_index(
     is among the candidates: the check joins against them instead of scanning the index again.
     """
     keys = match_columns(ds)
-    uniq = spark.read.parquet(st.spark_path(*partition(UNIQUE, tag)))
+    uniq = spark.read.parquet(st.read_path(*partition(UNIQUE, tag)))
     h1, h2 = digest_columns(ds.key, ds.source.schema)
     digests = uniq.select(h1.alias(H1), h2.alias(H2), *ds.key if ds.index.store_keys else [])
     # one row per distinct key with its multiplicity (one shuffle), then one global aggregate;
@@ -88,7 +88,7 @@ def check_unique_and_index(
         per_key = per_key.join(known, on=keys, how="left")
     else:
         per_key = per_key.withColumn("_known", F.lit(None).cast("int"))
-    entries = [st.spark_path(INDEX, d, load_dir(tag))
+    entries = [st.read_path(INDEX, d, load_dir(tag))
                for d in st.list_dirs(st.path(INDEX))
                if is_slice_dir(d) and st.exists(st.path(INDEX, d, load_dir(tag)))]
 

@@ -4,6 +4,7 @@ Spark's multi-column hash/xxhash64 skip NULLs and concat_ws drops them, so ("a",
 ("a", "b", null) would collide. We first build a canonical encoding of the key tuple: per column a
 type tag, the value's length, ':' and the value as text, or 'N' for a null. It is unambiguous
 (("ab","c") != ("a","bc")), type-aware (long 1 -> "l1:1", string "1" -> "s1:1") and null-explicit.
+A double is spelled as Spark compares it in a group or a join: `-0.0` as `0.0`, a NaN as `NaN`.
 The digest is two 64-bit XXH64 hashes of that encoding under two different seeds: 128 bits.
 Collision bound (birthday): p ~ n^2 / 2^129, below 1.5e-19 at n = 1e10 keys.
 """
@@ -32,7 +33,11 @@ def canonical_text(col: Column, typ: str) -> Column:
         return F.unix_date(col).cast("string")
     if typ == "boolean":
         return F.when(col, F.lit("1")).otherwise(F.lit("0"))
-    return col.cast("string")  # long, double
+    if typ == "double":
+        # keys compare as Spark groups and joins them (docs/design.md, R2): -0.0 is 0.0, and
+        # every NaN is one value (`cast` already spells each NaN `NaN`)
+        return F.when(col == F.lit(0.0), F.lit("0.0")).otherwise(col.cast("string"))
+    return col.cast("string")  # long
 
 
 def encode(columns: Sequence[str], schema: dict[str, str]) -> Column:

@@ -7,7 +7,9 @@ the file splitting) and its original text in `_raw`.
 
 Which files are read (README "Landing files"; every rule: docs/design.md, "Reading landing files"):
 the regular files directly in the hour's directory whose names do not start with `.` or `_`
-(markers, hidden and temporary files); subdirectories are never read. Each listed file is read
+(markers, hidden and temporary files) nor end like a file still being written (`._COPYING_`,
+`.tmp`, ...: `is_data_name`); subdirectories are never read. Every name Spark's file index would
+skip is excluded, so Spark reads exactly the listed files. Each listed file is read
 exactly once, whatever its name holds: names are escaped for Hadoop's glob syntax, local files are
 read through Hadoop's raw local file system (its checksum wrapper cannot open a name with a `:`),
 and `_source_file` is the path exactly as `list_input_files` lists it (and the commit record's
@@ -15,7 +17,8 @@ and `_source_file` is the path exactly as `list_input_files` lists it (and the c
 
 Reject reasons (short codes, in order of precedence):
   unreadable_file     the whole file cannot be read as its format (not gzip, truncated, not
-                      Parquet); one row per file, `_raw` says why
+                      Parquet, a compression not read, a dangling link, vanished, no
+                      permission); one row per file, `_raw` says why
   bad_encoding        the record's bytes are not valid UTF-8; `_raw` is the base64 of its bytes
   malformed           the line/record does not parse (bad JSON, not an object, wrong CSV field count)
   bad_value:<col>     a non-empty value that does not cast to the column's declared type
@@ -27,22 +30,27 @@ Reject reasons (short codes, in order of precedence):
 from __future__ import annotations
 
 import bz2
+import errno
 import gzip
 import os
 import re
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import BinaryIO
 from urllib.parse import unquote
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.types import _parse_datatype_json_string
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.expiry import expiry_value
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.storage import Storage, glob_escape
 
 SPARK_TYPES: dict[str, T.DataType] = {
     "string": T.StringType(),
@@ -63,7 +71,6 @@ META_COLS = ["_source_file", "_blk", "_rid", "_raw"]
 # which fails on a `:` (URISyntaxException); the raw local file system reads the file itself.
 READ_OPTIONS = {"fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
                 "fs.file.impl.disable.cache": "true"}
-_GLOB_CHARS = re.compile(r"([\\\[\]*?{}])")
 _OBJECT_STORES = ("s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "az", "adl", "wasb", "wasbs")
 _CHUNK = 1 << 20
 
@@ -149,23 +156,54 @@ def list_input_files(ds: DatasetConfig, hour: datetime) -> list[InputFile]:
     out = []
     for e in entries:
         name = os.path.basename(str(e["name"]).rstrip("/"))
-        if name.startswith((".", "_")):
+        if not is_data_name(name):
             continue
         if e.get("type") != "file":
             # a symbolic link to a regular file is that file (a link to a directory is not)
             if not e.get("islink"):
                 continue
-            e = st.fs.info(e["name"])  # the target's type, size and time
-            if e.get("type") != "file":
+            try:
+                target = st.fs.info(e["name"])  # the target's type, size and time
+            except OSError:  # dangling, a loop, or not ours to see: `plan_batch` says which
+                out.append(InputFile(st.to_uri(str(e["name"])), 0, 0.0))
                 continue
+            if target.get("type") != "file":
+                continue
+            e = {**target, "name": e["name"]}
         out.append(InputFile(st.to_uri(str(e["name"])), int(e.get("size") or 0),
                              float(e.get("mtime") or 0.0)))
     return sorted(out, key=lambda f: f.path)
 
 
+# Names a writer gives a file it has not finished (`hdfs dfs -put`'s `._COPYING_`, `.tmp`, Flink's
+# `.inprogress`, download managers' `.part`/`.partial`): not data yet, never read (compared
+# case-insensitively). When the writer renames the file, it is a new file of its hour.
+IN_PROGRESS_SUFFIXES = ("._copying_", ".tmp", ".temp", ".inprogress", ".in-progress", ".partial",
+                        ".part", ".filepart", ".crdownload", ".uploading")
+
+
+def is_data_name(name: str) -> bool:
+    """Is a file of this name a data file (docs/design.md, "Reading landing files")?
+
+    Not a marker, hidden or temporary file (`_`, `.` prefix) and not an in-progress name. Every
+    name Spark's file index would skip is excluded here too (`spark_skips`), so the files a load
+    lists are exactly the files Spark reads.
+    """
+    return (not name.startswith((".", "_"))
+            and not name.lower().endswith(IN_PROGRESS_SUFFIXES))
+
+
+def spark_skips(name: str) -> bool:
+    """Spark's own filter on data file names (`HadoopFSUtils.shouldFilterOutPathName`, Spark 4):
+    it skips these even when given the file's explicit path."""
+    exclude = ((name.startswith("_") and "=" not in name) or name.startswith(".")
+               or name.endswith("._COPYING_"))
+    return exclude and not name.startswith(("_common_metadata", "_metadata"))
+
+
 def spark_path(path: str) -> str:
     """`path` as a Hadoop glob that matches only itself (`[`, `*`, `{`... escaped)."""
-    return _GLOB_CHARS.sub(r"\\\1", path)
+    return glob_escape(path)
 
 
 def _check_stream(fh: object, opener: object) -> None:
@@ -174,27 +212,102 @@ def _check_stream(fh: object, opener: object) -> None:
             pass
 
 
+def _check_zlib(fh: BinaryIO) -> None:
+    """Hadoop's `.deflate` (DeflateCodec): zlib streams one after another, nothing else after."""
+    z, pending = zlib.decompressobj(), False
+    while chunk := fh.read(_CHUNK):
+        while chunk:
+            z.decompress(chunk, _CHUNK)
+            pending = True
+            if z.eof:
+                chunk, z, pending = z.unused_data, zlib.decompressobj(), False
+            else:
+                chunk = z.unconsumed_tail
+    if pending:
+        z.flush()
+        if not z.eof:
+            raise EOFError("the last zlib stream is truncated")
+
+
+def _check_zstd(fh: BinaryIO) -> None:
+    with pa.CompressedInputStream(pa.PythonFile(fh, mode="r"), "zstd") as z:
+        while z.read(_CHUNK):
+            pass
+
+
+# Hadoop decompresses a file by the exact end of its name (CompressionCodecFactory); these are
+# checked by a full decompression pass on the driver before Spark opens them.
+CODECS: dict[str, Callable[[BinaryIO], None]] = {
+    ".gz": lambda fh: _check_stream(fh, lambda x: gzip.GzipFile(fileobj=x)),
+    ".bz2": lambda fh: _check_stream(fh, lambda x: bz2.BZ2File(x)),
+    ".zst": _check_zstd,
+    ".deflate": _check_zlib,
+}
+# Hadoop would decompress these with its own block formats, which the lz4 and snappy tools do not
+# write (a file from them makes Hadoop read a garbage block length and the JVM runs out of
+# memory); the rest Hadoop does not decompress at all (the bytes would load as text). All of them,
+# in any case, and a supported codec's name in other than lower case, are `unreadable_file`.
+UNSUPPORTED_CODECS = (".lz4", ".snappy", ".xz", ".lzma", ".zip", ".7z", ".br", ".lzo", ".z",
+                      ".zstd", ".lz", ".sz", ".tgz")
+
+
+def _codec_verdict(name: str) -> Callable[[BinaryIO], None] | str | None:
+    """The check for a compressed name, a reason it cannot be read, or None (plain text)."""
+    for ext, check in CODECS.items():
+        if name.endswith(ext):
+            return check
+        if name.lower().endswith(ext):
+            return (f"compressed files are recognised by a lower-case extension: rename it to "
+                    f"*{ext} (as written, it would be read as plain text)")
+    low = name.lower()
+    for ext in UNSUPPORTED_CODECS:
+        if low.endswith(ext):
+            return (f"{ext} compression is not supported: recompress the file as "
+                    f"{', '.join(CODECS)} (or store it uncompressed)")
+    return None
+
+
+def _open_error(e: OSError) -> str:
+    why = {errno.ENOENT: "it does not exist (a dangling symbolic link, or removed after listing)",
+           errno.ELOOP: "a symbolic link loop",
+           errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+           errno.EISDIR: "it is a directory"}.get(e.errno or 0)
+    return f"cannot open the file: {why or f'{type(e).__name__}: {e}'}"
+
+
 def _vet(ds: DatasetConfig, st: Storage, f: InputFile) -> tuple[str, ...] | Unreadable | None:
-    """Check one file cheaply on the driver: its Parquet schema, or a full decompression pass.
+    """Check one file cheaply on the driver: that it opens, its Parquet schema, or a full
+    decompression pass.
 
     Returns the Parquet schema key, an `Unreadable`, or None (a text file that looks fine).
     """
-    name = f.path.rsplit("/", 1)[-1].lower()
+    name = f.path.rsplit("/", 1)[-1]
     try:
-        with st.fs.open(f.path, "rb") as fh:
+        fh = st.fs.open(f.path, "rb")
+    except OSError as e:
+        return Unreadable(f.path, _open_error(e)[:500])
+    codec = None if ds.source.format == "parquet" else _codec_verdict(name)
+    try:
+        with fh:
+            if f.size == 0:
+                return None  # an empty file is zero records, whatever its name
+            if isinstance(codec, str):
+                return Unreadable(f.path, f"not a readable file: {codec}"[:500])
             if ds.source.format == "parquet":
-                schema = pq.ParquetFile(fh).schema_arrow
+                pf = pq.ParquetFile(fh)
+                schema = pf.schema_arrow
                 lower = [fld.name.lower() for fld in schema]
                 twice = sorted({n for n in lower if lower.count(n) > 1})
                 if twice:  # Spark matches names case-insensitively: it cannot read such a file
                     return Unreadable(f.path, "not a readable Parquet file: columns whose names "
                                       f"differ only in case: {', '.join(twice)}"[:500])
-                return tuple(f"{fld.name}:{fld.type}" for fld in schema)
-            if name.endswith(".gz"):
-                _check_stream(fh, lambda x: gzip.GzipFile(fileobj=x))
-            elif name.endswith(".bz2"):
-                _check_stream(fh, lambda x: bz2.BZ2File(x))
-    except (OSError, EOFError, zlib.error, ValueError) as e:  # pyarrow's errors are these too
+                layout = parquet_layout(ds, pf)
+                return replace(layout, path=f.path) if isinstance(layout, Unreadable) else layout
+            if codec is not None:
+                codec(fh)
+            else:
+                fh.read(1)  # readable at all (a directory, a permission, a vanished file)
+    except (OSError, EOFError, zlib.error, ValueError, pa.ArrowException) as e:
         what = "Parquet" if ds.source.format == "parquet" else name.rsplit(".", 1)[-1]
         return Unreadable(f.path, f"not a readable {what} file: {type(e).__name__}: {e}"[:500])
     return None
@@ -210,12 +323,15 @@ def plan_batch(ds: DatasetConfig, files: list[InputFile], base: str = "") -> Bat
     bad: list[Unreadable] = []
     groups: dict[tuple[str, ...], list[str]] = {}
     for f in files:
-        if f.size == 0:
-            continue  # an empty file is zero records, whatever its format
+        name = f.path.rsplit("/", 1)[-1]
+        if spark_skips(name):  # never listed (`is_data_name`); Spark would not read its rows
+            raise AssertionError(f"{f.path}: a name Spark's file index skips was listed")
         verdict = _vet(ds, st, f)
         if isinstance(verdict, Unreadable):
             bad.append(verdict)
             continue
+        if f.size == 0:
+            continue  # an empty file is zero records, whatever its format
         keep.append(f)
         if verdict is not None:
             groups.setdefault(verdict, []).append(f.path)
@@ -223,17 +339,26 @@ def plan_batch(ds: DatasetConfig, files: list[InputFile], base: str = "") -> Bat
 
 
 _FAILED_FILE = re.compile(r"reading file (\S+?)\.?\s+SQLSTATE")
+_PATH_NOT_FOUND = re.compile(r"\[PATH_NOT_FOUND\] Path does not exist: (.+?)\.?\s+SQLSTATE")
 
 
 def failed_file(exc: BaseException, plan: BatchPlan) -> Unreadable | None:
-    """The file a Spark read failure names (FAILED_READ_FILE), as an `Unreadable`, or None."""
+    """The file a Spark read failure names (FAILED_READ_FILE, or PATH_NOT_FOUND: it vanished
+    after it was listed and checked), as an `Unreadable`, or None."""
     text = str(exc)
     m = _FAILED_FILE.search(text)
-    if m is None:
+    gone = _PATH_NOT_FOUND.search(text)
+    if m is not None:
+        name = unquote(m.group(1).rsplit("/", 1)[-1])
+    elif gone is not None:  # the glob-escaped path, not URI-quoted
+        name = re.sub(r"\\(.)", r"\1", gone.group(1).rsplit("/", 1)[-1])
+    else:
         return None
-    name = unquote(m.group(1).rsplit("/", 1)[-1])
     for f in plan.files:
         if f.path.rsplit("/", 1)[-1] == name:
+            if gone is not None and m is None:
+                return Unreadable(f.path, "cannot open the file: it does not exist (removed "
+                                  "after listing)")
             causes = re.findall(r"Caused by: ([^\n]+)", text)
             why = causes[-1] if causes else text.strip().splitlines()[0]
             return Unreadable(f.path, f"Spark could not read the file: {why}"[:500])
@@ -299,9 +424,22 @@ def _read_jsonl(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> Data
            .select(raw.alias("_raw"), *_origin(plan.base)))
     txt = txt.filter(F.trim(F.col("_raw")) != "")  # blank lines are not records
     opts = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
-    parsed = txt.withColumn("_j", F.from_json(F.col("_raw"), _string_schema(ds), opts))
+    # A byte-order mark before a line's JSON is not part of it (`cat a.jsonl b.jsonl` puts one
+    # mid-file); `_raw` keeps it.
+    body = F.when(F.startswith(F.col("_raw"), F.lit("\ufeff")), F.expr("substring(_raw, 2)")
+                  ).otherwise(F.col("_raw"))
+    # Exactly one JSON value on the line: `from_json` reads the first value and ignores what
+    # follows (`{..}{..}`, `{..} words`), so the line is parsed as the array `[line]`, which must
+    # hold one element. A `]` after the object would close that array early and hide the rest:
+    # only a line holding a `]` is parsed once more, as `[line,[]]`, which must hold two.
+    arr = F.from_json(F.concat(F.lit("["), body, F.lit("]")),
+                      T.ArrayType(_string_schema(ds)), opts)
+    bracket_ok = F.json_array_length(F.concat(F.lit("["), body, F.lit(",[]]"))) == 2
+    one = (F.coalesce(F.size(arr) == 1, F.lit(False))
+           & (~F.col("_raw").contains("]") | F.coalesce(bracket_ok, F.lit(False))))
+    parsed = txt.select("*", arr[0].alias("_j"), one.alias("_one"))
     cols = [F.col(f"_j.{c}").alias(c) for c in ds.source.schema]
-    malformed = F.col(f"_j.{CORRUPT}").isNotNull() | F.col("_j").isNull()
+    malformed = ~F.col("_one") | F.col(f"_j.{CORRUPT}").isNotNull() | F.col("_j").isNull()
     df = parsed.select(*cols, *META_COLS, malformed.alias("_malformed"))
     # the regex only on lines with a `\u` escape (it cannot match others; `And` skips its right
     # side): run on every line, it doubled the parse of a 1e6-row hour (3.9-4.1 s -> 7.7-7.8 s)
@@ -350,33 +488,94 @@ _WIDENS = {
 }
 
 
+# A Parquet column as the Spark type it is read as (what Spark's own schema inference gives)
+_ARROW_INTS = {(8, True): T.ByteType(), (16, True): T.ShortType(), (32, True): T.IntegerType(),
+               (64, True): T.LongType(), (8, False): T.ShortType(), (16, False): T.IntegerType(),
+               (32, False): T.LongType(), (64, False): T.DecimalType(20, 0)}
+NANOS = "nanos"  # an INT64 nanosecond timestamp: read as a long (nanosAsLong), floored to micros
+Layout = tuple[tuple[str, str, str], ...]  # (declared column, the file's column, how it is read)
+
+
+def _spark_type(arrow_type: pa.DataType, physical: str) -> T.DataType | str | None:
+    """How Spark reads a top-level Parquet column: its type, NANOS, or None (it cannot)."""
+    t = arrow_type
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_timestamp(t):
+        if physical == "INT96":  # a legacy timestamp: Spark reads it as a timestamp
+            return T.TimestampType()
+        if t.unit == "ns":
+            return NANOS
+        return T.TimestampType() if t.tz is not None else T.TimestampNTZType()
+    if pa.types.is_integer(t):
+        return _ARROW_INTS[(t.bit_width, pa.types.is_signed_integer(t))]
+    simple = [(pa.types.is_boolean, T.BooleanType()), (pa.types.is_float32, T.FloatType()),
+              (pa.types.is_float64, T.DoubleType()), (pa.types.is_string, T.StringType()),
+              (pa.types.is_large_string, T.StringType()), (pa.types.is_binary, T.BinaryType()),
+              (pa.types.is_large_binary, T.BinaryType()), (pa.types.is_date32, T.DateType())]
+    for test, typ in simple:
+        if test(t):
+            return typ
+    if pa.types.is_decimal(t) and t.precision <= 38:
+        return T.DecimalType(t.precision, t.scale)
+    return None  # float16, time32/64, intervals, nested types ...
+
+
+def parquet_layout(ds: DatasetConfig, pf: pq.ParquetFile) -> Layout | Unreadable:
+    """Which of the file's columns are read, and as what: only the declared ones, so a column
+    outside the schema is never looked at, whatever its type."""
+    physical = {pf.schema.column(i).path: pf.schema.column(i).physical_type
+                for i in range(len(pf.schema))}
+    by_name = {fld.name.lower(): fld for fld in pf.schema_arrow}
+    out = []
+    for c in ds.source.schema:
+        fld = by_name.get(c.lower())
+        if fld is None:
+            continue
+        typ = _spark_type(fld.type, physical.get(fld.name, ""))
+        if typ is None:
+            return Unreadable("", f"not a readable Parquet file: column {fld.name!r} has type "
+                              f"{fld.type}, which cannot be read as {ds.source.schema[c]}")
+        out.append((c, fld.name, typ if isinstance(typ, str) else typ.json()))
+    return tuple(out)
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
 def _parquet_group(spark: SparkSession, ds: DatasetConfig, paths: tuple[str, ...],
                    base: str) -> DataFrame:
     """Files of one physical schema, cast per column to the declared type (as text).
 
-    A safe widening (int32 -> long, float -> double) is a cast; anything else goes through text
-    and `try_cast` later, so a value that does not fit is `bad_value:<col>` for its row only. A
-    declared column the files lack is null for these files' rows only.
+    Only the declared columns are read (an explicit read schema from the footer). A safe widening
+    (int32 -> long, float -> double) is a cast; anything else goes through text and `try_cast`
+    later, so a value that does not fit is `bad_value:<col>` for its row only. A declared column
+    the files lack is null for these files' rows only.
     """
-    df = spark.read.options(**READ_OPTIONS).parquet(*[spark_path(p) for p in paths])
     with Storage(base or paths[0]).fs.open(paths[0], "rb") as fh:
-        nanos = {fld.name for fld in pq.ParquetFile(fh).schema_arrow
-                 if str(fld.type).startswith("timestamp[ns")}
-    present = {f.name.lower(): f for f in df.schema.fields}
+        layout = parquet_layout(ds, pq.ParquetFile(fh))
+    assert not isinstance(layout, Unreadable)  # vetted by `plan_batch`
+    read = T.StructType([T.StructField(f, T.LongType() if how == NANOS
+                                       else _parse_datatype_json_string(how))
+                         for _, f, how in layout])
+    df = spark.read.options(**READ_OPTIONS).schema(read).parquet(*[spark_path(p) for p in paths])
+    present = {c: (f, how) for c, f, how in layout}
     cols = []
     for c, decl in ds.source.schema.items():
-        fld = present.get(c.lower())
-        if fld is None:
+        if c not in present:
             cols.append(F.lit(None).cast("string").alias(c))
-        elif fld.name in nanos:  # read as nanoseconds (nanosAsLong): truncated to microseconds
-            q = "`" + fld.name.replace("`", "``") + "`"
+            continue
+        f, how = present[c]
+        if how == NANOS:  # read as nanoseconds (nanosAsLong): truncated to microseconds
+            q = _quoted(f)
             ts = F.expr(f"timestamp_micros(({q} - pmod({q}, 1000)) div 1000)")  # exact, floor
             cols.append(ts.cast("string").alias(c))
-        elif isinstance(fld.dataType, _WIDENS.get(decl, ())):
-            cols.append(F.col(fld.name).cast(SPARK_TYPES[decl]).cast("string").alias(c))
+        elif isinstance(read[f].dataType, _WIDENS.get(decl, ())):
+            cols.append(F.col(_quoted(f)).cast(SPARK_TYPES[decl]).cast("string").alias(c))
         else:
-            cols.append(F.col(fld.name).cast("string").alias(c))
-    raw = F.to_json(F.struct(*[F.col(f.name) for f in df.schema.fields]))
+            cols.append(F.col(_quoted(f)).cast("string").alias(c))
+    raw = F.to_json(F.struct(*[F.col(_quoted(f.name)) for f in read.fields]))
     out = df.select(
         *cols,
         _source_file(base).alias("_source_file"),
@@ -451,6 +650,12 @@ def type_and_reject(raw: DataFrame, ds: DatasetConfig) -> DataFrame:
             casted[c] = text
             continue
         casted[c] = text.try_cast(SPARK_TYPES[typ])
+        if typ == "date":  # `YYYY-MM-DD`, or a timestamp: its date as written (offset not applied)
+            day = F.trim(text)
+            whole = day.rlike(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$") | (
+                day.rlike(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ]")
+                & text.try_cast(T.TimestampType()).isNotNull())
+            casted[c] = F.when(whole, casted[c])
         if c != exp_col:  # a bad expiry value has its own reason below
             failed = text.isNotNull() & (F.trim(text) != "") & casted[c].isNull()
             reason = reason.when(failed, F.lit(f"bad_value:{c}"))

@@ -81,9 +81,9 @@ def _unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
             missing = [f.name for f in listed if not st.exists(f"{part}/{f.name}")]
             if missing:
                 problem = f"{part}/{missing[0]}, listed in its commit record, is missing"
-            out[tag] = [st.spark_path(*partition(UNIQUE, tag), f.name) for f in listed]
+            out[tag] = [st.read_path(*partition(UNIQUE, tag), f.name) for f in listed]
         else:
-            out[tag] = [st.spark_path(*partition(UNIQUE, tag))]
+            out[tag] = [st.read_path(*partition(UNIQUE, tag))]
         if problem:
             raise IndexDamagedError(
                 f"cannot rebuild the index entries of hour {key_of(tag)}: {problem}, so its keys "
@@ -137,7 +137,7 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
         (df.repartition(layout.SLICE, layout.LOAD).sortWithinPartitions(H1)
          .write.mode("overwrite").partitionBy(layout.SLICE, layout.LOAD)
          .parquet(st.spark_path(staging_name)))
-        entries = spark.read.parquet(st.spark_path(staging_name)).count()
+        entries = spark.read.parquet(st.read_path(staging_name)).count()
     st.makedirs(staging)
     for tag in targets:
         slices, files = _staged_files(st, staging, tag)

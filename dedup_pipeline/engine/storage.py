@@ -22,6 +22,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import socket
 import struct
 import time
@@ -123,6 +124,18 @@ def normalize_uri(uri: str) -> str:
     return uri
 
 
+_GLOB_CHARS = re.compile(r"([\\\[\]*?{}])")
+
+
+def glob_escape(path: str) -> str:
+    """`path` as a Hadoop glob that matches only itself (`[`, `*`, `{`... escaped).
+
+    Spark globs every path it reads (never a path it writes); any name a file system allows must
+    be read as itself, in landing files and output roots alike.
+    """
+    return _GLOB_CHARS.sub(r"\\\1", path)
+
+
 class Storage:
     """A dataset output root plus the file system it lives on."""
 
@@ -143,6 +156,10 @@ class Storage:
         if self.local:
             return self.path(*parts)
         return "/".join([self.uri_root, *parts])
+
+    def read_path(self, *parts: str) -> str:
+        """`spark_path` for reading: glob characters in the root or the parts are escaped."""
+        return glob_escape(self.spark_path(*parts))
 
     def to_uri(self, path: str) -> str:
         """The name Spark needs for `path`, a path under the root as this module returns it.

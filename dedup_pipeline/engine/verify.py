@@ -37,7 +37,7 @@ from dedup_pipeline.engine.parse import (
     plan_batch,
     read_text_batch,
 )
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.storage import Storage, glob_escape
 from dedup_pipeline.hours import parse_key, to_key, to_tag
 
 
@@ -184,7 +184,7 @@ def _scan(st: Storage, name: str, rep: VerifyReport,
 
 
 def _frame(spark: SparkSession, st: Storage, name: str, scan: _Output) -> DataFrame | None:
-    files = [st.to_uri(p) for fs in scan.files.values() for p in fs]
+    files = [glob_escape(st.to_uri(p)) for fs in scan.files.values() for p in fs]
     if not files:
         return None
     return spark.read.option("basePath", st.spark_path(name)).parquet(*files)

@@ -144,7 +144,7 @@ def compact(spark: SparkSession, ds: DatasetConfig, st: Storage, committed: Cont
             continue
         name = compact_dir(loads[0], loads[-1])
         work = _write(spark, ds, st, n, name,
-                      [st.spark_path(INDEX, sdir, load_dir(t)) for t in loads], loads)
+                      [st.read_path(INDEX, sdir, load_dir(t)) for t in loads], loads)
         st.move(work, st.path(INDEX, sdir, name))  # atomic: from here the merged copy is read
         for t in loads:
             st.remove(st.path(INDEX, sdir, load_dir(t)))
@@ -164,7 +164,7 @@ def remove_load(spark: SparkSession, ds: DatasetConfig, st: Storage, tag: str) -
         if not rest:
             st.remove(target)
         else:
-            sources = [st.spark_path(INDEX, c.rel, f["name"]) for f in c.files]
+            sources = [st.read_path(INDEX, c.rel, f["name"]) for f in c.files]
             work = _write(spark, ds, st, c.slice, c.dir, sources, rest, drop=tag)
             st.replace_dir(work, target)
         rewritten += 1

@@ -63,7 +63,7 @@ def read_live(spark: SparkSession, ds: DatasetConfig, st: Storage, files: list[I
         return None
 
     def read(part: list[IndexFile]) -> DataFrame:
-        return spark.read.schema(entry_schema(ds)).parquet(*[st.spark_path(INDEX, f.rel) for f in part])
+        return spark.read.schema(entry_schema(ds)).parquet(*[st.read_path(INDEX, f.rel) for f in part])
 
     earlier = [f for f in files if max(f.holds) < tag]
     mixed = [f for f in files if max(f.holds) >= tag]

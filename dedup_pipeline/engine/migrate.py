@@ -158,6 +158,7 @@ def migrate(spark: SparkSession, ds: DatasetConfig,
             migration=contract.Migration(from_version=cur.version if cur else None,
                                          changes=changes),
             terms=terms)
+        _fault("migrate_before_contract")
         # the commit point: from here on the dataset is under the new contract
         st.write_json_atomic(contract.contract_path(st, target.version), target.to_json())
         _fault("migrate_after_contract")

@@ -19,6 +19,7 @@ import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.defs import names, runs
+from dedup_pipeline.defs.assets import PROGRESS_LOGGER
 from dedup_pipeline.defs.resources import SparkResource
 from dedup_pipeline.engine import commits, contract
 from dedup_pipeline.engine.index.health import check_index, scrub
@@ -70,9 +71,13 @@ def build_migrate_job(ds: DatasetConfig) -> dg.JobDefinition:
     @dg.op(name=names.migrate_op_name(ds.name), tags={names.DATASET_TAG: ds.name},
            pool=names.pool_name(ds.name))
     def migrate_op(context: dg.OpExecutionContext, spark: SparkResource) -> None:
+        def say(msg: str) -> None:
+            context.log.info(msg)
+            PROGRESS_LOGGER.info(msg)  # the CLI prints these
+
         with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id} (migrate)"):
-            res = migrate(spark.get_session(), ds, context.log.info)
-        context.log.info(res.summary())
+            res = migrate(spark.get_session(), ds, say)
+        say(res.summary())
         if res.to_version is not None:
             context.log_event(dg.AssetObservation(
                 asset_key=names.asset_key(ds.name, names.INDEX),

@@ -255,3 +255,29 @@ def test_dagster_fails_the_run_with_the_line_definitions_load_sensor_skips(
         assert res.skip_reason.skip_message.startswith(
             "not loading 2026-11-01-02:00: contract error: dataset 'clicks': key changed")
     assert _tree(ds.output) == before
+
+
+def test_history_from_before_contracts_is_pinned_by_the_next_load_and_reported_by_verify(
+        spark: SparkSession, tmp_path: Path) -> None:
+    cfg, ds = _history(tmp_path)
+    load_hours(spark, ds, H[:1])
+    # as a version before contracts left it: no _contract/, no contract_version in the record
+    for p in (Path(ds.output) / "_contract").iterdir():
+        p.unlink()
+    rec_path = Path(ds.output) / "_commits" / f"load_hour={H[0][:13]}.json"
+    doc = json.loads(rec_path.read_text())
+    del doc["contract_version"]
+    rec_path.write_text(json.dumps(doc))
+
+    rep = verify_dataset(spark, ds)
+    assert rep.ok, rep.violations
+    assert rep.warnings == ["1 hour(s) (2026-11-01-00:00) were loaded before contracts were "
+                            "recorded: checked under the current config, assumed unchanged since "
+                            "they were loaded"]
+    said: list[str] = []
+    load_hours(spark, ds, [H[1]], said.append)
+    pin = json.loads((Path(ds.output) / "_contract" / "v0001.json").read_text())
+    assert pin["assumed"] is True and pin["effective_from"] == H[0]
+    assert any("assumed unchanged before contracts were recorded" in m for m in said)
+    rep = verify_dataset(spark, ds)
+    assert rep.ok and rep.contracts == {"unknown": [H[0][:13]], "v1": [H[1][:13]]}

@@ -281,3 +281,33 @@ def test_history_from_before_contracts_is_pinned_by_the_next_load_and_reported_b
     assert any("assumed unchanged before contracts were recorded" in m for m in said)
     rep = verify_dataset(spark, ds)
     assert rep.ok and rep.contracts == {"unknown": [H[0][:13]], "v1": [H[1][:13]]}
+
+
+def test_a_longer_period_is_recorded_and_verify_checks_each_hour_under_its_own(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """Period 30m for hours 00-01, then 2h (slice span set, so the layout stays; nothing deleted
+    by retention, so the index holds the longer window): k1 is unique again in 01 under 30m, a
+    duplicate in 02 under 2h, and verify accepts hour 01 because it checks it under 30m (under
+    2h it would be a violation)."""
+    expiry = {"column": "event_time", "period": "30m"}
+    ds = pipeline_config(tmp_path, _raw(expiry=expiry, index={"slice_span": "30m"})).datasets[0]
+
+    def at(rid: str, key: str, hhmm: str) -> dict[str, Any]:
+        return {**_ev(rid, key), "event_time": f"2026-11-01T{hhmm}:00Z"}
+
+    write_hour(ds, H[0], [at("a", "k1", "00:10")])
+    write_hour(ds, H[1], [at("c", "k1", "01:20")])  # a expired by then (X = 00:50): unique
+    write_hour(ds, H[2], [at("d", "k1", "02:00"), at("e", "k9", "02:40")])
+    load_hours(spark, ds, H[:2])
+    assert _where(ds, H[1]) == {"c": "unique"}
+    longer = pipeline_config(tmp_path, _raw(expiry={**expiry, "period": "2h"},
+                                            index={"slice_span": "30m"})).datasets[0]
+    said: list[str] = []
+    load_hours(spark, longer, [H[2]], said.append)
+    assert any("expiry.period: 30m -> 2h" in m for m in said)
+    # L = 02:40, X = 00:40 under 2h: c (01:20) is live, d duplicates it
+    assert _where(ds, H[2]) == {"d": ("duplicates", "natural", H[1][:13]), "e": "unique"}
+    assert _record(ds, H[2]).contract_version == 2
+    rep = verify_dataset(spark, longer)
+    assert rep.ok, rep.violations
+    assert rep.contracts == {"v1": [H[0][:13], H[1][:13]], "v2": [H[2][:13]]}

@@ -1,4 +1,5 @@
-"""`dedup-pipeline`: demo, run, verify, generate, spark-server (SPEC K1, K2, K4, K5, N5)."""
+"""`dedup-pipeline`: demo, run, verify, rebuild-index, migrate, generate, spark-server (SPEC K1,
+K2, K4, K5, N5)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import click
 
-from dedup_pipeline.config import ConfigError, PipelineConfig, load_config
+from dedup_pipeline.config import ConfigError, DatasetConfig, PipelineConfig, load_config
+from dedup_pipeline.engine.contract import ContractError
 from dedup_pipeline.engine.load import LoadResult
 
 SPARK_NOISE = "Spark is starting (10-20 s the first time)..."
@@ -172,9 +174,20 @@ def run(config: str, dataset: str | None, first: str, last: str, verbose: bool) 
         if parse_key(first) < parse_key(ds.start):  # Dagster would refuse it with a CheckError
             raise ValueError(f"dataset {ds.name!r}: hour {first} is before the dataset's start "
                              f"{ds.start}")
-    except (ConfigError, ValueError) as e:
+        _check_contract(ds, first)
+    except (ConfigError, ValueError, ContractError) as e:
         _fail(str(e))
     _run(cfg, dataset, first, last, verbose)
+
+
+def _check_contract(ds: DatasetConfig, first: str) -> None:
+    """The load's own contract check, before Spark starts: a breaking change fails in a second
+    (the load checks again under the dataset lock; this one writes nothing)."""
+    from dedup_pipeline.engine import commits, contract
+    from dedup_pipeline.engine.storage import Storage
+
+    st = Storage(ds.output)
+    contract.check(st, ds, first, commits.committed_tags(st))
 
 
 @main.command()
@@ -195,11 +208,21 @@ def verify(config: str, dataset: str | None) -> None:
             ds = cfg.dataset(name)
         except ConfigError as e:
             _fail(str(e))
-        rep = verify_dataset(spark, ds)
+        try:
+            rep = verify_dataset(spark, ds)
+        except ContractError as e:
+            click.echo(f"error: {e}", err=True)
+            failed = True
+            continue
         for w in rep.warnings:
             click.echo(f"warning: {ds.name}: {w}")
         for v in rep.violations:
             click.echo(f"VIOLATION: {ds.name}: {v}")
+        if rep.contracts:
+            from dedup_pipeline.hours import compress_ranges, key_of, parse_key
+            click.echo(f"{ds.name}: checked under contract " + "; ".join(
+                f"{v}: {compress_ranges([parse_key(key_of(t)) for t in tags])}"
+                for v, tags in sorted(rep.contracts.items())))
         status = "OK" if rep.ok else f"FAILED ({len(rep.bad_hours)} hour(s))"
         click.echo(f"{ds.name}: {rep.hours_checked} hours, {rep.rows_in} rows in, "
                    f"{rep.rows_out} rows out: {status}")
@@ -241,6 +264,43 @@ def rebuild_index_cmd(config: str, dataset: str | None, hours: tuple[str, ...],
     from dedup_pipeline.engine.storage import Storage
 
     click.echo(f"done: {check_index(Storage(ds.output), ds).summary()}")
+
+
+@main.command()
+@click.option("--config", "config", required=True, type=click.Path(dir_okay=False))
+@click.option("--dataset", default=None)
+@click.option("--verbose", "-v", is_flag=True,
+              help="also print Dagster's own log of the run (tracebacks included)")
+def migrate(config: str, dataset: str | None, verbose: bool) -> None:
+    """Move a dataset to its config as it is now after a breaking change (key, fingerprint,
+    expiry, index layout, schema): re-derive the index from unique under the new contract, in
+    one committed step, through Dagster. Refuses, writing nothing, if unique holds rows that are
+    duplicates under the new contract."""
+    from dedup_pipeline.defs.definitions import build_definitions
+    from dedup_pipeline.defs.names import migrate_job_name
+    from dedup_pipeline.defs.runner import QUIET_LOGGERS, failure_message
+
+    cfg = _load(config)
+    try:
+        ds = cfg.dataset(dataset)
+    except ConfigError as e:
+        _fail(str(e))
+    _quiet_dagster()
+    _progress_to_stdout()
+    job = build_definitions(cfg).resolve_job_def(migrate_job_name(ds.name))
+    click.echo(f"migrating {ds.name!r} ({ds.output}) to its config in {cfg.source}")
+    click.echo(SPARK_NOISE)
+    with _instance() as inst:
+        res = job.execute_in_process(instance=inst,  # type: ignore[arg-type]
+                                     run_config=QUIET_LOGGERS if not verbose else {},
+                                     raise_on_error=False)
+    if not res.success:
+        _fail(failure_message(res))
+    from dedup_pipeline.engine.contract import read_history
+    from dedup_pipeline.engine.storage import Storage
+
+    cur = read_history(Storage(ds.output), None).versions
+    click.echo(f"done: {ds.name!r} is under contract v{cur[-1].version}" if cur else "done")
 
 
 @main.command()

@@ -310,6 +310,12 @@ class DatasetConfig(_Model):
     landing: Annotated[LandingConfig, Section] = LandingConfig()
     checks: Annotated[ChecksConfig, Section] = ChecksConfig()
     on_damaged_index: Literal["fail", "rebuild"] = "fail"
+    _config_file: str = PrivateAttr(BUILTIN_DEMO)  # the file it came from (set by PipelineConfig)
+
+    @property
+    def config_file(self) -> str:
+        """The config file this dataset was read from (commands in messages name it)."""
+        return self._config_file
 
     @field_validator("name")
     @classmethod
@@ -485,6 +491,8 @@ class PipelineConfig(_Model):
     def model_post_init(self, context: Any, /) -> None:
         if isinstance(context, _Where):
             self._source = context.source
+        for d in self.datasets:
+            d._config_file = self._source
 
     @property
     def source(self) -> str:

@@ -184,3 +184,118 @@ def test_rerun_after_success_is_identical(spark: SparkSession, crash_env: dict[s
     load_hours(spark, ds, HOURS[1:])  # hours 1 and 2 again, in order
     load_hours(spark, ds, [LAST])     # and the last one once more
     assert snapshot(ds) == crash_env["clean"]
+
+
+# --- a migration to a new contract (engine/migrate.py): one committed step ---------------------
+
+MIGRATE_SCRIPT = textwrap.dedent("""
+    import sys
+    from dedup_pipeline.config import load_config
+    from dedup_pipeline.engine.migrate import migrate
+    from dedup_pipeline.engine.session import SparkSettings, get_session
+
+    ds = load_config(sys.argv[1]).datasets[0]
+    spark = get_session(SparkSettings(master="local[1]", conf={
+        "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}))
+    spark.sparkContext.setLogLevel("ERROR")
+    migrate(spark, ds)
+    print("MIGRATED", flush=True)
+""")
+
+
+def _rekeyed(env: dict[str, Any], name: str) -> tuple[DatasetConfig, DatasetConfig]:
+    """A copy of the three committed hours, with its config and the re-keyed config."""
+    old = _prepare(env, name, "base012")
+    raw = dataset_raw(start=HOURS[0], key=["event_id", "user_id"],
+                      source=source_raw(str(env["landing"]), schema={**CLICKS_SCHEMA, "rid": "string"}),
+                      fingerprint=["user_id", "url"], order_by="event_time",
+                      expiry={"column": "event_time", "period": "24h"}, output=old.output)
+    new = pipeline_config(env["root"], raw, name=f"{name}_rekeyed.yaml").datasets[0]
+    return old, new
+
+
+def _files(root: str) -> dict[str, bytes]:
+    out = {}
+    for p in sorted(Path(root).rglob("*")):
+        if p.is_file() and p.name != "_lock":
+            out[str(p.relative_to(root))] = p.read_bytes()
+    return out
+
+
+@pytest.fixture(scope="module")
+def migrated_clean(spark: SparkSession, crash_env: dict[str, Any]) -> dict[str, Any]:
+    """What a migration that never crashed leaves (the index under the new key)."""
+    from dedup_pipeline.engine.migrate import migrate
+
+    _old, new = _rekeyed(crash_env, "migrated_clean")
+    res = migrate(spark, new)
+    assert res.to_version == 2 and res.loads == 3
+    return snapshot(new)
+
+
+@pytest.mark.parametrize("point", ["migrate_before_contract", "migrate_after_contract",
+                                   "migrate_before_done"])
+def test_migration_killed_at_any_point_is_fully_old_or_finishes_to_fully_new(
+        spark: SparkSession, crash_env: dict[str, Any], migrated_clean: dict[str, Any],
+        point: str) -> None:
+    from dedup_pipeline.engine.contract import ContractError
+    from dedup_pipeline.engine.migrate import migrate
+
+    old, new = _rekeyed(crash_env, f"mig_{point}")
+    before = _files(old.output)
+    script = crash_env["root"] / "migrate.py"
+    script.write_text(MIGRATE_SCRIPT)
+    env = {**os.environ, "DEDUP_FAULT": point, "PYSPARK_PYTHON": sys.executable,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(crash_env["root"] / f"mig_{point}_rekeyed.yaml")],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 137, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "MIGRATED" not in proc.stdout
+    if point == "migrate_before_contract":
+        # fully old: not a byte changed, the old config loads, the new one is refused
+        assert _files(old.output) == before
+        with pytest.raises(ContractError, match="key changed from"):
+            load_hours(spark, new, [LAST])
+        load_hours(spark, old, [LAST])
+        assert snapshot(old) == crash_env["clean"]
+        return
+    # the new contract is committed: every path refuses until the migration is finished
+    for ds in (old, new):
+        with pytest.raises(ContractError, match="the migration to contract v2 .* did not finish; "
+                           "finish it: dedup-pipeline migrate"):
+            load_hours(spark, ds, [LAST])
+    res = migrate(spark, new)  # finishes it
+    assert res.to_version == 2
+    assert snapshot(new) == migrated_clean
+    load_hours(spark, new, [LAST])  # a rerun under the new key: (k5, u2) is a key of its own now
+
+    def rids(snap: dict[str, Any]) -> set[str]:
+        return {json.loads(r)["rid"] for r in snap["unique/" + TAGS[-1]]}
+
+    assert rids(snapshot(new)) == rids(crash_env["clean"]) | {"i"}
+
+
+def test_load_killed_after_recording_a_new_contract_version_leaves_it_tentative(
+        spark: SparkSession, crash_env: dict[str, Any]) -> None:
+    """A load that recorded contract v2 (a new column) and died before its commit record leaves
+    no contract that no hour obeys: the old config still loads, and its result is the clean one."""
+    ds = _prepare(crash_env, "crash_contract", "base01")
+    raw = dataset_raw(start=HOURS[0], source=source_raw(
+        str(crash_env["landing"]), schema={**CLICKS_SCHEMA, "rid": "string", "country": "string"}),
+        fingerprint=["user_id", "url"], order_by="event_time",
+        expiry={"column": "event_time", "period": "24h"}, output=ds.output)
+    pipeline_config(crash_env["root"], raw, name="crash_contract_evolved.yaml")
+    env = {**os.environ, "DEDUP_FAULT": "after_contract", "PYSPARK_PYTHON": sys.executable,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, str(crash_env["script"]),
+         str(crash_env["root"] / "crash_contract_evolved.yaml"), LAST],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 137, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert (Path(ds.output) / "_contract" / "v0002.json").exists()
+    assert not (Path(ds.output) / "_commits" / f"load_hour={TAGS[-1]}.json").exists()
+    (result,) = load_hours(spark, ds, [LAST])  # the old config: v1 is the contract in force
+    assert result.contract_version == 1
+    assert snapshot(ds) == crash_env["clean"]

@@ -35,11 +35,14 @@ def group_name(dataset: str) -> str:
 PerDataset = Callable[[str], str]
 LOAD_JOB_SUFFIX = "_hourly_load"
 REBUILD_JOB_SUFFIX = "_index_rebuild"
+MIGRATE_JOB_SUFFIX = "_contract_migrate"
 
 load_job_name: PerDataset = ("{}" + LOAD_JOB_SUFFIX).format
 rebuild_job_name: PerDataset = ("{}" + REBUILD_JOB_SUFFIX).format
 load_op_name: PerDataset = "{}_load".format  # the multi-asset: the load's step in the UI
 rebuild_op_name: PerDataset = "{}_rebuild_index".format  # run config addresses its hours under it
+migrate_job_name: PerDataset = ("{}" + MIGRATE_JOB_SUFFIX).format
+migrate_op_name: PerDataset = "{}_migrate".format
 landing_sensor_name: PerDataset = "{}_landing_sensor".format
 recovery_sensor_name: PerDataset = "{}_index_recovery_sensor".format
 hourly_schedule_name: PerDataset = "{}_hourly_schedule".format

@@ -19,8 +19,11 @@ import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.defs import names, runs
+from dedup_pipeline.defs.assets import PROGRESS_LOGGER
 from dedup_pipeline.defs.resources import SparkResource
+from dedup_pipeline.engine import commits, contract
 from dedup_pipeline.engine.index.health import check_index, scrub
+from dedup_pipeline.engine.migrate import migrate
 from dedup_pipeline.engine.rebuild import rebuild_index
 from dedup_pipeline.engine.storage import Lock, Storage
 from dedup_pipeline.hours import key_of, parse_key, to_tag
@@ -62,6 +65,34 @@ def build_rebuild_job(ds: DatasetConfig) -> dg.JobDefinition:
     return job
 
 
+def build_migrate_job(ds: DatasetConfig) -> dg.JobDefinition:
+    """`{ds}_contract_migrate`: what `dedup-pipeline migrate` runs (engine/migrate.py)."""
+
+    @dg.op(name=names.migrate_op_name(ds.name), tags={names.DATASET_TAG: ds.name},
+           pool=names.pool_name(ds.name))
+    def migrate_op(context: dg.OpExecutionContext, spark: SparkResource) -> None:
+        def say(msg: str) -> None:
+            context.log.info(msg)
+            PROGRESS_LOGGER.info(msg)  # the CLI prints these
+
+        with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id} (migrate)"):
+            res = migrate(spark.get_session(), ds, say)
+        say(res.summary())
+        if res.to_version is not None:
+            context.log_event(dg.AssetObservation(
+                asset_key=names.asset_key(ds.name, names.INDEX),
+                metadata={"contract_version": res.to_version, "migrated": "; ".join(res.changes),
+                          "rebuilt_loads": res.loads, "rebuilt_entries": res.entries}))
+
+    @dg.job(name=names.migrate_job_name(ds.name), tags={names.DATASET_TAG: ds.name},
+            description=f"Migrate {ds.name!r} to its config as it is now: re-derive the key index "
+                        "from unique under the new contract, in one committed step.")
+    def job() -> None:
+        migrate_op()
+
+    return job
+
+
 def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition) -> dg.SensorDefinition:
     @dg.sensor(name=names.recovery_sensor_name(ds.name), job=job,
                minimum_interval_seconds=RECOVERY_INTERVAL_S,
@@ -78,6 +109,10 @@ def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition) -> dg.Sensor
         hours = [key_of(t) for t in damage.damaged_loads]
         if not hours:  # only damaged commit records: a rebuild cannot restore them, a rerun does
             return dg.SkipReason(f"{ds.name}: {damage.summary()}")
+        try:  # a rebuild under a config that breaks the contract would only fail
+            contract.check(st, ds, "", commits.committed_tags(st))
+        except contract.ContractError as e:
+            return dg.SkipReason(f"{ds.name}: {damage.summary()}; not rebuilt: {e}")
         fingerprint = hashlib.sha256(repr((damage.missing, damage.unexpected, damage.corrupt,
                                            damage.old_format)).encode()).hexdigest()
         return dg.SensorResult(run_requests=[dg.RunRequest(

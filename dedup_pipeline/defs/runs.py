@@ -16,6 +16,7 @@ import dagster as dg
 from dedup_pipeline.defs.names import (
     DATASET_TAG,
     LOAD_JOB_SUFFIX,
+    MIGRATE_JOB_SUFFIX,
     PARTITION,
     RANGE_END,
     RANGE_START,
@@ -28,7 +29,7 @@ from dedup_pipeline.engine.errors import infrastructure_cause
 
 ACTIVE = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
           dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
-JOB_SUFFIXES = (LOAD_JOB_SUFFIX, REBUILD_JOB_SUFFIX)
+JOB_SUFFIXES = (LOAD_JOB_SUFFIX, REBUILD_JOB_SUFFIX, MIGRATE_JOB_SUFFIX)
 
 
 def dataset_of_run(run: dg.DagsterRun) -> str | None:
@@ -136,6 +137,14 @@ CAUSES: dict[str, tuple[str, str]] = {
     "IndexRetentionError": (
         "index retention",
         "see the error; rerun {hours} once the index is consistent"),
+    "ContractError": (
+        "the dataset contract check (the config breaks what the loaded history was loaded "
+        "under)",
+        "nothing was written; revert the config change, or run the migrate command the error "
+        "names (or launch job {ds}_contract_migrate), then rerun {hours}"),
+    "MigrationRefusedError": (
+        "the migration's duplicate check",
+        "nothing was written; see the error for the rows and the choices"),
     "ConfigError": (
         "configuration",
         "fix the dataset config, then rerun {hours}"),

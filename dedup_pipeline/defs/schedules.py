@@ -28,7 +28,8 @@ from dedup_pipeline.defs.names import (
     reconcile_schedule_name,
 )
 from dedup_pipeline.defs.sensors import active_runs, describe_run
-from dedup_pipeline.engine import landing
+from dedup_pipeline.engine import commits, contract, landing
+from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import compress_ranges, to_key
 
 RECONCILE_CRON = "30 0 * * *"
@@ -73,6 +74,11 @@ def build_reconcile_schedule(ds: DatasetConfig, job_name: str) -> dg.ScheduleDef
             return dg.SkipReason(f"no loaded hour within {ds.landing.watch_hours}h of the latest "
                                  "one has input that changed after its load, and no gap")
         first, last = to_key(plan.first), to_key(plan.last)
+        st = Storage(ds.output)
+        try:  # a run under a config that breaks the dataset contract would only fail: say why
+            contract.check(st, ds, first, commits.committed_tags(st))
+        except contract.ContractError as e:
+            return dg.SkipReason(f"not reloading {first} .. {last}: {e}")
         tick = context.scheduled_execution_time
         stamp = tick.strftime("%Y-%m-%dT%H:%M") if tick else "now"
         return dg.RunRequest(

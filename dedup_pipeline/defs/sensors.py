@@ -38,7 +38,7 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.defs import runs
 from dedup_pipeline.defs.landing_checks import late_input_evaluation, resolved_evaluation
 from dedup_pipeline.defs.names import landing_sensor_name, range_tags
-from dedup_pipeline.engine import commits, landing
+from dedup_pipeline.engine import commits, contract, landing
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import compress_ranges, hour_range, parse_key, to_key, to_tag
 
@@ -151,6 +151,12 @@ def build_landing_sensor(ds: DatasetConfig, job_name: str,
             return dg.SensorResult(skip_reason=f"nothing to load: {ready.blocked_why}{late}",
                                    cursor=cur.dump(), asset_events=events)
         first, last = to_key(ready.hours[0]), to_key(ready.hours[-1])
+        try:  # a run under a config that breaks the dataset contract would only fail: say why
+            contract.check(Storage(ds.output), ds, first, committed)
+        except contract.ContractError as e:
+            return dg.SensorResult(
+                skip_reason=f"not loading {compress_ranges(ready.hours)}: {e}{late}",
+                cursor=cur.dump(), asset_events=events)
         cur.requested_through = last
         request = dg.RunRequest(run_key=f"{ds.name}:{first}..{last}", job_name=job_name,
                                 tags=range_tags(first, last, landing_sensor_name(ds.name)))

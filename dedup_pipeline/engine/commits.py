@@ -116,6 +116,9 @@ class CommitRecord:
     index_files: tuple[IndexFileEntry, ...] = ()
     index_format: int = 1  # records without one predate index format 2
     output_files: dict[str, tuple[OutputFileEntry, ...]] | None = None  # None: before files were listed
+    # the dataset contract version the hour was loaded under (engine/contract.py); None: loaded
+    # before contracts were recorded
+    contract_version: int | None = None
     # fields this version does not know (a newer version's, an operator's note): kept on rewrite
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -171,7 +174,7 @@ class CommitRecord:
         return cls(**values)
 
 
-_OMIT_IF_NONE = {"committed_at", "index_checksum", "inputs", "output_files"}
+_OMIT_IF_NONE = {"committed_at", "index_checksum", "inputs", "output_files", "contract_version"}
 
 
 class RecordProblem(ValueError):
@@ -182,7 +185,7 @@ class RecordProblem(ValueError):
 _COUNTS = ("rows_in", "unique", "duplicates", "expired", "rejected")
 _OPTIONAL_COUNTS = ("conflicts", "files_in", "index_rows_written", "index_rows_read",
                     "index_bytes_read", "index_files_read", "index_slices_deleted",
-                    "files_written", "index_format")
+                    "files_written", "index_format", "contract_version")
 _FILE_FIELDS: dict[str, tuple[type, ...]] = {"slice": (int,), "name": (str,), "size": (int,)}
 _OPTIONAL_FILE_FIELDS: dict[str, tuple[type, ...]] = {"rows": (int, type(None)),
                                                        "sha256": (str,)}

@@ -36,7 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import checks, commits
+from dedup_pipeline.engine import checks, commits, contract
 from dedup_pipeline.engine.classify import candidates, classify
 from dedup_pipeline.engine.commits import (
     CommitRecord,
@@ -213,6 +213,7 @@ class Prepared:
     watch: RecordsWatch  # this load's own record changes, for the records' summary
     prev_latest: Number | None  # L_{H-1}
     batch: Batch
+    contract: contract.Verdict  # the contract H loads under (a new version is recorded at commit)
 
     @property
     def key(self) -> str:
@@ -259,7 +260,10 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     st = Storage(ds.output)
     first = check_index(st, ds)  # O(live): the records' summary, not every record
     assert first.state is not None
+    # the dataset contract, before anything is written: a breaking config change stops here
+    verdict = contract.check(st, ds, partition_key, first.state.committed)
     commits.check_order(ds, hour, first.state.committed)
+    _say_contract(st, ds, tag, partition_key, verdict, first.state.committed, say)
     watch = RecordsWatch(st, ensure_healthy(spark, ds, st, say, rerun=tag, damage=first))
     health = _forget_attempt(spark, ds, st, tag, watch, say)
     # the records this check read, for the next check; not H's, whose record is written later
@@ -269,7 +273,27 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     committed.discard(tag)
     prev = commits.read_commit(st, to_tag(hour - HOUR)) if hour > parse_key(ds.start) else None
     return Prepared(hour, tag, st, committed, health, watch,
-                    prev.latest_point if prev else None, _parse(spark, ds, hour, partition_key, cache, say))
+                    prev.latest_point if prev else None, _parse(spark, ds, hour, partition_key, cache, say),
+                    verdict)
+
+
+def _say_contract(st: Storage, ds: DatasetConfig, tag: str, partition_key: str,
+                  verdict: contract.Verdict, committed: commits.HourSet, say: Progress) -> None:
+    """Log a contract version about to be recorded, and a rerun under another version than the
+    hour's first load (the rerun uses the contract in force now)."""
+    line = contract.describe_new(verdict)
+    if line:
+        say(f"{ds.name} {partition_key}: {line}")
+    if tag in committed:
+        try:
+            old = commits.read_commit(st, tag)
+        except commits.CommitRecordError:
+            old = None  # the rerun repairs it
+        was = old.contract_version if old is not None else None
+        if old is not None and was != verdict.version:
+            said = f"contract v{was}" if was is not None else "no recorded contract"
+            say(f"{ds.name} {partition_key}: rerun of an hour loaded under {said}; it is "
+                f"reloaded under contract v{verdict.version}, the one in force now")
 
 
 def _forget_attempt(spark: SparkSession, ds: DatasetConfig, st: Storage, tag: str,
@@ -435,7 +459,10 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
         index_format=layout.INDEX_FORMAT,
         output_files={name: tuple(OutputFileEntry(p_.rsplit("/", 1)[1], int(st.fs.info(p_)["size"]))
                                   for p_ in files) for name, files in w.out_files.items()},
+        contract_version=p.contract.version,
     )
+    contract.record(st, p.contract)  # a new version first: the record names it
+    _fault("after_contract")
     p.watch.change(commits.write_commit, st, record)
     return record
 
@@ -456,7 +483,12 @@ def housekeep(spark: SparkSession, ds: DatasetConfig, p: Prepared, record: Commi
     if ds.expiry is not None:  # never changes results: reads filter on v >= X_H anyway
         floor_rec = commits.read_commit(st, to_tag(p.hour - ds.index.retention_lag_hours * HOUR))
         if floor_rec is not None:
-            deleted = apply_retention(st, ds, floor_rec.expiry_point)
+            # never below this load's own X_H: a lengthened period (an evolvable contract change)
+            # must find its window in the index; with one period all along X_{H-lag} <= X_H
+            floor = floor_rec.expiry_point
+            if floor is not None and record.expiry_point is not None:
+                floor = min(floor, record.expiry_point)
+            deleted = apply_retention(st, ds, floor)
     clock.lap("retention")
 
     def intact(n: int, loads: list[str]) -> bool:

@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits
+from dedup_pipeline.engine import commits, contract
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
 from dedup_pipeline.engine.expiry import expiry_value
 from dedup_pipeline.engine.index import compaction, layout, live, store
@@ -95,15 +95,20 @@ def _unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None = None
-                  ) -> RebuildResult:
+def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None = None,
+                  *, check_contract: bool = True) -> RebuildResult:
     """Recompute index entries from unique: of the given loads, or of every committed load.
 
     Reads only the unique output. The caller holds the dataset lock. A full rebuild swaps the whole
-    index directory in; a partial one replaces the entries of each given load.
+    index directory in; a partial one replaces the entries of each given load. The config must
+    keep the dataset's contract (entries under another key would match nothing): a breaking
+    change is refused before anything is written (`check_contract=False`: the caller checked, a
+    load, or a migration that records the new contract itself).
     """
     t0 = time.perf_counter()
     st = Storage(ds.output)
+    if check_contract:
+        contract.check(st, ds, "", commits.committed_tags(st))
     drop_summary(st)  # records are rewritten in place below: a crash must not leave it stale
     committed = sorted(commits.committed_tags(st))
     if tags is not None:  # a damaged compacted directory goes, and every load it held is rebuilt
@@ -122,7 +127,9 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
     sources = _unique_sources(st, targets)
     present = sorted(sources)
     if present:
-        uniq = (spark.read.option("basePath", st.spark_path(UNIQUE))
+        # mergeSchema: hours loaded under an evolved contract have more columns (a key of a
+        # migrated contract may name one)
+        uniq = (spark.read.option("basePath", st.spark_path(UNIQUE)).option("mergeSchema", "true")
                 .parquet(*[p for t in present for p in sources[t]]))
         h1, h2 = digest_columns(ds.key, ds.source.schema)
         df = uniq.withColumn(H1, h1).withColumn(H2, h2)
@@ -190,7 +197,7 @@ def ensure_healthy(spark: SparkSession, ds: DatasetConfig, st: Storage,
     if ds.on_damaged_index == "rebuild":
         if callable(say):
             say(f"{ds.name}: {damage.summary()}; rebuilding the index from unique")
-        rebuild_index(spark, ds, damage.damaged_loads)
+        rebuild_index(spark, ds, damage.damaged_loads, check_contract=False)  # the load checked
         return check_index(st, ds)  # the rebuilt files: what the load will read
     raise IndexDamagedError(damaged_message(ds, damage.summary()))
 

@@ -12,12 +12,17 @@
   files missing from or added to what the commit record lists (a duplicated file), and the index:
   every index file hashed against the hash recorded when it was written (`check_index(content=
   True)`). Each is reported with its path and hour.
+- The dataset contract (engine/contract.py): a config that breaks it is refused (`ContractError`)
+  before anything is read; each hour's expiry points are recomputed under the contract version its
+  commit record names; hours loaded before contracts were recorded are reported as a warning and
+  checked under the current config (assumed unchanged), never failed for it.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
@@ -25,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits
+from dedup_pipeline.engine import commits, contract
 from dedup_pipeline.engine.expiry import expiry_point, expiry_value, latest_point
 from dedup_pipeline.engine.index import health, layout
 from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, OUTPUTS, PARTITION, UNIQUE
@@ -38,7 +43,7 @@ from dedup_pipeline.engine.parse import (
     read_text_batch,
 )
 from dedup_pipeline.engine.storage import Storage, glob_escape
-from dedup_pipeline.hours import parse_key, to_key, to_tag
+from dedup_pipeline.hours import compress_ranges, key_of, parse_key, to_key, to_tag
 
 
 @dataclass
@@ -50,6 +55,7 @@ class VerifyReport:
     violations: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     bad_hours: set[str] = field(default_factory=set)
+    contracts: dict[str, list[str]] = field(default_factory=dict)  # "v1" / "unknown" -> hours
 
     @property
     def ok(self) -> bool:
@@ -256,7 +262,10 @@ def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
     rep = VerifyReport(ds.name)
     committed = sorted(commits.committed_tags(st))
     rep.hours_checked = len(committed)
+    contract.check(st, ds, "", committed)  # a config that breaks the contract: refused
+    hist = contract.read_history(st, committed[-1] if committed else None)
     records = _check_records(st, ds, rep, committed)
+    ds_of = _contract_terms(ds, hist, records, rep)
     scans = {name: _scan(st, name, rep, records) for name in OUTPUTS}
     _check_index(st, ds, rep)
 
@@ -301,15 +310,48 @@ def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
 
     # Uniqueness within the expiry window
     try:
-        _check_uniqueness(spark, ds, frames, committed, rep)
+        _check_uniqueness(spark, ds, frames, committed, rep, ds_of)
     except Exception as e:  # noqa: BLE001 - e.g. a data page that fails to decode: report it
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         rep.violations.append(f"the outputs could not be read for the uniqueness check: {first}")
     return rep
 
 
+def _contract_terms(ds: DatasetConfig, hist: contract.History,
+                    records: dict[str, commits.CommitRecord | None], rep: VerifyReport
+                    ) -> Callable[[str], DatasetConfig]:
+    """Per hour, the config terms it was loaded under (the expiry period of its contract version);
+    hours without a recorded version are reported and checked under the current config."""
+    by_version: dict[int, DatasetConfig] = {c.version: with_period(ds, c) for c in hist.versions}
+    of: dict[str, DatasetConfig] = {}
+    for tag, rec in records.items():
+        v = rec.contract_version if rec is not None else None
+        label = f"v{v}" if v is not None and v in by_version else "unknown"
+        rep.contracts.setdefault(label, []).append(tag)
+        of[tag] = by_version.get(v, ds) if v is not None else ds
+    unknown = [t for t, r in records.items() if r is not None and r.contract_version is None]
+    if unknown:
+        rep.warnings.append(
+            f"{len(unknown)} hour(s) ({compress_ranges([parse_key(key_of(t)) for t in unknown])}) "
+            "were loaded before contracts were recorded: checked under the current config, "
+            "assumed unchanged since they were loaded")
+    return lambda tag: of.get(tag, ds)
+
+
+def with_period(ds: DatasetConfig, c: contract.Contract) -> DatasetConfig:
+    """`ds` with the expiry period of contract `c` (the only term an evolvable change alters that
+    verify recomputes; a breaking one was refused or migrated)."""
+    e, ce = ds.expiry, c.terms.expiry
+    if e is None or ce is None or ce.column != e.column or ce.period == e.period:
+        return ds
+    new = e.model_copy(update={"period_text": ce.period_text})
+    new._period = ce.period
+    return ds.model_copy(update={"expiry": new})
+
+
 def _check_uniqueness(spark: SparkSession, ds: DatasetConfig, frames: dict[str, DataFrame | None],
-                      committed: list[str], rep: VerifyReport) -> None:
+                      committed: list[str], rep: VerifyReport,
+                      ds_of: Callable[[str], DatasetConfig] | None = None) -> None:
     uniq = frames[UNIQUE]
     if uniq is not None:
         uniq = uniq.filter(F.col("load_hour").isin(committed))
@@ -319,7 +361,7 @@ def _check_uniqueness(spark: SparkSession, ds: DatasetConfig, frames: dict[str, 
             dup = uniq.withColumn("_n", F.count(F.lit(1)).over(Window.partitionBy(*key)))
             bad = dup.filter(F.col("_n") > 1).select("load_hour").distinct().collect()
         else:
-            xs = _expiry_points(spark, ds, frames, committed)
+            xs = _expiry_points(spark, ds, frames, committed, ds_of)
             x_df = spark.createDataFrame([(t, float(x) if x is not None else None)
                                           for t, x in xs.items()], "load_hour string, _x double")
             u = uniq.withColumn(V, expiry_value(ds))
@@ -334,8 +376,10 @@ def _check_uniqueness(spark: SparkSession, ds: DatasetConfig, frames: dict[str, 
 
 
 def _expiry_points(spark: SparkSession, ds: DatasetConfig, frames: dict[str, DataFrame | None],
-                   committed: list[str]) -> dict[str, float | int | None]:
-    """X_H per committed hour, recomputed from the non-rejected outputs."""
+                   committed: list[str], ds_of: Callable[[str], DatasetConfig] | None = None
+                   ) -> dict[str, float | int | None]:
+    """X_H per committed hour, recomputed from the non-rejected outputs; `ds_of(tag)`: the terms
+    hour `tag` was loaded under (default `ds`)."""
     maxima: dict[str, float | int] = {}
     for name in (UNIQUE, DUPLICATES, EXPIRED):
         df = frames[name]
@@ -348,6 +392,7 @@ def _expiry_points(spark: SparkSession, ds: DatasetConfig, frames: dict[str, Dat
     out: dict[str, float | int | None] = {}
     latest = None
     for tag in committed:
-        latest = latest_point(ds, parse_key(tag), latest, maxima.get(tag))
-        out[tag] = expiry_point(ds, latest)
+        d = ds_of(tag) if ds_of is not None else ds
+        latest = latest_point(d, parse_key(tag), latest, maxima.get(tag))
+        out[tag] = expiry_point(d, latest)
     return out

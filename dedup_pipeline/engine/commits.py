@@ -360,6 +360,48 @@ def check_order(ds: DatasetConfig, hour: datetime,
         )
 
 
+class LaterHoursLoadedError(LoadOrderError):
+    """Hour H was asked for while later hours are loaded and not in the same run (R10, R11)."""
+
+
+def later_loaded(committed: HourSet, hour: datetime, run_tags: AbstractSet[str],
+                 damaged: AbstractSet[str] = frozenset()) -> list[datetime]:
+    """Committed hours after `hour` that this run does not load again; `damaged` records (a
+    copied or truncated file, not a load) are not loads."""
+    tag, latest = to_tag(hour), committed.max()
+    if latest is None or latest <= tag:  # the usual case: H is the newest hour
+        return []
+    return [parse_key(t) for t in committed.tags_after(tag)
+            if t not in run_tags and t not in damaged]
+
+
+def check_later_hours(ds: DatasetConfig, hour: datetime, committed: HourSet,
+                      run_tags: AbstractSet[str],
+                      damaged: AbstractSet[str] = frozenset()) -> None:
+    """A (re)load of H while later hours are loaded must reload them in the same run (R10, R11).
+
+    Each later hour was classified against the index as H left it: a reload of H alone that
+    changes H's rows (late or removed files) would leave a key unique in H and again in a later
+    hour, or a later duplicate pointing at a first load H no longer holds. So the load is refused,
+    naming the later hours and both fixes, before anything is written; a run over H..latest (the
+    CLI's `--from H --to latest` or `--cascade`, a UI backfill of that range, the reconcile
+    schedule) reloads them in order.
+    """
+    later = later_loaded(committed, hour, run_tags, damaged)
+    if not later:
+        return
+    first, last = to_key(hour), to_key(max(later))
+    raise LaterHoursLoadedError(
+        f"dataset {ds.name!r}: cannot load {first} without the later hours already loaded after "
+        f"it ({compress_ranges(later)}): they were classified against the keys of {first} as "
+        f"loaded then, and reloading it alone would leave them stale (a key unique twice, a "
+        f"duplicate pointing at a first load that is gone). Reload {first} through the latest "
+        f"loaded hour in one run: dedup-pipeline run --config <file> --dataset {ds.name} "
+        f"--from {first} --to {last} (or add --cascade), or in the UI a backfill of "
+        f"{first}...{last}. Nothing was written."
+    )
+
+
 def _tag_time(tag: str) -> datetime:
     """A tag's hour, without strptime (hot: the summary's ranges are walked per check)."""
     return datetime(int(tag[0:4]), int(tag[5:7]), int(tag[8:10]), int(tag[11:13]))
@@ -427,6 +469,16 @@ class HourSet:
 
     def max(self) -> str | None:
         return self._r[-1][1] if self._r else None
+
+    def tags_after(self, tag: str) -> Iterator[str]:
+        """The hours in the set after `tag`, ascending (ranges before it are skipped)."""
+        for a, b in self._r[max(0, self._find(tag)):]:
+            cur, end = _tag_time(max(a, tag)), _tag_time(b)
+            while cur <= end:
+                t = _time_tag(cur)
+                if t > tag:
+                    yield t
+                cur += HOUR
 
     def add(self, tag: str) -> None:
         if tag in self:

@@ -2,9 +2,10 @@
 
 `run_load` is its phases, each a function with a typed result:
  1. `prepare`: order check (every hour since `start` before H has a commit record, R11); the index
-    is healthy; H is forgotten (its commit record, its staged and published index files, also
-    inside compacted directories, its temp outputs); the batch is parsed once (cached) and rows in
-    and the batch's max expiry value are taken in one pass;
+    is healthy; no hour after H is committed unless this run reloads it too (R10: a reload of H
+    alone would leave later hours stale); H is forgotten (its commit record, its staged and
+    published index files, also inside compacted directories, its temp outputs); the batch is
+    parsed once (cached) and rows in and the batch's max expiry value are taken in one pass;
  2. `classify_batch`: L_H, X_H; only the live index slices of committed loads before H are read;
     the batch is classified (cached), all counts in one pass;
  3. `write`: each output partition is written to a temp dir and swapped in atomically; the index
@@ -25,7 +26,8 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -251,8 +253,9 @@ class Verified:
 
 
 def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: Persisted,
-            say: Progress) -> Prepared:
-    """Check that H may load (R11, a healthy index), forget any earlier attempt, parse it."""
+            say: Progress, run_tags: AbstractSet[str] = frozenset()) -> Prepared:
+    """Check that H may load (R11, a healthy index, no later loaded hour left out of the run:
+    `run_tags` are the run's hours), forget any earlier attempt, parse it."""
     hour = parse_key(partition_key)
     tag = to_tag(hour)
     check_landing_root(ds)
@@ -261,6 +264,8 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     assert first.state is not None
     commits.check_order(ds, hour, first.state.committed)
     watch = RecordsWatch(st, ensure_healthy(spark, ds, st, say, rerun=tag, damage=first))
+    commits.check_later_hours(ds, hour, first.state.committed, run_tags | {tag},
+                              set(first.bad_records))
     health = _forget_attempt(spark, ds, st, tag, watch, say)
     # the records this check read, for the next check; not H's, whose record is written later
     save_summary(st, health, drop={tag}, commits_mtime=watch.expected)
@@ -482,16 +487,23 @@ def run_load(
     ds: DatasetConfig,
     partition_key: str,
     progress: Progress | None = None,
+    *,
+    run_hours: Collection[str] = (),
 ) -> LoadResult:
     """Load one hour. The caller holds the dataset lock (see `load_hours`).
+
+    `run_hours`: the partition keys of the whole run. A committed hour after this one that is not
+    among them refuses the load (`LaterHoursLoadedError`): reloading an hour leaves every later
+    loaded hour stale unless they are reloaded after it, in the same run.
 
     A Hadoop ChecksumException on an index file (a file written before content hashes were
     recorded, damaged with a stale ``.crc``) is index damage like any other: it is recorded, and the
     load fails with the rebuild hint or, with `on_damaged_index: rebuild`, is redone after the
     rebuild (nothing of the failed attempt was committed).
     """
+    tags = {to_tag(parse_key(k)) for k in run_hours}
     try:
-        return _run_load(spark, ds, partition_key, progress)
+        return _run_load(spark, ds, partition_key, progress, tags)
     except Exception as e:  # noqa: BLE001 - only a checksum failure on an index file is handled
         rel = checksum_failure(e)
         if rel is None:
@@ -502,16 +514,16 @@ def run_load(
         if ds.on_damaged_index != "rebuild":
             raise IndexDamagedError(damaged_message(
                 ds, f"index/{rel} fails its checksum when read")) from None
-    return _run_load(spark, ds, partition_key, progress)
+    return _run_load(spark, ds, partition_key, progress, tags)
 
 
 def _run_load(spark: SparkSession, ds: DatasetConfig, partition_key: str,
-              progress: Progress | None = None) -> LoadResult:
+              progress: Progress | None, run_tags: AbstractSet[str]) -> LoadResult:
     """The phases in order; stage timings as the record's `seconds` names them."""
     say = progress or (lambda _msg: None)
     clock = Clock()
     with Persisted() as cache:  # released however the phases end
-        p = prepare(spark, ds, partition_key, cache, say)
+        p = prepare(spark, ds, partition_key, cache, say, run_tags)
         clock.lap("parse")
         c = classify_batch(spark, ds, p, cache, say)
         clock.lap("classify")
@@ -557,7 +569,7 @@ def load_hours(
     # load's own error
     with Lock(Storage(ds.output), owner), connect_errors(remote, spark):
         for key in keys:
-            result = run_load(spark, ds, key, progress)
+            result = run_load(spark, ds, key, progress, run_hours=keys)
             results.append(result)
             if on_hour is not None:
                 on_hour(result)

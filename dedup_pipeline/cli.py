@@ -68,15 +68,47 @@ def _load(config: str) -> PipelineConfig:
         raise
 
 
+# Held while a command opens the instance at DAGSTER_HOME: Dagster creates its SQLite storages
+# there on first use with "create table" and no retry, so two commands starting on a brand-new
+# DAGSTER_HOME at the same instant failed with "table jobs already exists".
+INIT_LOCK = ".dedup_pipeline_instance.lock"
+
+
+def one_line(e: BaseException) -> str:
+    """An error in one line: its class and first line of text, never SQLAlchemy's "Background on
+    this error" link alone (the cause is on the first line; the link is the last)."""
+    lines = [line.strip() for line in str(e).splitlines()
+             if line.strip() and not line.strip().startswith("(Background on this error at")]
+    return f"{type(e).__name__}: {lines[0] if lines else repr(e)}"
+
+
+@contextlib.contextmanager
+def _instance_lock(home: Path) -> Iterator[None]:
+    import fcntl
+
+    with open(home / INIT_LOCK, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file is closed
+        yield
+
+
 @contextlib.contextmanager
 def _instance() -> Iterator[object]:
-    """The Dagster instance at DAGSTER_HOME, or a temporary one if unset (SPEC K2)."""
+    """The Dagster instance at DAGSTER_HOME, or a temporary one if unset (SPEC K2).
+
+    Opened (its storages created, the first time) under a file lock in DAGSTER_HOME; an error
+    opening it is one line naming DAGSTER_HOME and the cause."""
     import dagster as dg
 
     _quiet_dagster()
     if os.environ.get("DAGSTER_HOME"):
-        Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
-        with dg.DagsterInstance.get() as inst:
+        home = Path(os.environ["DAGSTER_HOME"])
+        try:
+            home.mkdir(parents=True, exist_ok=True)
+            with _instance_lock(home):
+                inst = dg.DagsterInstance.get()
+        except Exception as e:  # noqa: BLE001 - the cause in one line, not a traceback
+            _fail(f"the Dagster instance at DAGSTER_HOME={home} cannot be opened: {one_line(e)}")
+        with inst:
             yield inst
     else:  # in memory: nothing outlives the command (its commit records are the history)
         with dg.DagsterInstance.ephemeral() as inst:
@@ -139,8 +171,14 @@ def _run(cfg: PipelineConfig, dataset: str | None, first: str, last: str,
     click.echo(SPARK_NOISE)
     _progress_to_stdout()
     with _instance() as inst:
-        run = run_range(cfg, ds.name, first, last, inst,  # type: ignore[arg-type]
-                        quiet=not verbose)
+        try:
+            run = run_range(cfg, ds.name, first, last, inst,  # type: ignore[arg-type]
+                            quiet=not verbose)
+        except Exception as e:  # noqa: BLE001 - e.g. the instance's storage: one line, not a trace
+            if verbose:
+                raise
+            _fail(f"the run of {ds.name!r} {first} .. {last} could not run: {one_line(e)} "
+                  "(--verbose shows the traceback)")
     if run.results:
         click.echo("")
         print_table(run.results)

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import click
 
-from dedup_pipeline.config import BUILTIN_DEMO, ConfigError, PipelineConfig, load_config
+from dedup_pipeline.config import (
+    BUILTIN_DEMO,
+    ConfigError,
+    DatasetConfig,
+    PipelineConfig,
+    load_config,
+)
 from dedup_pipeline.engine.load import LoadResult
 
 SPARK_NOISE = "Spark is starting (10-20 s the first time)..."
@@ -182,12 +188,34 @@ def _run(cfg: PipelineConfig, dataset: str | None, first: str, last: str,
     if run.results:
         click.echo("")
         print_table(run.results)
+    _report_late_input(cfg, ds)
     if not run.success:
-        error = run.error or ""
-        if cfg.source != BUILTIN_DEMO:  # the fix the engine names, with this command's own file
-            error = error.replace("--config <file>", f"--config {cfg.source}")
-        _fail(f"run {run.run_id} failed: {error}")
+        _fail(f"run {run.run_id} failed: {_with_file(cfg, run.error or '')}")
     return run.results
+
+
+def _with_file(cfg: PipelineConfig, text: str) -> str:
+    """The engine's fix for this command: its `--config <file>` made this command's own file."""
+    return text if cfg.source == BUILTIN_DEMO else text.replace("--config <file>",
+                                                                f"--config {cfg.source}")
+
+
+def _report_late_input(cfg: PipelineConfig, ds: DatasetConfig) -> None:
+    """One line per loaded hour (within landing.watch_hours of the latest) whose landing files
+    changed after it was loaded: the CLI's late-file report, as the landing sensor's."""
+    from dedup_pipeline.engine import landing
+    from dedup_pipeline.engine.commits import committed_tags
+    from dedup_pipeline.engine.storage import Storage
+    from dedup_pipeline.hours import key_of
+
+    try:
+        committed = committed_tags(Storage(ds.output))
+        changes = landing.changed_hours(ds, committed)
+    except Exception as e:  # noqa: BLE001 - a report, never the command's failure
+        click.echo(f"warning: late files of {ds.name!r} not checked: {one_line(e)}")
+        return
+    for c in changes:
+        click.echo(f"late input: {ds.name} {_with_file(cfg, c.line(ds, key_of(max(committed))))}")
 
 
 @click.group()
@@ -253,7 +281,7 @@ def verify(config: str, dataset: str | None) -> None:
         for w in rep.warnings:
             click.echo(f"warning: {ds.name}: {w}")
         for v in rep.violations:
-            click.echo(f"VIOLATION: {ds.name}: {v}")
+            click.echo(f"VIOLATION: {ds.name}: {_with_file(cfg, v)}")
         status = "OK" if rep.ok else f"FAILED ({len(rep.bad_hours)} hour(s))"
         click.echo(f"{ds.name}: {rep.hours_checked} hours, {rep.rows_in} rows in, "
                    f"{rep.rows_out} rows out: {status}")

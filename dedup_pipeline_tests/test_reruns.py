@@ -8,6 +8,7 @@ anything is written. A run over H..latest reloads in order and gives what a firs
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dagster as dg
@@ -115,3 +116,66 @@ def test_cli_rerun_is_refused_naming_the_command_and_cascade_reloads(
     assert _ids(out, "unique", H[0]) == {"k1", "k2", "k6"}
     assert _ids(out, "duplicates", H[1]) == {"k1", "k6"} and _ids(out, "unique", H[1]) == set()
     assert _ids(out, "duplicates", H[2]) == {"k6"} and _ids(out, "unique", H[2]) == {"k7"}
+
+
+def _verify(cfg_path: Path) -> tuple[int, list[str]]:
+    r = CliRunner().invoke(main, ["verify", "--config", str(cfg_path)])
+    return r.exit_code, [line for line in r.output.splitlines() if line.startswith("VIOLATION")]
+
+
+def test_verify_and_run_report_changed_landing_files_and_verify_a_doubled_key(
+        spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`verify` compares each loaded hour's landing files with what its load read (path, size,
+    content hash), not only row counts; `run` names late or changed files of loaded hours in one
+    line each; a key unique in two hours is a violation."""
+    from dedup_pipeline.engine.load import load_hours
+
+    cfg_path = write_config(tmp_path, dataset_raw())
+    ds = load_config(cfg_path).datasets[0]
+    write_hour(ds, H[0], [_ev("k1"), _ev("k2")])
+    gone = write_hour(ds, H[0], [_ev("k3")], name="part-1.jsonl")
+    rewritten = write_hour(ds, H[1], [_ev("k1"), _ev("k6")])
+    load_hours(spark, ds, H[:2])
+    assert _verify(cfg_path) == (0, [])
+
+    # the counts stay equal: one file lands late in 00 (k6, first loaded in 01), one is removed;
+    # a file of 01 is rewritten with the same size and mtime; another is only touched
+    write_hour(ds, H[0], [_ev("k6")], name="part-late.jsonl")
+    gone.unlink()
+    st = rewritten.stat()
+    rewritten.write_text(rewritten.read_text().replace('"k1"', '"k9"'))
+    os.utime(rewritten, ns=(st.st_atime_ns, st.st_mtime_ns))
+    touched = write_hour(ds, H[1], [_ev("k7")], name="part-2.jsonl")
+    code, violations = _verify(cfg_path)
+    assert code == 1
+    fix = f"dedup-pipeline run --config {cfg_path} --dataset clicks --from"
+    assert violations == [
+        f"VIOLATION: clicks: {H[0]}: landing files changed since the hour was loaded (new "
+        f"part-late.jsonl; removed part-1.jsonl); reload it through the latest loaded hour: "
+        f"{fix} {H[0]} --to {H[1]}",
+        f"VIOLATION: clicks: {H[1]}: landing files changed since the hour was loaded (new "
+        f"part-2.jsonl; changed part-0.jsonl); reload it through the latest loaded hour: "
+        f"{fix} {H[1]} --to {H[1]}"]
+
+    # `run` of the latest hour (allowed) takes in 01's files and reports 00's late input
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    os.utime(touched)  # mtime only, same content: not a change
+    r = CliRunner().invoke(main, ["run", "--config", str(cfg_path), "--from", H[1], "--to", H[1]])
+    assert r.exit_code == 0, r.output
+    late = [line for line in r.output.splitlines() if line.startswith("late input:")]
+    assert late == [f"late input: clicks {H[0]}: landing files changed since the hour was loaded "
+                    f"(new part-late.jsonl; removed part-1.jsonl); reload it through the latest "
+                    f"loaded hour: {fix} {H[0]} --to {H[1]}"]
+
+    # a key unique in two hours (what reloading 00 alone used to leave): hour 01's record set
+    # aside so the engine reloads 00 alone, then put back
+    rec01 = Path(ds.output, "_commits", "load_hour=2026-11-01-01.json")
+    aside = tmp_path / "rec01.json"
+    rec01.rename(aside)
+    load_hours(spark, ds, [H[0]])
+    aside.rename(rec01)
+    assert _ids(Path(ds.output), "unique", H[0]) & _ids(Path(ds.output), "unique", H[1]) == {"k6"}
+    code, violations = _verify(cfg_path)
+    assert code == 1
+    assert (f"VIOLATION: clicks: {H[1]}: a key in unique is also unique in an earlier hour within "
+            "the expiry window") in violations, violations

@@ -110,8 +110,9 @@ class CommitRecord:
     check_figures: dict[str, Any] = field(default_factory=dict)
     committed_at: str | None = None
     index_checksum: dict[str, Any] | None = None  # XOR of the unique rows' digests
-    # the landing files read, as they were then (the landing check compares them with now);
-    # None: written before inputs were recorded
+    # the landing files read, as they were then (the landing check compares them with now):
+    # path, size, mtime and, since 2026-11-27, the SHA-256 of the content (absent in older
+    # records); None: written before inputs were recorded
     inputs: tuple[InputFile, ...] | None = None
     index_files: tuple[IndexFileEntry, ...] = ()
     index_format: int = 1  # records without one predate index format 2
@@ -140,8 +141,9 @@ class CommitRecord:
             out[f.name] = v
         out["index_slices_written"] = list(self.index_slices_written)
         out["index_files"] = [f.to_json() for f in self.index_files]
-        if self.inputs is not None:
-            out["inputs"] = [asdict(f) for f in self.inputs]
+        if self.inputs is not None:  # sha256 only where known, as records before it wrote them
+            out["inputs"] = [{k: v for k, v in asdict(f).items() if v is not None or k != "sha256"}
+                             for f in self.inputs]
         if self.output_files is not None:
             out["output_files"] = {k: [f.to_json() for f in v] for k, v in self.output_files.items()}
         return out
@@ -162,7 +164,8 @@ class CommitRecord:
             seconds=dict(rec.get("seconds") or {}),
             check_figures=dict(rec.get("check_figures") or {}),
             inputs=None if rec.get("inputs") is None else tuple(
-                InputFile(f["path"], int(f["size"]), float(f["mtime"])) for f in rec["inputs"]),
+                InputFile(f["path"], int(f["size"]), float(f["mtime"]), f.get("sha256"))
+                for f in rec["inputs"]),
             index_files=tuple(IndexFileEntry.from_json(f) for f in rec.get("index_files") or ()),
             output_files=None if files is None else {
                 k: tuple(OutputFileEntry(f["name"], f.get("size")) for f in v) for k, v in files.items()},
@@ -246,7 +249,8 @@ def validate_record(rec: Any, tag: str) -> str | None:
     inputs = rec.get("inputs", [])
     if not isinstance(inputs, list) or not all(
             isinstance(f, dict) and isinstance(f.get("path"), str) and _is_count(f.get("size"))
-            and _is_number(f.get("mtime")) for f in inputs):
+            and _is_number(f.get("mtime")) and isinstance(f.get("sha256", ""), str)
+            for f in inputs):
         return "field 'inputs' is malformed"
     return None
 

@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection
 from collections.abc import Set as AbstractSet
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -67,6 +67,7 @@ from dedup_pipeline.engine.index.live import (
     check_retention,
     live_files,
 )
+from dedup_pipeline.engine.landing import with_content_hashes
 from dedup_pipeline.engine.outputs import (
     CONFLICT,
     DUPLICATES,
@@ -201,6 +202,15 @@ class Batch:
     frame: DataFrame  # cached
     rows_in: int
     vmax: Any  # the max expiry value of its valid rows (None without expiry)
+    hashed: Future[list[InputFile]] | None = None  # `inputs` with content hashes, for the record
+
+    def recorded_inputs(self) -> tuple[InputFile, ...]:
+        """The inputs as the commit record keeps them: with their content hashes."""
+        return tuple(self.hashed.result() if self.hashed is not None else self.inputs)
+
+
+# Hashes the hour's landing files while Spark parses them (the driver waits on Spark meanwhile).
+_HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dedup-input-hash")
 
 
 @dataclass(frozen=True)
@@ -304,13 +314,14 @@ def _parse(spark: SparkSession, ds: DatasetConfig, hour: datetime, partition_key
            cache: Persisted, say: Progress) -> Batch:
     """Parse once: one job caches the batch and yields rows in and its max expiry value."""
     inputs = list_input_files(ds, hour)
+    hashed = _HASHER.submit(with_content_hashes, inputs)
     plan = plan_batch(ds, inputs)
     vmax = F.max(F.when(F.col(REASON).isNull(), F.col(V))) if ds.expiry else F.lit(None)
     while True:  # a file Spark fails to read is set aside as unreadable and the batch re-read
         frame = cache.persist(prepare_batch(spark, ds, plan))
         try:
             first = frame.agg(F.count(F.lit(1)).alias("n"), vmax.alias("vmax")).collect()[0]
-            return Batch(inputs, frame, int(first["n"]), first["vmax"])
+            return Batch(inputs, frame, int(first["n"]), first["vmax"], hashed)
         except Exception as e:  # noqa: BLE001 - only a read failure naming a file is absorbed
             cache.drop(frame)
             bad = failed_file(e, plan)
@@ -434,7 +445,7 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
         check_figures=v.figures.as_metadata(),
         committed_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         index_checksum=v.figures.checksum,
-        inputs=tuple(p.batch.inputs),
+        inputs=p.batch.recorded_inputs(),
         index_files=tuple(IndexFileEntry.from_json(f)
                           for f in index_file_manifest(st, tag, v.slices)),
         index_format=layout.INDEX_FORMAT,

@@ -179,23 +179,29 @@ def input_change(ds: DatasetConfig, hour: datetime, record: commits.CommitRecord
         record = commits.read_commit(Storage(ds.output), to_tag(hour))
     if record is None or record.inputs is None:
         return None
-    loaded = {f.path: f for f in record.inputs}
-    now = {f.path: f for f in list_input_files(ds, hour)}
-    added = sorted(set(now) - set(loaded))
-    removed = sorted(set(loaded) - set(now))
+    # by name in the hour's directory (data files are directly in it): a landing zone moved or
+    # copied with its files (a new `source.path`) is the same input
+    loaded = {_name(f.path): f for f in record.inputs}
+    now = {_name(f.path): f for f in list_input_files(ds, hour)}
 
-    def changed(p: str) -> bool:
-        was, cur = loaded[p], now[p]
+    def changed(name: str) -> bool:
+        was, cur = loaded[name], now[name]
         if was.size != cur.size:
             return True
         if was.sha256 is not None and (content or was.mtime != cur.mtime):
-            return content_hash(p) != was.sha256
+            return content_hash(cur.path) != was.sha256
         return was.mtime != cur.mtime
 
-    modified = sorted(p for p in set(now) & set(loaded) if changed(p))
+    added = sorted(now[n].path for n in set(now) - set(loaded))
+    removed = sorted(loaded[n].path for n in set(loaded) - set(now))
+    modified = sorted(now[n].path for n in set(now) & set(loaded) if changed(n))
     if not (added or removed or modified):
         return None
     return InputChange(hour, added, removed, modified)
+
+
+def _name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
 
 
 def watched_hours(ds: DatasetConfig, committed: set[str]) -> list[datetime]:

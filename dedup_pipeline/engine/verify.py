@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
@@ -262,10 +263,19 @@ def _check_landing(ds: DatasetConfig, rep: VerifyReport,
         return set()
     latest = to_key(parse_key(max(valid)))
     changed = set()
-    for tag, rec in sorted(valid.items()):
+
+    def compare(item: tuple[str, commits.CommitRecord]) -> landing.InputChange | Exception | None:
         try:
-            change = landing.input_change(ds, parse_key(tag), rec, content=True)
+            return landing.input_change(ds, parse_key(item[0]), item[1], content=True)
         except Exception as e:  # noqa: BLE001 - reported per hour, never raised
+            return e
+
+    # every file is hashed: hours in parallel (hashlib releases the GIL), in order for the report
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        found = list(pool.map(compare, sorted(valid.items())))
+    for (tag, _), change in zip(sorted(valid.items()), found, strict=True):
+        if isinstance(change, Exception):
+            e = change
             rep.violations.append(f"{_hour(tag)}: cannot list the landing files ({type(e).__name__}:"
                                   f" {str(e).splitlines()[0][:200] if str(e) else ''})")
             rep.bad_hours.add(tag)

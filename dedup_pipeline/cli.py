@@ -13,7 +13,13 @@ from pathlib import Path
 
 import click
 
-from dedup_pipeline.config import ConfigError, DatasetConfig, PipelineConfig, load_config
+from dedup_pipeline.config import (
+    BUILTIN_DEMO,
+    ConfigError,
+    DatasetConfig,
+    PipelineConfig,
+    load_config,
+)
 from dedup_pipeline.engine.contract import ContractError
 from dedup_pipeline.engine.load import LoadResult
 
@@ -70,15 +76,47 @@ def _load(config: str) -> PipelineConfig:
         raise
 
 
+# Held while a command opens the instance at DAGSTER_HOME: Dagster creates its SQLite storages
+# there on first use with "create table" and no retry, so two commands starting on a brand-new
+# DAGSTER_HOME at the same instant failed with "table jobs already exists".
+INIT_LOCK = ".dedup_pipeline_instance.lock"
+
+
+def one_line(e: BaseException) -> str:
+    """An error in one line: its class and first line of text, never SQLAlchemy's "Background on
+    this error" link alone (the cause is on the first line; the link is the last)."""
+    lines = [line.strip() for line in str(e).splitlines()
+             if line.strip() and not line.strip().startswith("(Background on this error at")]
+    return f"{type(e).__name__}: {lines[0] if lines else repr(e)}"
+
+
+@contextlib.contextmanager
+def _instance_lock(home: Path) -> Iterator[None]:
+    import fcntl
+
+    with open(home / INIT_LOCK, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file is closed
+        yield
+
+
 @contextlib.contextmanager
 def _instance() -> Iterator[object]:
-    """The Dagster instance at DAGSTER_HOME, or a temporary one if unset (SPEC K2)."""
+    """The Dagster instance at DAGSTER_HOME, or a temporary one if unset (SPEC K2).
+
+    Opened (its storages created, the first time) under a file lock in DAGSTER_HOME; an error
+    opening it is one line naming DAGSTER_HOME and the cause."""
     import dagster as dg
 
     _quiet_dagster()
     if os.environ.get("DAGSTER_HOME"):
-        Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
-        with dg.DagsterInstance.get() as inst:
+        home = Path(os.environ["DAGSTER_HOME"])
+        try:
+            home.mkdir(parents=True, exist_ok=True)
+            with _instance_lock(home):
+                inst = dg.DagsterInstance.get()
+        except Exception as e:  # noqa: BLE001 - the cause in one line, not a traceback
+            _fail(f"the Dagster instance at DAGSTER_HOME={home} cannot be opened: {one_line(e)}")
+        with inst:
             yield inst
     else:  # in memory: nothing outlives the command (its commit records are the history)
         with dg.DagsterInstance.ephemeral() as inst:
@@ -141,14 +179,45 @@ def _run(cfg: PipelineConfig, dataset: str | None, first: str, last: str,
     click.echo(SPARK_NOISE)
     _progress_to_stdout()
     with _instance() as inst:
-        run = run_range(cfg, ds.name, first, last, inst,  # type: ignore[arg-type]
-                        quiet=not verbose)
+        try:
+            run = run_range(cfg, ds.name, first, last, inst,  # type: ignore[arg-type]
+                            quiet=not verbose)
+        except Exception as e:  # noqa: BLE001 - e.g. the instance's storage: one line, not a trace
+            if verbose:
+                raise
+            _fail(f"the run of {ds.name!r} {first} .. {last} could not run: {one_line(e)} "
+                  "(--verbose shows the traceback)")
     if run.results:
         click.echo("")
         print_table(run.results)
+    _report_late_input(cfg, ds)
     if not run.success:
-        _fail(f"run {run.run_id} failed: {run.error}")
+        _fail(f"run {run.run_id} failed: {_with_file(cfg, run.error or '')}")
     return run.results
+
+
+def _with_file(cfg: PipelineConfig, text: str) -> str:
+    """The engine's fix for this command: its `--config <file>` made this command's own file."""
+    return text if cfg.source == BUILTIN_DEMO else text.replace("--config <file>",
+                                                                f"--config {cfg.source}")
+
+
+def _report_late_input(cfg: PipelineConfig, ds: DatasetConfig) -> None:
+    """One line per loaded hour (within landing.watch_hours of the latest) whose landing files
+    changed after it was loaded: the CLI's late-file report, as the landing sensor's."""
+    from dedup_pipeline.engine import landing
+    from dedup_pipeline.engine.commits import committed_tags
+    from dedup_pipeline.engine.storage import Storage
+    from dedup_pipeline.hours import key_of
+
+    try:
+        committed = committed_tags(Storage(ds.output))
+        changes = landing.changed_hours(ds, committed)
+    except Exception as e:  # noqa: BLE001 - a report, never the command's failure
+        click.echo(f"warning: late files of {ds.name!r} not checked: {one_line(e)}")
+        return
+    for c in changes:
+        click.echo(f"late input: {ds.name} {_with_file(cfg, c.line(ds, key_of(max(committed))))}")
 
 
 @click.group()
@@ -162,14 +231,18 @@ def main() -> None:
 @click.option("--dataset", default=None, help="dataset name (needed if the file has several)")
 @click.option("--from", "first", required=True, help="first hour, e.g. 2026-11-01-00:00")
 @click.option("--to", "last", required=True, help="last hour (inclusive)")
+@click.option("--cascade", is_flag=True,
+              help="also reload every hour loaded after --to, in the same run (a rerun of an "
+              "earlier hour is refused while later loaded hours are left out)")
 @click.option("--verbose", "-v", is_flag=True,
               help="also print Dagster's own log of the run (tracebacks included)")
-def run(config: str, dataset: str | None, first: str, last: str, verbose: bool) -> None:
+def run(config: str, dataset: str | None, first: str, last: str, cascade: bool,
+        verbose: bool) -> None:
     """Load hours FROM..TO in order, through Dagster (records in DAGSTER_HOME)."""
     cfg = _load(config)
     try:
         ds = cfg.dataset(dataset)
-        from dedup_pipeline.hours import parse_key
+        from dedup_pipeline.hours import key_of, parse_key
         parse_key(last)
         if parse_key(first) < parse_key(ds.start):  # Dagster would refuse it with a CheckError
             raise ValueError(f"dataset {ds.name!r}: hour {first} is before the dataset's start "
@@ -177,6 +250,15 @@ def run(config: str, dataset: str | None, first: str, last: str, verbose: bool) 
         _check_contract(ds, first)
     except (ConfigError, ValueError, ContractError) as e:
         _fail(str(e))
+    if cascade:
+        from dedup_pipeline.engine.commits import committed_tags
+        from dedup_pipeline.engine.storage import Storage
+
+        latest = max(committed_tags(Storage(ds.output)), default=None)
+        if latest is not None and parse_key(latest) > parse_key(last):
+            click.echo(f"--cascade: hours up to {key_of(latest)} are loaded; reloading "
+                       f"{first} .. {key_of(latest)}")
+            last = key_of(latest)
     _run(cfg, dataset, first, last, verbose)
 
 
@@ -217,7 +299,7 @@ def verify(config: str, dataset: str | None) -> None:
         for w in rep.warnings:
             click.echo(f"warning: {ds.name}: {w}")
         for v in rep.violations:
-            click.echo(f"VIOLATION: {ds.name}: {v}")
+            click.echo(f"VIOLATION: {ds.name}: {_with_file(cfg, v)}")
         if rep.contracts:
             from dedup_pipeline.hours import compress_ranges, key_of, parse_key
             click.echo(f"{ds.name}: checked under contract " + "; ".join(

@@ -39,6 +39,9 @@ from dedup_pipeline.engine.session import SparkSettings, get_session
 #   R11      test_rules.py::test_cross_batch_fingerprint_order_and_empty_hour[fingerprint] (order,
 #            missing hours named, an empty hour is a load); through Dagster:
 #            test_dagster.py::test_out_of_order_load_fails_naming_missing_hours
+#   R11a     test_rules.py::test_rerun_of_an_earlier_hour_never_leaves_later_hours_stale (a rerun
+#            leaving out later loaded hours is refused; the full range is exact); through Dagster
+#            and the CLI: test_reruns.py
 #   R12      test_rules.py::test_lost_index_is_refused_then_rebuilt_and_later_loads_are_exact
 #   L3       test_storage.py::test_replace_dir_readers_never_see_a_mix_or_nothing
 #   D1, D5   test_dagster.py::test_asset_graph_shape, ::test_single_hour_materialization_metadata

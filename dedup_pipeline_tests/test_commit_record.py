@@ -3,6 +3,7 @@ earlier versions still read, unknown fields kept."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -42,6 +43,9 @@ def test_the_record_holds_every_figure_the_load_reports(spark: SparkSession,
         others = sum(v for k, v in r.seconds.items() if k != "total")
         assert r.seconds["total"] >= others - 0.01
     assert sum(r.index_slices_deleted for r in results) > 0  # set after the first write
+    for r in results:  # each input with its size and the SHA-256 of the content it had
+        assert r.inputs and all(f.sha256 == hashlib.sha256(Path(f.path).read_bytes()).hexdigest()
+                                and f.size == Path(f.path).stat().st_size for f in r.inputs)
     assert [(r.rows_in, r.unique, r.duplicates, r.rejected) for r in results[1:]] == [
         (5, 2, 1, 1)] * 3
 
@@ -67,6 +71,7 @@ def test_records_of_earlier_versions_read_and_keep_their_fields(tmp_path: Path) 
     assert (rec.check_figures, rec.index_format, rec.output_files) == ({}, 1, None)
     assert rec.index_files[0].rows is None and rec.index_files[0].sha256 is None
     assert rec.inputs is not None and rec.inputs[0].size == 10
+    assert rec.inputs[0].sha256 is None  # inputs without a content hash (before 2026-11-27)
     assert rec.duplicate_rate == 1 / 3
     write_commit(st, rec.with_(index_slices_deleted=2))
     again = json.loads(Path(commit_path(st, TAG)).read_text())

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 
 import dedup_pipeline.engine.load as load_mod
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.commits import LoadOrderError
+from dedup_pipeline.engine.commits import LaterHoursLoadedError, LoadOrderError
 from dedup_pipeline.engine.load import LoadResult, load_hours
 from dedup_pipeline_tests.conftest import dataset_config, source_raw, write_hour
 
@@ -541,8 +541,9 @@ def test_retention_deletes_expired_slices_and_never_changes_a_result(spark: Spar
 
 @pytest.mark.fast
 def test_rerun_of_loaded_hours_changes_nothing(spark: SparkSession, tmp_path: Path) -> None:
-    """R10: running H1, then H0, again after success gives the same rows in every output of
-    every hour and the same index entries, as if each had run once."""
+    """R10: running H1 (the latest loaded hour), then H0 through H1, again after success gives
+    the same rows in every output of every hour and the same index entries, as if each had run
+    once. H0 alone is refused while H1 is loaded (R11: later hours are reloaded with it)."""
     ds = make_ds(tmp_path, fingerprint=["user_id", "url"],
                  expiry={"column": "event_time", "period": "2h"})
     write_hour(ds, H0, [ev("r1", "k1", "2026-11-01T00:10:00Z", user_id="u", url="/a"),
@@ -556,10 +557,65 @@ def test_rerun_of_loaded_hours_changes_nothing(spark: SparkSession, tmp_path: Pa
     assert rids(read(ds, "unique", H0)) == {"r1"} and rids(read(ds, "unique", H1)) == {"r6"}
     assert dups(read(ds, "duplicates", H1)) == {"r4": ("natural", "2026-11-01-00")}
     assert rids(read(ds, "expired", H1)) == {"r5"}
-    for h in (H1, H0):
-        load(spark, ds, h)  # conservation holds on the rerun too
-        assert all_outputs(ds, [H0, H1]) == before, h
-        assert index_entries(ds) == entries, h
+    load(spark, ds, H1)  # conservation holds on the rerun too
+    assert all_outputs(ds, [H0, H1]) == before
+    assert index_entries(ds) == entries
+    with pytest.raises(LaterHoursLoadedError, match="2026-11-01-01:00"):
+        load_hours(spark, ds, [H0])
+    for result in load_hours(spark, ds, [H0, H1]):
+        assert_conserved(ds, result.partition_key, result)
+    assert all_outputs(ds, [H0, H1]) == before
+    assert index_entries(ds) == entries
+
+
+def _snapshot(ds: DatasetConfig) -> dict[str, bytes]:
+    """Every file of the dataset's output tree (commit records included), by relative path."""
+    root = Path(ds.output)
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and "_trash" not in p.parts and p.name != "_lock"}
+
+
+@pytest.mark.fast
+def test_rerun_of_an_earlier_hour_never_leaves_later_hours_stale(spark: SparkSession,
+                                                                 tmp_path: Path) -> None:
+    """R10, R11: hours 00-01 loaded; a file with key k6 (first loaded in 01) lands late in 00 and
+    another file of 00 is removed. Reloading 00 alone would make k6 unique in 00 and in 01: it is
+    refused, naming the later hours and the command, and changes nothing. Reloading 00 through
+    the latest loaded hour gives what a first load with 00's new files gives (R3, R4)."""
+    ds = make_ds(tmp_path)
+    write_hour(ds, H0, [ev("r1", "k1"), ev("r2", "k2")])
+    gone = write_hour(ds, H0, [ev("r3", "k3")], name="part-1.jsonl")
+    write_hour(ds, H1, [ev("r4", "k1"), ev("r6", "k6")])
+    write_hour(ds, H2, [ev("r7", "k6"), ev("r8", "k8")])
+    load_hours(spark, ds, [H0, H1])
+    write_hour(ds, H0, [ev("r5", "k6")], name="part-2.jsonl")  # late
+    gone.unlink()
+    before = _snapshot(ds)
+    with pytest.raises(LaterHoursLoadedError) as ei:
+        load_hours(spark, ds, [H0])
+    assert str(ei.value) == (
+        "dataset 'clicks': cannot load 2026-11-01-00:00 without the later hours already loaded "
+        "after it (2026-11-01-01:00): they were classified against the keys of 2026-11-01-00:00 "
+        "as loaded then, and reloading it alone would leave them stale (a key unique twice, a "
+        "duplicate pointing at a first load that is gone). Reload 2026-11-01-00:00 through the "
+        "latest loaded hour in one run: dedup-pipeline run --config <file> --dataset clicks "
+        "--from 2026-11-01-00:00 --to 2026-11-01-01:00 (or add --cascade), or in the UI a "
+        "backfill of 2026-11-01-00:00...2026-11-01-01:00. Nothing was written.")
+    assert _snapshot(ds) == before
+    with pytest.raises(LaterHoursLoadedError):  # a range that stops short of 01 too
+        load_hours(spark, ds, [H0, H2])
+    assert _snapshot(ds) == before
+    # the new hour alone, the latest loaded hour alone: no later hour is left out, both load
+    out1 = load(spark, ds, H1)
+    assert rids(out1["unique"]) == {"r6"}
+    results = load_hours(spark, ds, [H0, H1, H2])  # the whole range, and on into a new hour
+    outs = [assert_conserved(ds, r.partition_key, r) for r in results]
+    assert rids(outs[0]["unique"]) == {"r1", "r2", "r5"} and not outs[0]["duplicates"]
+    assert not outs[1]["unique"]
+    assert dups(outs[1]["duplicates"]) == {"r4": ("natural", "2026-11-01-00"),
+                                           "r6": ("natural", "2026-11-01-00")}
+    assert rids(outs[2]["unique"]) == {"r8"}
+    assert dups(outs[2]["duplicates"]) == {"r7": ("natural", "2026-11-01-00")}
 
 
 @pytest.mark.fast

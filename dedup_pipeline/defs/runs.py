@@ -123,6 +123,11 @@ CAUSES: dict[str, tuple[str, str]] = {
         "the order check (an earlier hour is not loaded)",
         "load the missing earlier hours first (the command is in the error), then this range; "
         "nothing was written"),
+    "LaterHoursLoadedError": (
+        "the rerun rule (hours after the first one of {hours} are loaded and not in this run)",
+        "reload from the first hour through the latest loaded hour in one run: a backfill of that "
+        "range (the error names it) or dedup-pipeline run --from ... --to ... (or --cascade); "
+        "nothing was written"),
     "DatasetLockedError": (
         "the dataset lock (another run of {ds} held it)",
         "nothing was written; wait for the other run to finish and launch {hours} again only if "

@@ -110,8 +110,9 @@ class CommitRecord:
     check_figures: dict[str, Any] = field(default_factory=dict)
     committed_at: str | None = None
     index_checksum: dict[str, Any] | None = None  # XOR of the unique rows' digests
-    # the landing files read, as they were then (the landing check compares them with now);
-    # None: written before inputs were recorded
+    # the landing files read, as they were then (the landing check compares them with now):
+    # path, size, mtime and, since 2026-11-27, the SHA-256 of the content (absent in older
+    # records); None: written before inputs were recorded
     inputs: tuple[InputFile, ...] | None = None
     index_files: tuple[IndexFileEntry, ...] = ()
     index_format: int = 1  # records without one predate index format 2
@@ -143,8 +144,9 @@ class CommitRecord:
             out[f.name] = v
         out["index_slices_written"] = list(self.index_slices_written)
         out["index_files"] = [f.to_json() for f in self.index_files]
-        if self.inputs is not None:
-            out["inputs"] = [asdict(f) for f in self.inputs]
+        if self.inputs is not None:  # sha256 only where known, as records before it wrote them
+            out["inputs"] = [{k: v for k, v in asdict(f).items() if v is not None or k != "sha256"}
+                             for f in self.inputs]
         if self.output_files is not None:
             out["output_files"] = {k: [f.to_json() for f in v] for k, v in self.output_files.items()}
         return out
@@ -165,7 +167,8 @@ class CommitRecord:
             seconds=dict(rec.get("seconds") or {}),
             check_figures=dict(rec.get("check_figures") or {}),
             inputs=None if rec.get("inputs") is None else tuple(
-                InputFile(f["path"], int(f["size"]), float(f["mtime"])) for f in rec["inputs"]),
+                InputFile(f["path"], int(f["size"]), float(f["mtime"]), f.get("sha256"))
+                for f in rec["inputs"]),
             index_files=tuple(IndexFileEntry.from_json(f) for f in rec.get("index_files") or ()),
             output_files=None if files is None else {
                 k: tuple(OutputFileEntry(f["name"], f.get("size")) for f in v) for k, v in files.items()},
@@ -249,7 +252,8 @@ def validate_record(rec: Any, tag: str) -> str | None:
     inputs = rec.get("inputs", [])
     if not isinstance(inputs, list) or not all(
             isinstance(f, dict) and isinstance(f.get("path"), str) and _is_count(f.get("size"))
-            and _is_number(f.get("mtime")) for f in inputs):
+            and _is_number(f.get("mtime")) and isinstance(f.get("sha256", ""), str)
+            for f in inputs):
         return "field 'inputs' is malformed"
     return None
 
@@ -363,6 +367,48 @@ def check_order(ds: DatasetConfig, hour: datetime,
         )
 
 
+class LaterHoursLoadedError(LoadOrderError):
+    """Hour H was asked for while later hours are loaded and not in the same run (R10, R11)."""
+
+
+def later_loaded(committed: HourSet, hour: datetime, run_tags: AbstractSet[str],
+                 damaged: AbstractSet[str] = frozenset()) -> list[datetime]:
+    """Committed hours after `hour` that this run does not load again; `damaged` records (a
+    copied or truncated file, not a load) are not loads."""
+    tag, latest = to_tag(hour), committed.max()
+    if latest is None or latest <= tag:  # the usual case: H is the newest hour
+        return []
+    return [parse_key(t) for t in committed.tags_after(tag)
+            if t not in run_tags and t not in damaged]
+
+
+def check_later_hours(ds: DatasetConfig, hour: datetime, committed: HourSet,
+                      run_tags: AbstractSet[str],
+                      damaged: AbstractSet[str] = frozenset()) -> None:
+    """A (re)load of H while later hours are loaded must reload them in the same run (R10, R11).
+
+    Each later hour was classified against the index as H left it: a reload of H alone that
+    changes H's rows (late or removed files) would leave a key unique in H and again in a later
+    hour, or a later duplicate pointing at a first load H no longer holds. So the load is refused,
+    naming the later hours and both fixes, before anything is written; a run over H..latest (the
+    CLI's `--from H --to latest` or `--cascade`, a UI backfill of that range, the reconcile
+    schedule) reloads them in order.
+    """
+    later = later_loaded(committed, hour, run_tags, damaged)
+    if not later:
+        return
+    first, last = to_key(hour), to_key(max(later))
+    raise LaterHoursLoadedError(
+        f"dataset {ds.name!r}: cannot load {first} without the later hours already loaded after "
+        f"it ({compress_ranges(later)}): they were classified against the keys of {first} as "
+        f"loaded then, and reloading it alone would leave them stale (a key unique twice, a "
+        f"duplicate pointing at a first load that is gone). Reload {first} through the latest "
+        f"loaded hour in one run: dedup-pipeline run --config <file> --dataset {ds.name} "
+        f"--from {first} --to {last} (or add --cascade), or in the UI a backfill of "
+        f"{first}...{last}. Nothing was written."
+    )
+
+
 def _tag_time(tag: str) -> datetime:
     """A tag's hour, without strptime (hot: the summary's ranges are walked per check)."""
     return datetime(int(tag[0:4]), int(tag[5:7]), int(tag[8:10]), int(tag[11:13]))
@@ -430,6 +476,16 @@ class HourSet:
 
     def max(self) -> str | None:
         return self._r[-1][1] if self._r else None
+
+    def tags_after(self, tag: str) -> Iterator[str]:
+        """The hours in the set after `tag`, ascending (ranges before it are skipped)."""
+        for a, b in self._r[max(0, self._find(tag)):]:
+            cur, end = _tag_time(max(a, tag)), _tag_time(b)
+            while cur <= end:
+                t = _time_tag(cur)
+                if t > tag:
+                    yield t
+                cur += HOUR
 
     def add(self, tag: str) -> None:
         if tag in self:

@@ -13,21 +13,25 @@ Completeness (``landing.marker`` / ``landing.grace``):
 An hour with a marker and no data files is complete and loads as zero rows.
 
 Late input: a loaded hour's current landing files are compared with the ``inputs`` its commit record
-lists (path, size, mtime): a file added, removed, or with another size or mtime is a change. Only
-loaded hours within ``landing.watch_hours`` of the latest loaded hour are watched, so the cost per
-sensor tick is bounded (one listing and one small JSON read per watched hour).
+lists (path, size, mtime, SHA-256 of the content): a file added, removed, or with another size is a
+change; a file with another mtime is one only if its content hash differs too (a file delivered
+again unchanged is not). `verify` also hashes every file whose size and mtime are unchanged
+(`content=True`), so a rewrite that kept both is found. Only loaded hours within
+``landing.watch_hours`` of the latest loaded hour are watched by the sensor and `run`, so the cost
+per tick is bounded (one listing and one small JSON read per watched hour; a hash only of a file
+whose mtime changed).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
-from dedup_pipeline.engine.parse import hour_dir, list_input_files
+from dedup_pipeline.engine.parse import InputFile, hour_dir, list_input_files
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, compress_ranges, parse_key, to_key, to_tag
 
@@ -134,25 +138,70 @@ class InputChange:
                                               (self.modified, "changed")) if x]
         return f"{self.key} ({', '.join(parts)} file(s))"
 
+    def line(self, ds: DatasetConfig, latest: str, limit: int = 3) -> str:
+        """The change in one line: the files by name, and the reload that takes it into account
+        (this hour through the latest loaded hour, `latest` a partition key)."""
+        def names(paths: list[str]) -> str:
+            shown = ", ".join(os.path.basename(p) for p in paths[:limit])
+            return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
-def input_change(ds: DatasetConfig, hour: datetime, record: commits.CommitRecord | None = None
-                 ) -> InputChange | None:
+        parts = [f"{w} {names(x)}" for x, w in ((self.added, "new"), (self.removed, "removed"),
+                                                (self.modified, "changed")) if x]
+        return (f"{self.key}: landing files changed since the hour was loaded "
+                f"({'; '.join(parts)}); reload it through the latest loaded hour: dedup-pipeline "
+                f"run --config <file> --dataset {ds.name} --from {self.key} --to {latest}")
+
+
+def content_hash(path: str) -> str | None:
+    """SHA-256 of a landing file's bytes; None if it cannot be read (vanished, no permission)."""
+    try:
+        return Storage(path.rsplit("/", 1)[0]).sha256(path)
+    except OSError:
+        return None
+
+
+def with_content_hashes(files: list[InputFile]) -> list[InputFile]:
+    """The files with the SHA-256 of their content, as a commit record keeps them (R10: what the
+    hour read). Measured at 0.04-0.06 s for a 1e5-row hour (14.8 MB), under 1% of its load."""
+    return [replace(f, sha256=content_hash(f.path)) for f in files]
+
+
+def input_change(ds: DatasetConfig, hour: datetime, record: commits.CommitRecord | None = None,
+                 content: bool = False) -> InputChange | None:
     """How hour's landing files differ from its commit record's inputs; None if not loaded or same.
 
-    A commit record without `inputs` (written before they were recorded) cannot be compared: None.
+    A file is changed if its size differs, or its mtime differs and its content hash too (or no
+    hash was recorded); with `content`, every file whose record has a hash is hashed again, so a
+    rewrite that kept size and mtime shows. A commit record without `inputs` (written before they
+    were recorded) cannot be compared: None.
     """
     if record is None:
         record = commits.read_commit(Storage(ds.output), to_tag(hour))
     if record is None or record.inputs is None:
         return None
-    loaded = {f.path: (f.size, f.mtime) for f in record.inputs}
-    now = {f.path: (f.size, f.mtime) for f in list_input_files(ds, hour)}
-    added = sorted(set(now) - set(loaded))
-    removed = sorted(set(loaded) - set(now))
-    modified = sorted(p for p in set(now) & set(loaded) if now[p] != loaded[p])
+    # by name in the hour's directory (data files are directly in it): a landing zone moved or
+    # copied with its files (a new `source.path`) is the same input
+    loaded = {_name(f.path): f for f in record.inputs}
+    now = {_name(f.path): f for f in list_input_files(ds, hour)}
+
+    def changed(name: str) -> bool:
+        was, cur = loaded[name], now[name]
+        if was.size != cur.size:
+            return True
+        if was.sha256 is not None and (content or was.mtime != cur.mtime):
+            return content_hash(cur.path) != was.sha256
+        return was.mtime != cur.mtime
+
+    added = sorted(now[n].path for n in set(now) - set(loaded))
+    removed = sorted(loaded[n].path for n in set(loaded) - set(now))
+    modified = sorted(now[n].path for n in set(now) & set(loaded) if changed(n))
     if not (added or removed or modified):
         return None
     return InputChange(hour, added, removed, modified)
+
+
+def _name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
 
 
 def watched_hours(ds: DatasetConfig, committed: set[str]) -> list[datetime]:

@@ -2,9 +2,10 @@
 
 `run_load` is its phases, each a function with a typed result:
  1. `prepare`: order check (every hour since `start` before H has a commit record, R11); the index
-    is healthy; H is forgotten (its commit record, its staged and published index files, also
-    inside compacted directories, its temp outputs); the batch is parsed once (cached) and rows in
-    and the batch's max expiry value are taken in one pass;
+    is healthy; no hour after H is committed unless this run reloads it too (R10: a reload of H
+    alone would leave later hours stale); H is forgotten (its commit record, its staged and
+    published index files, also inside compacted directories, its temp outputs); the batch is
+    parsed once (cached) and rows in and the batch's max expiry value are taken in one pass;
  2. `classify_batch`: L_H, X_H; only the live index slices of committed loads before H are read;
     the batch is classified (cached), all counts in one pass;
  3. `write`: each output partition is written to a temp dir and swapped in atomically; the index
@@ -25,8 +26,9 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Collection
+from collections.abc import Set as AbstractSet
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -65,6 +67,7 @@ from dedup_pipeline.engine.index.live import (
     check_retention,
     live_files,
 )
+from dedup_pipeline.engine.landing import with_content_hashes
 from dedup_pipeline.engine.outputs import (
     CONFLICT,
     DUPLICATES,
@@ -199,6 +202,15 @@ class Batch:
     frame: DataFrame  # cached
     rows_in: int
     vmax: Any  # the max expiry value of its valid rows (None without expiry)
+    hashed: Future[list[InputFile]] | None = None  # `inputs` with content hashes, for the record
+
+    def recorded_inputs(self) -> tuple[InputFile, ...]:
+        """The inputs as the commit record keeps them: with their content hashes."""
+        return tuple(self.hashed.result() if self.hashed is not None else self.inputs)
+
+
+# Hashes the hour's landing files while Spark parses them (the driver waits on Spark meanwhile).
+_HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dedup-input-hash")
 
 
 @dataclass(frozen=True)
@@ -252,8 +264,9 @@ class Verified:
 
 
 def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: Persisted,
-            say: Progress) -> Prepared:
-    """Check that H may load (R11, a healthy index), forget any earlier attempt, parse it."""
+            say: Progress, run_tags: AbstractSet[str] = frozenset()) -> Prepared:
+    """Check that H may load (R11, a healthy index, no later loaded hour left out of the run:
+    `run_tags` are the run's hours), forget any earlier attempt, parse it."""
     hour = parse_key(partition_key)
     tag = to_tag(hour)
     check_landing_root(ds)
@@ -265,6 +278,8 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     commits.check_order(ds, hour, first.state.committed)
     _say_contract(st, ds, tag, partition_key, verdict, first.state.committed, say)
     watch = RecordsWatch(st, ensure_healthy(spark, ds, st, say, rerun=tag, damage=first))
+    commits.check_later_hours(ds, hour, first.state.committed, run_tags | {tag},
+                              set(first.bad_records))
     health = _forget_attempt(spark, ds, st, tag, watch, say)
     # the records this check read, for the next check; not H's, whose record is written later
     save_summary(st, health, drop={tag}, commits_mtime=watch.expected)
@@ -323,13 +338,14 @@ def _parse(spark: SparkSession, ds: DatasetConfig, hour: datetime, partition_key
            cache: Persisted, say: Progress) -> Batch:
     """Parse once: one job caches the batch and yields rows in and its max expiry value."""
     inputs = list_input_files(ds, hour)
+    hashed = _HASHER.submit(with_content_hashes, inputs)
     plan = plan_batch(ds, inputs)
     vmax = F.max(F.when(F.col(REASON).isNull(), F.col(V))) if ds.expiry else F.lit(None)
     while True:  # a file Spark fails to read is set aside as unreadable and the batch re-read
         frame = cache.persist(prepare_batch(spark, ds, plan))
         try:
             first = frame.agg(F.count(F.lit(1)).alias("n"), vmax.alias("vmax")).collect()[0]
-            return Batch(inputs, frame, int(first["n"]), first["vmax"])
+            return Batch(inputs, frame, int(first["n"]), first["vmax"], hashed)
         except Exception as e:  # noqa: BLE001 - only a read failure naming a file is absorbed
             cache.drop(frame)
             bad = failed_file(e, plan)
@@ -453,7 +469,7 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
         check_figures=v.figures.as_metadata(),
         committed_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         index_checksum=v.figures.checksum,
-        inputs=tuple(p.batch.inputs),
+        inputs=p.batch.recorded_inputs(),
         index_files=tuple(IndexFileEntry.from_json(f)
                           for f in index_file_manifest(st, tag, v.slices)),
         index_format=layout.INDEX_FORMAT,
@@ -514,16 +530,23 @@ def run_load(
     ds: DatasetConfig,
     partition_key: str,
     progress: Progress | None = None,
+    *,
+    run_hours: Collection[str] = (),
 ) -> LoadResult:
     """Load one hour. The caller holds the dataset lock (see `load_hours`).
+
+    `run_hours`: the partition keys of the whole run. A committed hour after this one that is not
+    among them refuses the load (`LaterHoursLoadedError`): reloading an hour leaves every later
+    loaded hour stale unless they are reloaded after it, in the same run.
 
     A Hadoop ChecksumException on an index file (a file written before content hashes were
     recorded, damaged with a stale ``.crc``) is index damage like any other: it is recorded, and the
     load fails with the rebuild hint or, with `on_damaged_index: rebuild`, is redone after the
     rebuild (nothing of the failed attempt was committed).
     """
+    tags = {to_tag(parse_key(k)) for k in run_hours}
     try:
-        return _run_load(spark, ds, partition_key, progress)
+        return _run_load(spark, ds, partition_key, progress, tags)
     except Exception as e:  # noqa: BLE001 - only a checksum failure on an index file is handled
         rel = checksum_failure(e)
         if rel is None:
@@ -534,16 +557,16 @@ def run_load(
         if ds.on_damaged_index != "rebuild":
             raise IndexDamagedError(damaged_message(
                 ds, f"index/{rel} fails its checksum when read")) from None
-    return _run_load(spark, ds, partition_key, progress)
+    return _run_load(spark, ds, partition_key, progress, tags)
 
 
 def _run_load(spark: SparkSession, ds: DatasetConfig, partition_key: str,
-              progress: Progress | None = None) -> LoadResult:
+              progress: Progress | None, run_tags: AbstractSet[str]) -> LoadResult:
     """The phases in order; stage timings as the record's `seconds` names them."""
     say = progress or (lambda _msg: None)
     clock = Clock()
     with Persisted() as cache:  # released however the phases end
-        p = prepare(spark, ds, partition_key, cache, say)
+        p = prepare(spark, ds, partition_key, cache, say, run_tags)
         clock.lap("parse")
         c = classify_batch(spark, ds, p, cache, say)
         clock.lap("classify")
@@ -589,7 +612,7 @@ def load_hours(
     # load's own error
     with Lock(Storage(ds.output), owner), connect_errors(remote, spark):
         for key in keys:
-            result = run_load(spark, ds, key, progress)
+            result = run_load(spark, ds, key, progress, run_hours=keys)
             results.append(result)
             if on_hour is not None:
                 on_hour(result)

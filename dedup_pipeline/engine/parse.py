@@ -80,6 +80,7 @@ class InputFile:
     path: str
     size: int
     mtime: float
+    sha256: str | None = None  # content fingerprint, set where a commit record's inputs are built
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,10 @@
 """Recheck a dataset from its files alone, trusting neither the index nor the counts (SPEC K4).
 
-- Conservation (R8): for every committed hour, the records in its landing files (counted afresh)
-  equal unique + duplicates + expired + rejected rows of that hour.
+- Landing content: every committed hour's landing files are the ones its load read (the commit
+  record's inputs: path, size, SHA-256 of the content); a file added, removed or changed since is
+  reported with the reload that takes it into account (that hour through the latest loaded one).
+- Conservation (R8): for every committed hour whose landing files are unchanged, the records in
+  them (counted afresh) equal unique + duplicates + expired + rejected rows of that hour.
 - Uniqueness (R4, R6): no key has two unique rows unless the earlier one had expired by the later
   one's load; X_H is recomputed from the outputs (running max of the expiry value over non-rejected
   rows), not read from commit records. Without expiry, no key is in unique twice.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
@@ -31,6 +35,7 @@ from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits, contract
+from dedup_pipeline.engine import commits, landing
 from dedup_pipeline.engine.expiry import expiry_point, expiry_value, latest_point
 from dedup_pipeline.engine.index import health, layout
 from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, OUTPUTS, PARTITION, UNIQUE
@@ -257,6 +262,39 @@ def _check_index(st: Storage, ds: DatasetConfig, rep: VerifyReport) -> None:
         rep.bad_hours.add(tag)
 
 
+def _check_landing(ds: DatasetConfig, rep: VerifyReport,
+                   records: dict[str, commits.CommitRecord | None]) -> set[str]:
+    """Hours whose landing files differ from what their load read, each reported in one line."""
+    valid = {t: r for t, r in records.items() if r is not None}
+    if not valid:
+        return set()
+    latest = to_key(parse_key(max(valid)))
+    changed = set()
+
+    def compare(item: tuple[str, commits.CommitRecord]) -> landing.InputChange | Exception | None:
+        try:
+            return landing.input_change(ds, parse_key(item[0]), item[1], content=True)
+        except Exception as e:  # noqa: BLE001 - reported per hour, never raised
+            return e
+
+    # every file is hashed: hours in parallel (hashlib releases the GIL), in order for the report
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        found = list(pool.map(compare, sorted(valid.items())))
+    for (tag, _), change in zip(sorted(valid.items()), found, strict=True):
+        if isinstance(change, Exception):
+            e = change
+            rep.violations.append(f"{_hour(tag)}: cannot list the landing files ({type(e).__name__}:"
+                                  f" {str(e).splitlines()[0][:200] if str(e) else ''})")
+            rep.bad_hours.add(tag)
+            changed.add(tag)
+            continue
+        if change is not None:
+            rep.violations.append(change.line(ds, latest))
+            rep.bad_hours.add(tag)
+            changed.add(tag)
+    return changed
+
+
 def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
     st = Storage(ds.output)
     rep = VerifyReport(ds.name)
@@ -283,7 +321,8 @@ def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
                                   "that hour)")
             rep.bad_hours.add(tag)
     frames = {name: _frame(spark, st, name, scans[name]) for name in OUTPUTS}
-    complete = [t for t in committed if all(t in present[n] for n in OUTPUTS)]
+    changed = _check_landing(ds, rep, records)
+    complete = [t for t in committed if all(t in present[n] for n in OUTPUTS) and t not in changed]
     counts = _landing_counts(spark, ds, complete)
     for tag in committed:
         missing = [n for n in OUTPUTS if tag not in present[n]]
@@ -291,6 +330,8 @@ def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
             rep.violations.append(f"{to_key(parse_key(tag))}: committed but missing "
                                   f"{', '.join(missing)}")
             rep.bad_hours.add(tag)
+            continue
+        if tag in changed:  # counting the new files against the old outputs says nothing more
             continue
         n_in = counts[tag]
         if isinstance(n_in, Exception):  # verify reports what it cannot read, never crashes

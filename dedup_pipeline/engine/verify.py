@@ -34,8 +34,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, contract
-from dedup_pipeline.engine import commits, landing
+from dedup_pipeline.engine import commits, contract, landing
 from dedup_pipeline.engine.expiry import expiry_point, expiry_value, latest_point
 from dedup_pipeline.engine.index import health, layout
 from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, OUTPUTS, PARTITION, UNIQUE

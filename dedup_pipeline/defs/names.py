@@ -35,6 +35,7 @@ def group_name(dataset: str) -> str:
 PerDataset = Callable[[str], str]
 LOAD_JOB_SUFFIX = "_hourly_load"
 REBUILD_JOB_SUFFIX = "_index_rebuild"
+EXPLAIN_JOB_SUFFIX = "_explain"  # `defs/explain.py`: where did key K go, and why
 
 load_job_name: PerDataset = ("{}" + LOAD_JOB_SUFFIX).format
 rebuild_job_name: PerDataset = ("{}" + REBUILD_JOB_SUFFIX).format

@@ -66,7 +66,9 @@ def test_key_syntax_takes_values_verbatim_and_json_for_nulls(tmp_path: Path) -> 
 # every key of the reference corpus
 # --------------------------------------------------------------------------------------------
 
-UNDER_TEST = ["clicks", "logs", "catalog", "sessions"]
+# event-time (timestamp) expiry with a rerun hour and a rebuilt index; categorical expiry;
+# processing-time expiry. No expiry (the index lever) is `odd` below.
+UNDER_TEST = ["clicks", "catalog", "sessions"]
 
 
 def iso(us: int) -> str:
@@ -163,14 +165,41 @@ def engine_story(ds: DatasetConfig, ex: explain.Explanation) -> Counter:
     return got
 
 
+def rejected_story(ds: DatasetConfig, ref: Reference) -> dict[str, Counter]:
+    """Keys named by rejected JSON lines (a bad value elsewhere in the line) -> every rejected
+    line of the reference whose text holds that key (E2: rejected lines are found by their text)."""
+    if ds.source.format != "jsonl" or len(ds.key) != 1:
+        return {}
+    rejected = [(tag, rec) for tag, out, rec in ref.placed if out == "rejected"]
+    named = set()
+    for _tag, rec in rejected:
+        try:
+            obj = json.loads(rec.raw)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get(ds.key[0]), str) and obj[ds.key[0]]:
+            named.add(obj[ds.key[0]])
+    return {k: Counter((tag, rec.reason) for tag, rec in rejected
+                       if k in rec.raw or json.dumps(k)[1:-1] in rec.raw) for k in named}
+
+
 @pytest.mark.parametrize("name", UNDER_TEST)
 def test_explain_matches_reference_for_every_key(spark, corpus, name: str) -> None:
     ds, ref = corpus[name]
     story = expected_story(ds, ref)
+    rejects = rejected_story(ds, ref)
+    for k in rejects:
+        story.setdefault((k,), Counter())
     keys = sorted(story, key=repr)
     given = [{k: key_text(ds, k, v) for k, v in zip(ds.key, key, strict=True)} for key in keys]
     never = {k: ("zz-never" if ds.source.schema[k] == "string" else "987654321") for k in ds.key}
     exs = explain.explain_keys(spark, ds, [*given, never])
+    if rejects:  # the rejected lines of keys that rejected lines name
+        for key, ex in zip(keys, exs, strict=False):
+            if key[0] in rejects:
+                got = Counter((o.load_hour, o.deciding["reason"]) for o in ex.occurrences
+                              if o.output == "rejected")
+                assert got == rejects[key[0]], key
     last = f"{START + (HOURS - 1) * HOUR:%Y-%m-%d-%H}"
     x_last = ref.results[last].expiry_point
     problems = []
@@ -192,7 +221,8 @@ def test_explain_matches_reference_for_every_key(spark, corpus, name: str) -> No
     assert not problems, f"{name}: {len(problems)} keys differ\n" + "\n".join(problems[:10])
     # the rules the corpus exercises all appear (so the comparison covered them)
     rules = Counter(o.rule for ex in exs for o in ex.occurrences)
-    must = {"first_seen", "in_batch_duplicate", "natural_duplicate", "rejected"}
+    must = {"first_seen", "in_batch_duplicate", "natural_duplicate"}
+    must |= {"rejected"} if ds.source.format == "jsonl" else set()
     must |= {"conflict"} if ds.fingerprint else set()
     must |= {"expired", "unique_again"} if ds.expiry else set()
     assert must <= set(rules), (name, rules)
@@ -318,3 +348,42 @@ def test_dagster_explain_job_shows_a_table(spark, odd: Path) -> None:
         assert "2026-11-01-01:00" not in table.split("\n\n")[1]
     finally:
         rec.write_bytes(saved)
+
+
+def test_failing_conflict_check_shows_sample_keys_and_the_explain_command(spark, tmp_path) -> None:
+    from dedup_pipeline.defs.definitions import build_definitions
+    from dedup_pipeline.defs.names import RANGE_END, RANGE_START, load_job_name
+
+    path = write_config(tmp_path, dataset_raw(fingerprint=["url"],
+                                              checks={"max_conflict_rate": 0.1}))
+    cfg = load_config(path)
+    ds = cfg.datasets[0]
+
+    def ev(i: int, url: str) -> dict:
+        return {"event_id": f"e,{i}", "user_id": "u", "event_time": "2026-11-01T00:10:00Z",
+                "url": url}
+
+    write_hour(ds, "2026-11-01-00:00", [ev(i, "/a") for i in range(12)])
+    write_hour(ds, "2026-11-01-01:00", [ev(i, "/b") for i in range(12)] + [ev(99, "/a")])
+    job = build_definitions(cfg).resolve_job_def(load_job_name("clicks"))
+    with dg.instance_for_test() as inst:
+        res = job.execute_in_process(
+            instance=inst, tags={RANGE_START: "2026-11-01-00:00", RANGE_END: "2026-11-01-01:00"})
+    assert res.success
+    evals = {(e.event_specific_data.partition, e.event_specific_data.check_name):
+             e.event_specific_data for e in res.all_events
+             if e.event_type_value == "ASSET_CHECK_EVALUATION"
+             and e.event_specific_data.partition}
+    failing = evals[("2026-11-01-01:00", "conflict_rate")]
+    assert not failing.passed
+    keys = failing.metadata["sample_keys"].value
+    assert keys == [{"event_id": f"e,{i}"} for i in sorted(range(12), key=str)][:10]
+    assert failing.metadata["explain"].value.startswith(
+        "dedup-pipeline explain --config '<config file>' --dataset clicks --key 'event_id=e,")
+    # passing checks carry no samples (nothing was read for them)
+    assert "sample_keys" not in evals[("2026-11-01-00:00", "conflict_rate")].metadata
+    # the command explains the key
+    cmd_key = failing.metadata["explain"].value.split("--key ")[1].strip("'")
+    got = cli_json(path, "--key", cmd_key)
+    assert [(o["load_hour"], o["rule"]) for o in got["occurrences"]] == [
+        ("2026-11-01-00", "first_seen"), ("2026-11-01-01", "conflict")]

@@ -11,6 +11,8 @@ read their commit records.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
@@ -18,7 +20,14 @@ import dagster as dg
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.defs import names
 from dedup_pipeline.defs.resources import SparkResource
-from dedup_pipeline.engine.explain import explain_key, markdown, parse_key_args
+from dedup_pipeline.engine.explain import (
+    explain_command,
+    explain_key,
+    markdown,
+    parse_key_args,
+    sample_keys,
+)
+from dedup_pipeline.hours import parse_key, to_tag
 
 
 def explain_job_name(dataset: str) -> str:
@@ -77,3 +86,22 @@ def build_explain_job(ds: DatasetConfig) -> dg.JobDefinition:
         explain_op()
 
     return job
+
+
+def key_sampler(spark: Any, ds: DatasetConfig, partition_key: str
+                ) -> Callable[[bool], dict[str, Any]]:
+    """For `checks.with_sample_keys`: up to 10 keys of the hour's duplicates (conflicts only, or
+    all) and the explain command for the first, as check metadata. Only called when a check fails.
+    """
+    def sample(conflicts_only: bool) -> dict[str, Any]:
+        try:
+            keys = sample_keys(spark, ds, to_tag(parse_key(partition_key)), conflicts_only)
+        except Exception as e:  # noqa: BLE001 - a sample is a convenience, never a failed load
+            return {"sample_keys_error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        if not keys:
+            return {}
+        config = os.environ.get("DEDUP_CONFIG", "<config file>")
+        return {"sample_keys": dg.MetadataValue.json(keys),
+                "explain": dg.MetadataValue.text(explain_command(ds, keys[0], config))}
+
+    return sample

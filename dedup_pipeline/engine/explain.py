@@ -816,3 +816,44 @@ def markdown(ex: Explanation) -> str:
             f"| {key_of(o.load_hour)} | {o.output} | {o.rule} | {cell(o.text)} |\n"
             for o in ex.occurrences)
     return head + body + "\n" + "".join(f"- {cell(line)}\n" for line in ex.footer())
+
+
+def sample_keys(spark: SparkSession, ds: DatasetConfig, tag: str, conflicts_only: bool,
+                limit: int = 10) -> list[dict[str, str]]:
+    """Up to `limit` keys of hour `tag`'s duplicates (its conflicts only), as `--key` texts.
+
+    For failing checks' metadata: read only when a check fails, and only the key columns of the
+    files the hour's commit record lists (a duplicate's key is a live key of this or an earlier
+    load, so `explain` tells its whole story).
+    """
+    st = Storage(ds.output)
+    rec = commits.read_commit(st, tag)
+    files = output_files(st, DUPLICATES, tag, rec) if rec is not None else []
+    if not files:
+        return []
+    df = _read(spark, ds, st, DUPLICATES, files)
+    if conflicts_only:
+        df = df.filter(F.col(KIND) == F.lit("conflict"))
+    schema = ds.source.schema
+    rows = (df.select(*[_canonical(F.col(k), schema[k]).alias(k) for k in ds.key])
+            .distinct().orderBy(*ds.key).limit(limit).collect())
+    return [{k: _key_text(ds, k, r[k]) for k in ds.key} for r in rows]
+
+
+def _key_text(ds: DatasetConfig, col: str, value: Any) -> str:
+    typ = ds.source.schema[col]
+    return value if typ == "string" else _fmt(ds, col, value)
+
+
+def explain_command(ds: DatasetConfig, key: dict[str, str | None], config: str) -> str:
+    """The `dedup-pipeline explain` command line for a key (shell-quoted)."""
+    import shlex
+
+    parts = ["dedup-pipeline", "explain", "--config", config, "--dataset", ds.name]
+    nulls = {k: None for k, v in key.items() if v is None}
+    for k, v in key.items():
+        if v is not None:
+            parts += ["--key", f"{k}={v}"]
+    if nulls:
+        parts += ["--key-json", json.dumps(nulls)]
+    return " ".join(shlex.quote(p) for p in parts)

@@ -1,0 +1,178 @@
+"""`dedup-pipeline explain` of one key against a full scan of the four outputs, side by side.
+
+Builds a history with the benchmark's generator (`dedup_pipeline.sample.generate`), loads it twice
+into two outputs of the same dataset, hour by hour alternately (so both see the same machine):
+`bloom` with Parquet bloom filters on the key columns (what a load writes), `plain` without. Then,
+interleaved over `--repeat` rounds in one warm Spark session, it times:
+
+- `full scan`: every row of unique, duplicates, expired and rejected of every committed hour
+  read and filtered for the key (Parquet filter pushdown off: what a person does with Spark
+  without the levers), on `bloom`;
+- `explain`: `explain_key` on `bloom` (two passes, pushdown to row-group statistics and bloom
+  filters);
+- `explain, no bloom`: the same on `plain` (row-group statistics only);
+- `explain, no pushdown`: on `bloom` with Parquet filter pushdown off (column pruning only).
+
+And it reports the load time with and without bloom filters (median per hour, ratio) and their
+footprint (bytes of the three typed outputs). The key is one with a natural duplicate in a later
+hour, from the middle of the history.
+
+    python -m benchmarks.explain                 # 48 hours x 5,000 rows (a few minutes)
+    python -m benchmarks.explain --full          # the target scale: 720 hours x 100,000 rows
+    python -m benchmarks.explain --hours 720 --rows-per-hour 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.dataset as pads
+import yaml
+
+from dedup_pipeline.config import DatasetConfig, load_config
+from dedup_pipeline.engine import outputs
+from dedup_pipeline.engine.commits import committed_tags
+from dedup_pipeline.engine.explain import committed_history, explain_key, output_files
+from dedup_pipeline.engine.load import load_hours
+from dedup_pipeline.engine.session import SparkSettings, get_session
+from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.hours import HOUR, parse_key, to_key
+from dedup_pipeline.sample.generate import generate_landing
+
+CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4",
+        "spark.driver.memory": "4g"}
+
+
+def _config(root: Path, label: str) -> Path:
+    raw = yaml.safe_load((root / "dedup.yaml").read_text())
+    raw["datasets"][0]["source"]["path"] = str(root / "landing" / "clicks")
+    raw["datasets"][0]["output"] = str(root / "warehouse" / label)
+    path = root / f"{label}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _bytes(ds: DatasetConfig, names: tuple[str, ...]) -> int:
+    return sum(p.stat().st_size for n in names for p in (Path(ds.output) / n).rglob("*.parquet"))
+
+
+def _pick_key(ds: DatasetConfig, tags: list[str]) -> str:
+    """A key whose record has a natural duplicate in a later hour, from the middle hour on."""
+    mid = tags[len(tags) // 2]
+    for tag in tags[len(tags) // 2:]:
+        d = Path(ds.output) / "duplicates" / f"load_hour={tag}"
+        t = pads.dataset(str(d)).to_table(columns=["event_id", "_first_load_hour",
+                                                   "_duplicate_kind"]).to_pylist()
+        for r in t:
+            if r["_first_load_hour"] >= mid and r["_first_load_hour"] != tag:
+                return r["event_id"]
+    raise SystemExit("no replayed key found; use more hours")
+
+
+def _median(f: Callable[[], object], out: list[float]) -> None:
+    t0 = time.perf_counter()
+    f()
+    out.append(time.perf_counter() - t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--hours", type=int, default=48)
+    ap.add_argument("--rows-per-hour", type=int, default=5_000)
+    ap.add_argument("--full", action="store_true", help="720 hours x 100,000 rows (a quiet machine)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args(argv)
+    hours, rows = (720, 100_000) if args.full else (args.hours, args.rows_per_hour)
+    root = Path(args.dir or tempfile.mkdtemp(prefix="explain_bench_"))
+    try:
+        start = to_key(parse_key("2026-01-01-00:00"))
+        print(f"generating {hours} hours x {rows} rows in {root}", flush=True)
+        generate_landing(root, hours=hours, rows_per_hour=rows, seed=7, start=start)
+        bloom = load_config(_config(root, "bloom")).datasets[0]
+        plain = load_config(_config(root, "plain")).datasets[0]
+        spark = get_session(SparkSettings("local[2]", None, CONF))
+        spark.sparkContext.setLogLevel("ERROR")
+        keys = [to_key(parse_key(start) + i * HOUR) for i in range(hours)]
+        load_s: dict[str, list[float]] = {"bloom": [], "plain": []}
+        for i, k in enumerate(keys):
+            order = [("bloom", bloom), ("plain", plain)]
+            if i % 2:
+                order.reverse()  # alternate who goes first (page cache, JIT)
+            for label, ds in order:
+                outputs.BLOOM_FILTERS = label == "bloom"
+                t0 = time.perf_counter()
+                load_hours(spark, ds, [k])
+                load_s[label].append(time.perf_counter() - t0)
+            if (i + 1) % 24 == 0 or i + 1 == hours:
+                print(f"  loaded {i + 1}/{hours} hours (twice)", flush=True)
+        outputs.BLOOM_FILTERS = True
+        tags = sorted(committed_tags(Storage(bloom.output)))
+        key = _pick_key(bloom, tags)
+        print(f"key: event_id={key}", flush=True)
+
+        def full_scan() -> int:
+            st = Storage(bloom.output)
+            hist = committed_history(st, None, None)
+            n = 0
+            spark.conf.set("spark.sql.parquet.filterPushdown", "false")
+            try:
+                for name in outputs.OUTPUTS:
+                    files = [f for t in hist.records for f in
+                             output_files(st, name, t, hist.records[t])]
+                    df = spark.read.parquet(*files)
+                    col = "event_id" if name != outputs.REJECTED else outputs.RAW
+                    cond = (df[col] == key) if name != outputs.REJECTED else df[col].contains(key)
+                    n += len(df.filter(cond).collect())
+            finally:
+                spark.conf.set("spark.sql.parquet.filterPushdown", "true")
+            return n
+
+        def no_pushdown() -> object:
+            spark.conf.set("spark.sql.parquet.filterPushdown", "false")
+            try:
+                return explain_key(spark, bloom, {"event_id": key})
+            finally:
+                spark.conf.set("spark.sql.parquet.filterPushdown", "true")
+
+        cases: dict[str, Callable[[], object]] = {
+            "full scan (4 outputs)": full_scan,
+            "explain": lambda: explain_key(spark, bloom, {"event_id": key}),
+            "explain, no bloom": lambda: explain_key(spark, plain, {"event_id": key}),
+            "explain, no pushdown": no_pushdown,
+        }
+        ex = explain_key(spark, bloom, {"event_id": key})  # warm-up, and the story printed
+        print("\n".join(ex.lines()))
+        times: dict[str, list[float]] = {c: [] for c in cases}
+        for _ in range(args.repeat):
+            for name, f in cases.items():
+                _median(f, times[name])
+        med = {c: statistics.median(v) for c, v in times.items()}
+        full = med["full scan (4 outputs)"]
+        print(f"\n{hours} hours x {rows} rows; medians of {args.repeat} interleaved rounds "
+              "(warm session)")
+        for c, m in med.items():
+            print(f"  {c:<24} {m:7.2f} s   {full / m:6.1f}x faster than the full scan"
+                  if c != "full scan (4 outputs)" else f"  {c:<24} {m:7.2f} s")
+        lb, lp = statistics.median(load_s["bloom"]), statistics.median(load_s["plain"])
+        typed = (outputs.UNIQUE, outputs.DUPLICATES, outputs.EXPIRED)
+        bb, bp = _bytes(bloom, typed), _bytes(plain, typed)
+        print(f"  load, median per hour: with bloom filters {lb:.2f} s, without {lp:.2f} s "
+              f"({100 * (lb / lp - 1):+.1f}%)")
+        print(f"  unique+duplicates+expired bytes: with bloom filters {bb:,}, without {bp:,} "
+              f"({100 * (bb / bp - 1):+.1f}%)")
+    finally:
+        if not args.keep and not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,9 +1,11 @@
 """`dedup-pipeline explain` of one key against a full scan of the four outputs, side by side.
 
-Builds a history with the benchmark's generator (`dedup_pipeline.sample.generate`), loads it twice
-into two outputs of the same dataset, hour by hour alternately (so both see the same machine):
-`bloom` with Parquet bloom filters on the key columns (what a load writes), `plain` without. Then,
-interleaved over `--repeat` rounds in one warm Spark session, it times:
+Builds a history with the benchmark's generator (`dedup_pipeline.sample.generate`) and loads it
+(`bloom`: with the Parquet bloom filters on the key columns every load writes). `plain` is a copy of
+that warehouse whose typed output files are rewritten by pyarrow without bloom filters (same
+rows, same file names). The first `--load-hours` hours are also loaded into a third output with
+bloom filters off, alternating with the `bloom` loads of the same hours, for the load cost of the
+filters. Then, interleaved over `--repeat` rounds in one warm Spark session, it times:
 
 - `full scan`: every row of unique, duplicates, expired and rejected of every committed hour
   read and filtered for the key (Parquet filter pushdown off: what a person does with Spark
@@ -17,7 +19,7 @@ And it reports the load time with and without bloom filters (median per hour, ra
 footprint (bytes of the three typed outputs). The key is one with a natural duplicate in a later
 hour, from the middle of the history.
 
-    python -m benchmarks.explain                 # 48 hours x 5,000 rows (a few minutes)
+    python -m benchmarks.explain                 # 48 hours x 5,000 rows (~10 min, busy machine)
     python -m benchmarks.explain --full          # the target scale: 720 hours x 100,000 rows
     python -m benchmarks.explain --hours 720 --rows-per-hour 1000
 """
@@ -33,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 import yaml
 
 from dedup_pipeline.config import DatasetConfig, load_config
@@ -58,8 +61,20 @@ def _config(root: Path, label: str) -> Path:
     return path
 
 
-def _bytes(ds: DatasetConfig, names: tuple[str, ...]) -> int:
-    return sum(p.stat().st_size for n in names for p in (Path(ds.output) / n).rglob("*.parquet"))
+def _bytes(ds: DatasetConfig, names: tuple[str, ...], first_hours: int) -> int:
+    """Bytes of the outputs' Parquet files of the first `first_hours` committed hours."""
+    tags = sorted(committed_tags(Storage(ds.output)))[:first_hours]
+    return sum(p.stat().st_size for n in names for t in tags
+               for p in (Path(ds.output) / n / f"load_hour={t}").glob("*.parquet"))
+
+
+def _copy_without_bloom(src: Path, dst: Path) -> None:
+    """The warehouse again, its typed outputs' files rewritten by pyarrow (no bloom filters)."""
+    shutil.copytree(src, dst)
+    for name in (outputs.UNIQUE, outputs.DUPLICATES, outputs.EXPIRED):
+        for f in (dst / name).rglob("*.parquet"):
+            table = pq.read_table(f)
+            pq.write_table(table, f, coerce_timestamps="us")
 
 
 def _pick_key(ds: DatasetConfig, tags: list[str]) -> str:
@@ -87,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows-per-hour", type=int, default=5_000)
     ap.add_argument("--full", action="store_true", help="720 hours x 100,000 rows (a quiet machine)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--load-hours", type=int, default=8,
+                    help="hours also loaded without bloom filters, for their load cost")
     ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args(argv)
@@ -100,20 +117,24 @@ def main(argv: list[str] | None = None) -> int:
         plain = load_config(_config(root, "plain")).datasets[0]
         spark = get_session(SparkSettings("local[2]", None, CONF))
         spark.sparkContext.setLogLevel("ERROR")
+        no_bloom = load_config(_config(root, "no_bloom_loads")).datasets[0]
         keys = [to_key(parse_key(start) + i * HOUR) for i in range(hours)]
         load_s: dict[str, list[float]] = {"bloom": [], "plain": []}
         for i, k in enumerate(keys):
-            order = [("bloom", bloom), ("plain", plain)]
+            order = [("bloom", bloom), ("plain", no_bloom)] if i < args.load_hours else \
+                [("bloom", bloom)]
             if i % 2:
                 order.reverse()  # alternate who goes first (page cache, JIT)
             for label, ds in order:
                 outputs.BLOOM_FILTERS = label == "bloom"
                 t0 = time.perf_counter()
                 load_hours(spark, ds, [k])
-                load_s[label].append(time.perf_counter() - t0)
+                if i < args.load_hours:
+                    load_s[label].append(time.perf_counter() - t0)
             if (i + 1) % 24 == 0 or i + 1 == hours:
-                print(f"  loaded {i + 1}/{hours} hours (twice)", flush=True)
+                print(f"  loaded {i + 1}/{hours} hours", flush=True)
         outputs.BLOOM_FILTERS = True
+        _copy_without_bloom(Path(bloom.output), Path(plain.output))
         tags = sorted(committed_tags(Storage(bloom.output)))
         key = _pick_key(bloom, tags)
         print(f"key: event_id={key}", flush=True)
@@ -163,11 +184,12 @@ def main(argv: list[str] | None = None) -> int:
                   if c != "full scan (4 outputs)" else f"  {c:<24} {m:7.2f} s")
         lb, lp = statistics.median(load_s["bloom"]), statistics.median(load_s["plain"])
         typed = (outputs.UNIQUE, outputs.DUPLICATES, outputs.EXPIRED)
-        bb, bp = _bytes(bloom, typed), _bytes(plain, typed)
-        print(f"  load, median per hour: with bloom filters {lb:.2f} s, without {lp:.2f} s "
-              f"({100 * (lb / lp - 1):+.1f}%)")
-        print(f"  unique+duplicates+expired bytes: with bloom filters {bb:,}, without {bp:,} "
-              f"({100 * (bb / bp - 1):+.1f}%)")
+        bb_part = _bytes(bloom, typed, args.load_hours)
+        bp_part = _bytes(no_bloom, typed, args.load_hours)
+        print(f"  load, median per hour over the first {args.load_hours} hours, alternating: "
+              f"with bloom filters {lb:.2f} s, without {lp:.2f} s ({100 * (lb / lp - 1):+.1f}%)")
+        print(f"  unique+duplicates+expired bytes of those hours: with bloom filters "
+              f"{bb_part:,}, without {bp_part:,} ({100 * (bb_part / bp_part - 1):+.1f}%)")
     finally:
         if not args.keep and not args.dir:
             shutil.rmtree(root, ignore_errors=True)

@@ -8,7 +8,6 @@ lock, no pool): it runs beside the dataset's loads and reports what they had com
 read their commit records.
 """
 
-from __future__ import annotations
 
 import json
 import os

@@ -764,8 +764,13 @@ def explain_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, s
     from dedup_pipeline.hours import compress_ranges
     searched = compress_ranges([parse_key(t) for t in tags]) if tags else \
         "no committed hours"
-    last_rec = hist.records[hist.all_committed[-1]] if hist.all_committed and \
-        hist.all_committed[-1] in hist.records else None
+    last_rec = None  # the latest committed load decides what is live now, whatever the range
+    if hist.all_committed:
+        newest = hist.all_committed[-1]
+        try:
+            last_rec = hist.records.get(newest) or commits.read_commit(st, newest)
+        except commits.CommitRecordError:
+            last_rec = None
     x_now = last_rec.expiry_point if last_rec is not None else None
     out = []
     for i, key in by_id.items():

@@ -15,8 +15,9 @@ filters. Then, interleaved over `--repeat` rounds in one warm Spark session, it 
 - `explain, no bloom`: the same on `plain` (row-group statistics only);
 - `explain, no pushdown`: on `bloom` with Parquet filter pushdown off (column pruning only).
 
-And it reports the load time with and without bloom filters (median per hour, ratio) and their
-footprint (bytes of the three typed outputs). The key is one with a natural duplicate in a later
+And it reports the load time with and without bloom filters (medians of the alternating first
+hours, from their commit records' stage timings) and their footprint (bytes of the three typed
+outputs of those hours). The key is one with a natural duplicate in a later
 hour, from the middle of the history.
 
     python -m benchmarks.explain                 # 48 hours x 5,000 rows (~10 min, busy machine)
@@ -40,7 +41,7 @@ import yaml
 
 from dedup_pipeline.config import DatasetConfig, load_config
 from dedup_pipeline.engine import outputs
-from dedup_pipeline.engine.commits import committed_tags
+from dedup_pipeline.engine.commits import committed_tags, read_commit
 from dedup_pipeline.engine.explain import committed_history, explain_key, output_files
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.session import SparkSettings, get_session
@@ -70,11 +71,20 @@ def _bytes(ds: DatasetConfig, names: tuple[str, ...], first_hours: int) -> int:
 
 def _copy_without_bloom(src: Path, dst: Path) -> None:
     """The warehouse again, its typed outputs' files rewritten by pyarrow (no bloom filters)."""
+    shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(src, dst)
     for name in (outputs.UNIQUE, outputs.DUPLICATES, outputs.EXPIRED):
         for f in (dst / name).rglob("*.parquet"):
             table = pq.read_table(f)
             pq.write_table(table, f, coerce_timestamps="us")
+            (f.parent / f".{f.name}.crc").unlink(missing_ok=True)  # Hadoop's checksum sidecar
+
+
+def _load_seconds(ds: DatasetConfig, first_hours: int, stage: str) -> list[float]:
+    """Seconds of a load stage (`total`, `write_outputs`) of the first hours, from the records."""
+    st = Storage(ds.output)
+    tags = sorted(committed_tags(st))[:first_hours]
+    return [float(r.seconds.get(stage, 0.0)) for t in tags if (r := read_commit(st, t))]
 
 
 def _pick_key(ds: DatasetConfig, tags: list[str]) -> str:
@@ -106,20 +116,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="hours also loaded without bloom filters, for their load cost")
     ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--reuse", action="store_true",
+                    help="measure the history an earlier run loaded into --dir (no loads)")
     args = ap.parse_args(argv)
     hours, rows = (720, 100_000) if args.full else (args.hours, args.rows_per_hour)
     root = Path(args.dir or tempfile.mkdtemp(prefix="explain_bench_"))
     try:
         start = to_key(parse_key("2026-01-01-00:00"))
-        print(f"generating {hours} hours x {rows} rows in {root}", flush=True)
-        generate_landing(root, hours=hours, rows_per_hour=rows, seed=7, start=start)
+        if not args.reuse:
+            print(f"generating {hours} hours x {rows} rows in {root}", flush=True)
+            generate_landing(root, hours=hours, rows_per_hour=rows, seed=7, start=start)
         bloom = load_config(_config(root, "bloom")).datasets[0]
         plain = load_config(_config(root, "plain")).datasets[0]
         spark = get_session(SparkSettings("local[2]", None, CONF))
         spark.sparkContext.setLogLevel("ERROR")
         no_bloom = load_config(_config(root, "no_bloom_loads")).datasets[0]
         keys = [to_key(parse_key(start) + i * HOUR) for i in range(hours)]
-        load_s: dict[str, list[float]] = {"bloom": [], "plain": []}
+        if args.reuse:  # a history an earlier run of this benchmark loaded into --dir
+            keys = []
         for i, k in enumerate(keys):
             order = [("bloom", bloom), ("plain", no_bloom)] if i < args.load_hours else \
                 [("bloom", bloom)]
@@ -127,10 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 order.reverse()  # alternate who goes first (page cache, JIT)
             for label, ds in order:
                 outputs.BLOOM_FILTERS = label == "bloom"
-                t0 = time.perf_counter()
                 load_hours(spark, ds, [k])
-                if i < args.load_hours:
-                    load_s[label].append(time.perf_counter() - t0)
             if (i + 1) % 24 == 0 or i + 1 == hours:
                 print(f"  loaded {i + 1}/{hours} hours", flush=True)
         outputs.BLOOM_FILTERS = True
@@ -182,12 +193,15 @@ def main(argv: list[str] | None = None) -> int:
         for c, m in med.items():
             print(f"  {c:<24} {m:7.2f} s   {full / m:6.1f}x faster than the full scan"
                   if c != "full scan (4 outputs)" else f"  {c:<24} {m:7.2f} s")
-        lb, lp = statistics.median(load_s["bloom"]), statistics.median(load_s["plain"])
+        n = args.load_hours
+        lb, lp = (statistics.median(_load_seconds(d, n, "total")) for d in (bloom, no_bloom))
+        wb, wp = (statistics.median(_load_seconds(d, n, "write_outputs")) for d in (bloom, no_bloom))
         typed = (outputs.UNIQUE, outputs.DUPLICATES, outputs.EXPIRED)
         bb_part = _bytes(bloom, typed, args.load_hours)
         bp_part = _bytes(no_bloom, typed, args.load_hours)
         print(f"  load, median per hour over the first {args.load_hours} hours, alternating: "
-              f"with bloom filters {lb:.2f} s, without {lp:.2f} s ({100 * (lb / lp - 1):+.1f}%)")
+              f"with bloom filters {lb:.2f} s, without {lp:.2f} s ({100 * (lb / lp - 1):+.1f}%); "
+              f"its write_outputs stage {wb:.2f} s vs {wp:.2f} s")
         print(f"  unique+duplicates+expired bytes of those hours: with bloom filters "
               f"{bb_part:,}, without {bp_part:,} ({100 * (bb_part / bp_part - 1):+.1f}%)")
     finally:

@@ -318,6 +318,18 @@ def test_odd_keys_on_the_command_line(spark, odd: Path) -> None:
     assert got["index_agrees"] is None  # not checked on a part of the history
 
 
+def test_outputs_carry_bloom_filters_on_the_key_columns(odd: Path) -> None:
+    import pyarrow.parquet as pq
+
+    ds = load_config(odd).datasets[0]
+    for name in ("unique", "duplicates"):
+        [f] = (Path(ds.output) / name / "load_hour=2026-11-01-00").glob("*.parquet")
+        rg = pq.ParquetFile(f).metadata.row_group(0)
+        bloom = {rg.column(i).path_in_schema for i in range(rg.num_columns)
+                 if rg.column(i).bloom_filter_offset is not None}
+        assert bloom == set(ds.key), (name, bloom)
+
+
 def test_dagster_explain_job_shows_a_table(spark, odd: Path) -> None:
     from dedup_pipeline.defs.definitions import build_definitions
 

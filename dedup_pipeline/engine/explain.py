@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -266,7 +267,6 @@ class Explanation:
     key: dict[str, Any]  # as printed
     occurrences: list[Occurrence]
     hours_searched: str  # ranges of the committed hours read
-    hours_read: int  # of which rows were read (after the levers)
     index: list[IndexEntry]
     index_agrees: bool | None  # None: not checked (a partial range)
     inconsistencies: list[str]
@@ -418,8 +418,15 @@ PUSHDOWN_KEYS = 32
 def _match(spark: SparkSession, ds: DatasetConfig, df: DataFrame, keys: dict[int, Key],
            ) -> DataFrame:
     """The rows of `df` with one of `keys`, tagged with its `_kid`."""
-    if len(keys) <= PUSHDOWN_KEYS:  # literals: pushed down to Parquet statistics / bloom filters
-        df = df.filter(_key_filter(ds, list(keys.values())))
+    if len(keys) <= PUSHDOWN_KEYS:
+        # literals: pushed down to Parquet statistics / bloom filters; `_kid` by a CASE over the
+        # same literals (no join, no shuffle: a point lookup is one scan)
+        kid: Column | None = None
+        for i, key in keys.items():
+            kid = (F.when(_key_filter(ds, [key]), F.lit(i)) if kid is None
+                   else kid.when(_key_filter(ds, [key]), F.lit(i)))
+        assert kid is not None
+        return df.filter(_key_filter(ds, list(keys.values()))).withColumn(KID, kid)
     return df.join(F.broadcast(_keys_frame(spark, ds, keys)), on=list(ds.key))
 
 
@@ -451,7 +458,7 @@ def _find_rows(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: Histor
         if files:
             probes.append(_match(spark, ds, _read(spark, ds, st, name, files)
                                  .select(*ds.key, LOAD_HOUR), keys)
-                          .select(F.lit(name).alias("_name"), LOAD_HOUR).distinct())
+                          .select(F.lit(name).alias("_name"), LOAD_HOUR))
     if not probes:
         return found
     union = probes[0]
@@ -460,15 +467,20 @@ def _find_rows(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: Histor
     where: dict[str, set[str]] = {}
     for r in union.collect():
         where.setdefault(r["_name"], set()).add(r[LOAD_HOUR])
-    # pass 2: whole rows of the hours that hold them
+    # pass 2: whole rows of only the hours that hold them, every output in one job
+    parts = []
     for name, tags in sorted(where.items()):
         files = [f for t in sorted(tags) for f in output_files(st, name, t, hist.records[t])]
-        rows = _match(spark, ds, _read(spark, ds, st, name, files), keys) \
-            .select(*_row_select(ds, name)).collect()
-        for r in rows:
-            d = r.asDict()
-            if d[LOAD_HOUR] >= since.get(d[KID], ""):
-                found[d[KID]].append((name, d))
+        parts.append(_match(spark, ds, _read(spark, ds, st, name, files), keys)
+                     .select(F.lit(name).alias("_name"), *_row_select(ds, name)))
+    rows = parts[0]
+    for p in parts[1:]:
+        rows = rows.unionByName(p, allowMissingColumns=True)
+    for r in rows.collect():
+        d = r.asDict()
+        name = d.pop("_name")
+        if d[LOAD_HOUR] >= since.get(d[KID], ""):
+            found[d[KID]].append((name, d))
     return found
 
 
@@ -749,14 +761,18 @@ def explain_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, s
     committed = set(hist.all_committed)
     by_id = dict(enumerate(keys))
     typed = {i: k for i, k in by_id.items() if not k.has_null}
-    entries = _index_entries(spark, ds, st, typed, committed)
-    since: dict[int, str] = {}
-    if ds.expiry is None:  # lever: nothing of the key before its entry's load (see the docstring)
-        for i, es in entries.items():
-            if es:
-                since[i] = min(e[store.LOAD_HOUR] for e in es)
-    rows = _find_rows(spark, ds, st, hist, typed, since)
-    rejected = _find_rejected(spark, ds, st, hist, by_id)
+    # the index, the rejected lines and (with expiry) the outputs are independent reads: their
+    # Spark jobs run side by side (a point lookup's time is mostly per-job latency)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        f_entries = pool.submit(_index_entries, spark, ds, st, typed, committed)
+        f_rejected = pool.submit(_find_rejected, spark, ds, st, hist, by_id)
+        since: dict[int, str] = {}
+        if ds.expiry is None:  # lever: nothing of the key before its entry's load (docstring)
+            for i, es in f_entries.result().items():
+                if es:
+                    since[i] = min(e[store.LOAD_HOUR] for e in es)
+        f_rows = pool.submit(_find_rows, spark, ds, st, hist, typed, since)
+        entries, rejected, rows = f_entries.result(), f_rejected.result(), f_rows.result()
     full_range = first is None and last is None
     searched_from_start = first is None or (bool(hist.all_committed)
                                             and to_tag(parse_key(first)) <= hist.all_committed[0])
@@ -796,10 +812,9 @@ def explain_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, s
             if problems:
                 problems.append(FIX.format(ds=ds.name))
         occ = _occurrences(ds, hist, key_rows, rejected.get(i, []), searched_from_start)
-        read = len({o.load_hour for o in occ})
         out.append(Explanation(ds.name, {k: _fmt(ds, k, key.values[k]) if key.values[k] is not None
                                          else "null" for k in ds.key},
-                               occ, searched, read, idx, agree, problems, notes))
+                               occ, searched, idx, agree, problems, notes))
     return out
 
 

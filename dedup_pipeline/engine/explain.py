@@ -473,6 +473,8 @@ def _find_rows(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: Histor
         files = [f for t in sorted(tags) for f in output_files(st, name, t, hist.records[t])]
         parts.append(_match(spark, ds, _read(spark, ds, st, name, files), keys)
                      .select(F.lit(name).alias("_name"), *_row_select(ds, name)))
+    if not parts:  # the key is in none of the hours searched
+        return found
     rows = parts[0]
     for p in parts[1:]:
         rows = rows.unionByName(p, allowMissingColumns=True)

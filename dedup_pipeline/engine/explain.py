@@ -51,11 +51,12 @@ from dedup_pipeline.engine.outputs import (
     SOURCE_FILE,
     UNIQUE,
     columns,
+    expiry_point_type,
     partition,
 )
 from dedup_pipeline.engine.parse import REASON, SPARK_TYPES, V
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import key_of, parse_key, to_tag
+from dedup_pipeline.hours import compress_ranges, key_of, parse_key, to_tag
 
 LOAD_HOUR = "load_hour"
 KID = "_kid"
@@ -144,9 +145,6 @@ class Key:
     @property
     def has_null(self) -> bool:
         return any(v is None for v in self.values.values())
-
-    def label(self, ds: DatasetConfig) -> str:
-        return ", ".join(f"{k}={_fmt(ds, k, self.values[k])}" for k in ds.key)
 
     def needles(self) -> list[list[str]]:
         """Per non-null key column, the spellings a rejected line may hold it in."""
@@ -437,7 +435,6 @@ def _row_select(ds: DatasetConfig, name: str) -> list[Column]:
     if name == DUPLICATES:
         cols += [F.col(KIND), F.col(FIRST)]
     if name == EXPIRED:
-        from dedup_pipeline.engine.outputs import expiry_point_type
         typ = expiry_point_type(ds)
         cols.append(_canonical(F.col(EXPIRY_POINT), typ).alias(EXPIRY_POINT))
     return cols
@@ -580,7 +577,6 @@ def _order_reason(ds: DatasetConfig, win: dict, lose: dict) -> tuple[str, dict]:
     if ds.expiry is not None:
         vw, vl = _v_of(ds, win), _v_of(ds, lose)
         if vw != vl:
-            c = ds.expiry.column
             return (", then ".join([*parts, f"expiry value {_fmt_v(ds, vw)} < {_fmt_v(ds, vl)}"]),
                     {"criterion": "expiry_value", "expiry_value": [vw, vl]})
         parts.append("expiry value tie")
@@ -687,11 +683,11 @@ def _occurrences(ds: DatasetConfig, hist: History, rows: list[tuple[str, dict]],
             elif kind == "conflict":
                 rule = CONFLICT_DUP
                 what = f"({changes})" if changes else "(fingerprint hash differs)"
-                text = (f"conflict: fingerprint differs from the {_short(first)} row {what} "
+                text = (f"conflict: fingerprint differs from the {key_of(first)} row {what} "
                         f"(file {src})")
             else:
                 rule = NATURAL_DUP
-                text = f"natural duplicate of the {_short(first)} row ({fp_text}) (file {src})"
+                text = f"natural duplicate of the {key_of(first)} row ({fp_text}) (file {src})"
             out.append(Occurrence(tag, name, rule, text, src, vals, deciding))
         elif name == EXPIRED:
             exp = ds.expiry
@@ -714,10 +710,6 @@ def _occurrences(ds: DatasetConfig, hist: History, rows: list[tuple[str, dict]],
                               r[SOURCE_FILE], {"_raw": raw}, {"reason": r[REASON]}))
     out.sort(key=lambda o: o.load_hour)  # stable: within an hour, the order above
     return out
-
-
-def _short(tag: str) -> str:
-    return key_of(tag)
 
 
 def _agreement(ds: DatasetConfig, st: Storage, hist: History, rows: list[tuple[str, dict]],
@@ -779,7 +771,6 @@ def explain_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, s
     searched_from_start = first is None or (bool(hist.all_committed)
                                             and to_tag(parse_key(first)) <= hist.all_committed[0])
     tags = list(hist.records)
-    from dedup_pipeline.hours import compress_ranges
     searched = compress_ranges([parse_key(t) for t in tags]) if tags else \
         "no committed hours"
     last_rec = None  # the latest committed load decides what is live now, whatever the range

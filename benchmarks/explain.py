@@ -23,11 +23,13 @@ hour, from the middle of the history.
     python -m benchmarks.explain                 # 48 hours x 5,000 rows (~10 min, busy machine)
     python -m benchmarks.explain --full          # the target scale: 720 hours x 100,000 rows
     python -m benchmarks.explain --hours 720 --rows-per-hour 1000
+    python -m benchmarks.explain --hours 24 --rows-per-hour 50000 --replicate 10   # 240 hours
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import tempfile
@@ -46,7 +48,7 @@ from dedup_pipeline.engine.explain import committed_history, explain_key, output
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.session import SparkSettings, get_session
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import HOUR, parse_key, to_key
+from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 from dedup_pipeline.sample.generate import generate_landing
 
 CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4",
@@ -78,6 +80,26 @@ def _copy_without_bloom(src: Path, dst: Path) -> None:
             table = pq.read_table(f)
             pq.write_table(table, f, coerce_timestamps="us")
             (f.parent / f".{f.name}.crc").unlink(missing_ok=True)  # Hadoop's checksum sidecar
+
+
+def _replicate(out: Path, times: int) -> None:
+    """A longer history without loading it: the committed hours copied `times - 1` more times
+    under later hours (outputs and commit records; no index files, so the index probe reads only
+    the loaded hours' entries). For timing history length only: the copies' rows repeat."""
+    commits_dir = out / "_commits"
+    tags = sorted(p.name[len("load_hour="):-len(".json")] for p in commits_dir.glob("*.json"))
+    span = len(tags)
+    for r in range(1, times):
+        for t in tags:
+            new = to_tag(parse_key(t) + r * span * HOUR)
+            target = commits_dir / f"load_hour={new}.json"
+            if target.exists():
+                continue
+            for name in outputs.OUTPUTS:
+                shutil.copytree(out / name / f"load_hour={t}", out / name / f"load_hour={new}")
+            rec = json.loads((commits_dir / f"load_hour={t}.json").read_text())
+            rec.update(load_hour=new, partition_key=to_key(parse_key(new)), index_files=[])
+            target.write_text(json.dumps(rec))
 
 
 def _load_seconds(ds: DatasetConfig, first_hours: int, stage: str) -> list[float]:
@@ -116,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="hours also loaded without bloom filters, for their load cost")
     ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--replicate", type=int, default=1,
+                    help="copy the loaded hours N-1 more times under later hours (a long history "
+                         "without loading it)")
     ap.add_argument("--reuse", action="store_true",
                     help="measure the history an earlier run loaded into --dir (no loads)")
     args = ap.parse_args(argv)
@@ -145,9 +170,14 @@ def main(argv: list[str] | None = None) -> int:
             if (i + 1) % 24 == 0 or i + 1 == hours:
                 print(f"  loaded {i + 1}/{hours} hours", flush=True)
         outputs.BLOOM_FILTERS = True
+        loaded = sorted(committed_tags(Storage(bloom.output)))
+        key = _pick_key(bloom, loaded[:len(loaded) // max(1, args.replicate)] if args.reuse
+                        else loaded)
+        if args.replicate > 1:
+            _replicate(Path(bloom.output), args.replicate)
+            hours *= args.replicate
+            print(f"history replicated to {hours} hours", flush=True)
         _copy_without_bloom(Path(bloom.output), Path(plain.output))
-        tags = sorted(committed_tags(Storage(bloom.output)))
-        key = _pick_key(bloom, tags)
         print(f"key: event_id={key}", flush=True)
 
         def full_scan() -> int:

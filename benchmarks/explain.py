@@ -171,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  loaded {i + 1}/{hours} hours", flush=True)
         outputs.BLOOM_FILTERS = True
         loaded = sorted(committed_tags(Storage(bloom.output)))
-        key = _pick_key(bloom, loaded[:len(loaded) // max(1, args.replicate)] if args.reuse
-                        else loaded)
+        key = _pick_key(bloom, loaded[:hours])  # among the loaded hours, not their copies
         if args.replicate > 1:
             _replicate(Path(bloom.output), args.replicate)
             hours *= args.replicate

@@ -275,6 +275,8 @@ def test_odd_keys_on_the_command_line(spark, odd: Path) -> None:
                    ("2026-11-01-00", "duplicates", "in_batch_duplicate"),
                    ("2026-11-01-01", "duplicates", "natural_duplicate"),
                    ("2026-11-01-01", "duplicates", "conflict")]
+    assert got["key"] == {"user_id": WEIRD, "n": 4711, "ts": "2026-11-01T00:15:00.5Z",
+                          "d": "2026-11-01"}
     lost = got["occurrences"][1]
     assert lost["deciding"]["criterion"] == "position_in_file"
     assert lost["deciding"]["fingerprint_changes"] == {"url": ["/a", "/b"]}

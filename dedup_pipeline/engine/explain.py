@@ -262,7 +262,8 @@ class IndexEntry:
 @dataclass
 class Explanation:
     dataset: str
-    key: dict[str, Any]  # as printed
+    key: dict[str, Any]  # the key's values (timestamps, dates as ISO-8601 text; null as None)
+    label: str  # the key as printed: col="text", col=4711
     occurrences: list[Occurrence]
     hours_searched: str  # ranges of the committed hours read
     index: list[IndexEntry]
@@ -287,7 +288,7 @@ class Explanation:
 
     def lines(self) -> list[str]:
         """The report a person reads: one line per occurrence, oldest first, then the index."""
-        head = f"{self.dataset}: key {', '.join(f'{k}={v}' for k, v in self.key.items())}"
+        head = f"{self.dataset}: key {self.label}"
         out = [head]
         if not self.occurrences:
             out.append(f"  never seen in the committed hours searched ({self.hours_searched})")
@@ -805,8 +806,8 @@ def explain_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, s
             if problems:
                 problems.append(FIX.format(ds=ds.name))
         occ = _occurrences(ds, hist, key_rows, rejected.get(i, []), searched_from_start)
-        out.append(Explanation(ds.name, {k: _fmt(ds, k, key.values[k]) if key.values[k] is not None
-                                         else "null" for k in ds.key},
+        out.append(Explanation(ds.name, {k: _printable(ds, k, key.values[k]) for k in ds.key},
+                               ", ".join(f"{k}={_fmt(ds, k, key.values[k])}" for k in ds.key),
                                occ, searched, idx, agree, problems, notes))
     return out
 
@@ -821,7 +822,7 @@ def markdown(ex: Explanation) -> str:
     def cell(s: str) -> str:
         return s.replace("|", "\\|").replace("\n", " ")
 
-    head = f"**{ex.dataset}** key `{', '.join(f'{k}={v}' for k, v in ex.key.items())}`\n\n"
+    head = f"**{ex.dataset}** key `{ex.label}`\n\n"
     if not ex.occurrences:
         body = f"Never seen in the committed hours searched ({ex.hours_searched}).\n"
     else:

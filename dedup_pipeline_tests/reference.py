@@ -600,6 +600,8 @@ class Reference:
         self.index: dict[tuple, list[_Entry]] = {}
         self.results: dict[str, HourResult] = {}
         self.placed: list[tuple[str, str, Record]] = []  # (tag, output, record), every record
+        # id(record) -> (_duplicate_kind, _first_load_hour) of every duplicate (explain's tests)
+        self.duplicate_of: dict[int, tuple[str, str]] = {}
 
     def _src(self, rec: Record) -> tuple:
         return tuple(rec.values[c] for c in self.ds.source.schema)
@@ -688,6 +690,7 @@ class Reference:
                 kind = "natural" if not ds.fingerprint or self._fp(d) == kept_fp else "conflict"
                 out["duplicates"][(*self._src(d), d.basename, kind, first_tag)] += 1
                 self.placed.append((tag, "duplicates", d))
+                self.duplicate_of[id(d)] = (kind, first_tag)
                 stats[kind] += 1
             if len(group) > 1 and ds.order_by:
                 heads = [self._order(r)[0] for r in group]

@@ -27,6 +27,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.defs import checks, names
+from dedup_pipeline.defs.explain import key_sampler
 from dedup_pipeline.defs.names import INDEX, RAW
 from dedup_pipeline.defs.partitions import hourly_partitions
 from dedup_pipeline.defs.resources import SparkResource
@@ -126,7 +127,7 @@ CHECKS_ASSET = {name: asset for name, (asset, _, _) in checks.CHECKS.items()}
 
 
 def _hour_events(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: list[dg.AssetKey],
-                 raw_key: dg.AssetKey, r: LoadResult) -> Iterator[Any]:
+                 raw_key: dg.AssetKey, r: LoadResult, session: Any = None) -> Iterator[Any]:
     """One hour's events, in the order the UI needs them: its materializations (its own figures),
     then its check evaluations targeting exactly those materializations.
 
@@ -141,7 +142,15 @@ def _hour_events(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: lis
         yield dg.AssetMaterialization(
             asset_key=key, partition=pk,
             metadata={"dagster/row_count": _row_count(r, key.path[-1]), **md})
-    yield from _evaluations(context.instance, ds, pk, checks.evaluate(ds, r))
+    yield from _evaluations(context.instance, ds, pk, _evaluate(ds, r, session))
+
+
+def _evaluate(ds: DatasetConfig, r: LoadResult, session: Any) -> list[checks.Evaluation]:
+    """The hour's checks; failing ones that sample keys get sample keys and an explain command."""
+    evals = checks.evaluate(ds, r)
+    if session is None:
+        return evals
+    return checks.with_sample_keys(evals, key_sampler(session, ds, r.partition_key))
 
 
 def _failed_check(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str,
@@ -239,7 +248,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             # Committed hours get their own events; the failing hour its failed check; hours this
             # run did not load keep the status of their committed load (restated).
             for r in results:
-                yield from _hour_events(context, ds, keys, raw_key, r)
+                yield from _hour_events(context, ds, keys, raw_key, r, session)
             loaded = {parse_key(r.partition_key) for r in results}
             rest = [pk for pk in sorted(partition_keys, key=parse_key) if parse_key(pk) not in loaded]
             if isinstance(err, LoadCheckError):  # load_hours stopped at the first hour not loaded
@@ -256,7 +265,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             for key in keys:
                 yield dg.MaterializeResult(asset_key=key, metadata={
                     "dagster/row_count": _row_count(r, key.path[-1]), **hour_metadata(ds, r)})
-            yield from (checks.as_result(ds, e) for e in checks.evaluate(ds, r))
+            yield from (checks.as_result(ds, e) for e in _evaluate(ds, r, session))
         else:
             # A ranged step's output stamps the same metadata on every partition of the range, so
             # it carries none; each hour's own materialization follows it and is the latest.
@@ -268,7 +277,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             yield from checks.summarize(ds, [(r.partition_key, checks.evaluate(ds, r))
                                              for r in results])
             for r in results:
-                yield from _hour_events(context, ds, keys, raw_key, r)
+                yield from _hour_events(context, ds, keys, raw_key, r, session)
         if len(results) > 1:  # range totals go to the run's log, never onto a partition
             context.log.info(
                 f"{ds.name}: loaded {len(results)} hours {results[0].partition_key} .. "

@@ -12,7 +12,7 @@ hour's own materialization (see `defs/assets.py` for why events, not AssetCheckR
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +97,18 @@ def evaluate(ds: DatasetConfig, r: LoadResult) -> list[Evaluation]:
         Evaluation(REJECTED_RATE, _rate(r.rejected, r.rows_in) <= t.max_rejected_rate,
                    {"rate": _rate(r.rejected, r.rows_in), "limit": t.max_rejected_rate}),
     ]
+
+
+# Checks whose failure is worth a look at a few keys: up to 10 sample keys and the explain
+# command for the first, in the failing evaluation's metadata (read only when it fails).
+SAMPLED = {DUPLICATE_RATE: False, CONFLICT_RATE: True}  # name -> conflicts only
+
+
+def with_sample_keys(evals: list[Evaluation], sample: Callable[[bool], dict[str, Any]]
+                     ) -> list[Evaluation]:
+    """`evals`, the failing SAMPLED ones with `sample(conflicts_only)`'s metadata added."""
+    return [Evaluation(e.name, e.passed, {**e.metadata, **sample(SAMPLED[e.name])})
+            if not e.passed and e.name in SAMPLED else e for e in evals]
 
 
 def as_event(ds: DatasetConfig, e: Evaluation, partition: str,

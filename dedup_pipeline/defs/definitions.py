@@ -7,6 +7,7 @@ import dagster as dg
 
 from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.defs.assets import build_dataset_defs
+from dedup_pipeline.defs.explain import build_explain_job
 from dedup_pipeline.defs.landing_checks import build_input_check
 from dedup_pipeline.defs.recovery import (
     build_migrate_job,
@@ -32,6 +33,7 @@ def build_definitions(cfg: PipelineConfig) -> dg.Definitions:
         rebuild = build_rebuild_job(ds)
         jobs.append(rebuild)
         jobs.append(build_migrate_job(ds))
+        jobs.append(build_explain_job(ds))
         sensors.append(build_recovery_sensor(ds, rebuild))
         sensors.append(build_landing_sensor(ds, d.job.name))
         schedules += [build_hourly_schedule(ds, d.job), build_reconcile_schedule(ds, d.job.name)]

@@ -36,6 +36,7 @@ PerDataset = Callable[[str], str]
 LOAD_JOB_SUFFIX = "_hourly_load"
 REBUILD_JOB_SUFFIX = "_index_rebuild"
 MIGRATE_JOB_SUFFIX = "_contract_migrate"
+EXPLAIN_JOB_SUFFIX = "_explain"  # `defs/explain.py`: where did key K go, and why
 
 load_job_name: PerDataset = ("{}" + LOAD_JOB_SUFFIX).format
 rebuild_job_name: PerDataset = ("{}" + REBUILD_JOB_SUFFIX).format

@@ -79,6 +79,7 @@ from dedup_pipeline.engine.outputs import (
     UNIQUE,
     partition,
     select_output,
+    write_options,
 )
 from dedup_pipeline.engine.parse import (
     REASON,
@@ -400,6 +401,7 @@ def write(ds: DatasetConfig, p: Prepared, c: Classified) -> Written:
         out_df = _sabotage(select_output(c.frame, ds, name), name)
         (out_df.coalesce(n_files).write.mode("overwrite")
          .option("maxRecordsPerFile", ROWS_PER_FILE)
+         .options(**write_options(ds, name, p.batch.rows_in))
          .parquet(st.to_uri(tmp)))
         return tmp
 

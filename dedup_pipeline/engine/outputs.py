@@ -68,3 +68,26 @@ def select_output(classified: DataFrame, ds: DatasetConfig, name: str) -> DataFr
         else:
             cols.append(F.lit(None).cast(SPARK_TYPES[typ]).alias(c))
     return classified.filter(F.col(OUT) == name).select(*cols)
+
+
+# Parquet bloom filters on the key columns of unique, duplicates and expired (rejected has no
+# typed key): `explain`'s point lookup skips every row group whose filter rules its key out,
+# where min/max statistics of an unsorted key column rule out almost nothing. Sized for the
+# batch's rows at a 1% false-positive rate (parquet-mr's default NDV of 1e6 would write ~1 MB per
+# column per file). Cost and footprint: docs/notes.md, "Decision: bloom filters on output keys".
+BLOOM_FILTERS = True
+BLOOM_FPP = 0.01
+
+
+def write_options(ds: DatasetConfig, name: str, rows: int) -> dict[str, str]:
+    """Parquet writer options of output `name` for a batch of `rows` rows."""
+    if not BLOOM_FILTERS or name == REJECTED:
+        return {}
+    ndv = str(max(1_000, rows))
+    opts = {}
+    for k in ds.key:
+        opts[f"parquet.bloom.filter.enabled#{k}"] = "true"
+        opts[f"parquet.bloom.filter.expected.ndv#{k}"] = ndv
+        opts[f"parquet.bloom.filter.fpp#{k}"] = str(BLOOM_FPP)
+    return opts
+

@@ -1,4 +1,4 @@
-"""A hostile landing corpus, round 2: odd lines, in-progress names, every codec Hadoop picks by
+"""A hostile landing corpus beyond test_landing_files.py: odd lines, in-progress names, every codec Hadoop picks by
 extension, links that lead nowhere, Parquet types Spark cannot read, numbers and booleans in
 text, dates with offsets, double keys `-0.0`/`0.0`/NaN, an output root full of glob characters.
 

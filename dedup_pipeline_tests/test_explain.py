@@ -122,7 +122,7 @@ def corpus(spark, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[D
         ref.run(START, HOURS)
         load_hours(spark, ds, keys)
         if ds.name == "clicks":
-            load_hours(spark, ds, [keys[2]])  # a rerun hour
+            load_hours(spark, ds, keys[2:])  # a rerun from hour 2 on (R11a)
             rebuild_index(spark, ds)  # a rebuilt index
         out[ds.name] = (ds, ref)
     return out

@@ -12,6 +12,7 @@ hour's own materialization (see `defs/assets.py` for why events, not AssetCheckR
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -49,11 +50,13 @@ CHECKS: dict[str, tuple[str, bool, str]] = {
 
 
 def check_specs(ds: DatasetConfig, partitions_def: dg.PartitionsDefinition) -> list[dg.AssetCheckSpec]:
-    return [
-        dg.AssetCheckSpec(name, asset=asset_key(ds.name, asset), blocking=blocking,
-                          description=desc, partitions_def=partitions_def)
-        for name, (asset, blocking, desc) in CHECKS.items()
-    ]
+    with warnings.catch_warnings():  # partitioned checks are a preview feature of Dagster 1.13
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        return [
+            dg.AssetCheckSpec(name, asset=asset_key(ds.name, asset), blocking=blocking,
+                              description=desc, partitions_def=partitions_def)
+            for name, (asset, blocking, desc) in CHECKS.items()
+        ]
 
 
 @dataclass(frozen=True)

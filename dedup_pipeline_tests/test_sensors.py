@@ -315,3 +315,35 @@ def test_input_change_kinds(tmp_path: Path, change: str) -> None:
         f0.write_text(f0.read_text() + json.dumps(_ev(4, 0)) + "\n")
     diff = landing.input_change(ds, h0, record)
     assert diff is not None and len(getattr(diff, change)) == 1
+
+
+@pytest.mark.fast
+def test_a_failing_late_input_comparison_does_not_stop_the_loads(tmp_path: Path, monkeypatch,
+                                                               capfd: pytest.CaptureFixture) -> None:
+    """Anything but the loads may fail in a tick: the complete hours are still requested, and the
+    error is logged once per cause, not on every tick. No Spark."""
+    cfg = _cfg(tmp_path)
+    ds = cfg.datasets[0]
+    for i, h in enumerate(H[:2]):
+        write_hour(ds, h, [_ev(i, i)])
+        _marker(cfg, h)
+
+    def broken(*_a: Any, **_k: Any) -> Any:
+        raise OSError("landing listing refused: permission denied")
+
+    monkeypatch.setattr(landing, "changed_hours", broken)
+    defs = build_definitions(cfg)
+    with dg.instance_for_test() as inst:
+        capfd.readouterr()
+        res = _tick(defs, inst, None)
+        req = _only_request(res)
+        assert (req.tags[RANGE_START], req.tags[RANGE_END]) == (H[0], H[1])
+        cause = "comparing loaded hours' landing files with their commit records failed: OSError: " \
+                "landing listing refused: permission denied"
+        assert json.loads(res.cursor)["errors"] == [cause]
+        assert capfd.readouterr().err.count(cause) == 1  # the tick's log (stderr here)
+        again = _tick(defs, inst, res.cursor)  # same cause: not logged again
+        assert json.loads(again.cursor)["errors"] == [cause]
+        assert cause not in capfd.readouterr().err
+        monkeypatch.undo()  # the cause is gone: forgotten, so a recurrence is logged again
+        assert json.loads(_tick(defs, inst, again.cursor).cursor)["errors"] == []

@@ -146,8 +146,8 @@ class TickErrors:
     def report(self, context: Any, cur: LandingCursor) -> None:
         for cause in self.causes:
             if cause not in cur.errors:
-                context.log.error(f"{cause}. Loads of complete hours continue; this is logged "
-                                  "once per cause (see the daemon log for the traceback).")
+                context.log.error(f"landing sensor: {cause}. Loads of complete hours go on; "
+                                  "this is logged once, until the cause is gone.")
         cur.errors = list(dict.fromkeys(self.causes))
 
 

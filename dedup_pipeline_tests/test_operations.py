@@ -17,6 +17,7 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.config import PipelineConfig
+from dedup_pipeline.defs import runs
 from dedup_pipeline.defs.definitions import build_definitions
 from dedup_pipeline.defs.names import (
     RANGE_END,
@@ -301,6 +302,19 @@ def test_run_failure_summary_lands_in_the_runs_log(spark, site) -> None:
         assert "dataset clicks, hour(s) 2026-11-01-02:00." in summary[0]
         assert "order check" in summary[0] and summary[0].count("LoadOrderError") == 1
         assert "load the missing earlier hours first" in summary[0]
+        # the step's own failure has the cause and both ways to fix it in front (the UI shows a
+        # Failure's description first), the LoadOrderError with its traceback below, as its cause
+        [step] = [e.dagster_event for e in inst.all_logs(run.run_id) if e.dagster_event
+                  and e.dagster_event.is_step_failure]
+        data = step.step_failure_data
+        assert data.error.cls_name == "Failure" and data.error.cause.cls_name == "LoadOrderError"
+        text = data.user_failure_data.description
+        assert text.startswith(f"Load of clicks hour(s) {HOURS[2]} failed in the order check")
+        assert "LoadOrderError" in text and "\n" not in text
+        assert (f"open asset clicks/unique, Partitions tab, select {HOURS[0]}..{HOURS[2]} and "
+                "Launch backfill") in text  # from the first hour not loaded
+        assert f"dedup-pipeline run --config <config.yaml> --from {HOURS[0]} --to {HOURS[2]}" in text
+        assert run.error is not None and run.error.startswith("LoadOrderError")  # what the CLI says
 
 
 @pytest.mark.slow
@@ -332,3 +346,17 @@ def test_two_concurrent_runs_never_interleave(spark, site, tmp_path: Path) -> No
     assert "is locked by dagster run" in second.stdout + second.stderr
     r = CliRunner().invoke(main, ["verify", "--config", cfg_file])
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.fast
+def test_failure_summary_of_a_run_that_loads_no_dataset_says_so_plainly() -> None:
+    """A check's own run (the UI's Execute of input_unchanged_since_load) or another job: one
+    plain line, no guessed dataset, hours or stage."""
+    check_run = dg.DagsterRun(job_name="__ASSET_JOB", run_id="r-check", asset_check_selection=frozenset(
+        {dg.AssetCheckKey(asset_key("clicks", "raw_batch"), "input_unchanged_since_load")}))
+    other = dg.DagsterRun(job_name="nightly_report", run_id="r-other")
+    for run in (check_run, other):
+        assert runs.dataset_of_run(run) is None
+        text = runs.failure_summary(run, runs.RootError("ValueError", "boom"), "")
+        assert text == (f"dedup_pipeline: run {run.run_id} of {run.job_name} failed; it loads no "
+                        "dataset hour, so no dataset's state changed. Error: ValueError: boom")

@@ -15,7 +15,9 @@ because one MaterializeResult of a ranged run stamps the same metadata on every 
 
 
 
+import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,16 +28,17 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.defs import checks, names
+from dedup_pipeline.defs import checks, names, runs
 from dedup_pipeline.defs.names import INDEX, RAW
 from dedup_pipeline.defs.partitions import hourly_partitions
 from dedup_pipeline.defs.resources import SparkResource
-from dedup_pipeline.engine import commits, outputs
+from dedup_pipeline.engine import commits, landing, outputs
 from dedup_pipeline.engine.checks import LoadCheckError
+from dedup_pipeline.engine.commits import LoadOrderError
 from dedup_pipeline.engine.load import LoadResult, load_hours
 from dedup_pipeline.engine.outputs import OUTPUTS
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import parse_key, to_tag
+from dedup_pipeline.hours import parse_key, to_key, to_tag
 
 PROGRESS_LOGGER = logging.getLogger("dedup_pipeline.progress")
 
@@ -168,6 +171,24 @@ def _restate(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str
     yield from _evaluations(context.instance, ds, pk, evals)
 
 
+def _config_name() -> str:
+    return os.environ.get("DEDUP_CONFIG") or "<config.yaml>"
+
+
+def _load_failure(ds: DatasetConfig, partition_keys: list[str], err: BaseException) -> dg.Failure:
+    """The step's failure with the cause and the fix in front (the UI shows a Failure's
+    description at the top of the step's error; the original traceback stays, as its cause)."""
+    keys = sorted(partition_keys, key=parse_key)
+    rerun_first = keys[0]
+    if isinstance(err, LoadOrderError):  # the range must start at the first hour not loaded
+        with contextlib.suppress(Exception):
+            rerun_first = to_key(landing.first_unloaded(ds, commits.committed_tags(Storage(ds.output))))
+    return dg.Failure(
+        description=runs.load_failure(ds.name, keys[0], keys[-1], err, rerun_first, _config_name()),
+        metadata={"error": f"{type(err).__name__}: "
+                           f"{(str(err).strip().splitlines() or [''])[0][:500]}"})
+
+
 @dataclass(frozen=True)
 class DatasetDefs:
     raw: dg.AssetSpec
@@ -224,6 +245,11 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
         op_tags={names.DATASET_TAG: ds.name},
     )
     def load(context: dg.AssetExecutionContext, spark: SparkResource) -> Iterator[Any]:
+        if not (context.has_partition_key or context.has_partition_key_range):
+            raise dg.Failure(description=(
+                f"A load of {ds.name} needs the hours to load: this run has no partition. "
+                f"Fix: {runs.rerun_ways(ds.name, 'FIRST', 'LAST', _config_name())} (the landing "
+                "sensor loads every complete hour by itself)."))
         partition_keys = list(context.partition_keys)
 
         def progress(msg: str) -> None:
@@ -246,7 +272,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
                 yield _failed_check(context, ds, rest.pop(0), err)
             for pk in rest:
                 yield from _restate(context, ds, pk)
-            raise
+            raise _load_failure(ds, partition_keys, err) from err
         if len(results) == 1 and context.has_partition_key:
             # one partition (not a one-hour range, whose check results Dagster would record
             # with no partition): Dagster's own output events carry the hour's figures

@@ -93,19 +93,36 @@ def _hour_result(ds: DatasetConfig, st: HourState) -> dg.AssetCheckResult:
         metadata={"loaded": True, **_change_metadata(ds, c)})
 
 
-def _many_result(ds: DatasetConfig, scope: str, states: list[HourState]) -> dg.AssetCheckResult:
+class _UnpartitionedResult(dg.AssetCheckResult):
+    """The result of a run with no partition at all (the UI's Execute button sends none).
+
+    Dagster 1.13 looks up the target materialization of such a result as that of an unpartitioned
+    input: for a partitioned check on an asset with any event it then asks the run for its
+    partition range and raises "Cannot access partition_key for a non-partitioned run". A result
+    about several hours targets no single materialization, so it names none.
+    """
+
+    def _get_target_materialization_data(self, step_context: Any, check_key: Any) -> None:
+        return None
+
+
+def _many_result(ds: DatasetConfig, scope: str, states: list[HourState],
+                 cls: type[dg.AssetCheckResult] = dg.AssetCheckResult) -> dg.AssetCheckResult:
     """One result for several hours (a run of the check without one partition selected)."""
     changed = [s.change for s in states if s.change is not None]
     loaded = [s for s in states if s.loaded]
     md: dict[str, object] = {"hours_compared": sum(s.comparable for s in states),
                              "hours_loaded": len(loaded), "hours_changed": len(changed),
                              "changed_hours": compress_ranges([c.hour for c in changed])}
+    if not loaded:
+        return cls(passed=True, severity=dg.AssetCheckSeverity.WARN, metadata=md,
+                   description=f"{scope}: no hour is loaded yet, nothing to compare")
     if not changed:
-        return dg.AssetCheckResult(
+        return cls(
             passed=True, severity=dg.AssetCheckSeverity.WARN, metadata=md,
             description=f"{scope}: the landing files of every loaded hour are the ones its load "
                         "read")
-    return dg.AssetCheckResult(
+    return cls(
         passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=md,
         description=f"{scope}: {landing.describe_changes(changed)}")
 
@@ -136,8 +153,8 @@ def build_input_check(ds: DatasetConfig) -> dg.AssetChecksDefinition:
                                     [hour_state(ds, parse_key(k)) for k in keys])
             committed = commits.committed_tags(Storage(ds.output))
             hours = landing.watched_hours(ds, committed)
-            scope = (f"loaded hours {compress_ranges(hours)}" if hours else "no loaded hour")
-            return _many_result(ds, scope, [hour_state(ds, h) for h in hours])
+            scope = (f"loaded hours {compress_ranges(hours)}" if hours else "every hour")
+            return _many_result(ds, scope, [hour_state(ds, h) for h in hours], _UnpartitionedResult)
 
     return input_unchanged_since_load
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -360,3 +361,30 @@ def test_failure_summary_of_a_run_that_loads_no_dataset_says_so_plainly() -> Non
         text = runs.failure_summary(run, runs.RootError("ValueError", "boom"), "")
         assert text == (f"dedup_pipeline: run {run.run_id} of {run.job_name} failed; it loads no "
                         "dataset hour, so no dataset's state changed. Error: ValueError: boom")
+
+
+@pytest.mark.fast
+def test_every_column_and_check_is_described_in_plain_words(tmp_path: Path) -> None:
+    """The UI's Columns tables: every column of every output and of the index has a description;
+    source columns say where they come from and their declared type; descriptions of assets and
+    checks start with words, not a rule id."""
+    cfg = _cfg(tmp_path)
+    ds = cfg.datasets[0]
+    defs = build_definitions(cfg)
+    graph = defs.resolve_asset_graph()
+    seen = set()
+    for name in ("unique", "duplicates", "expired", "rejected", "index"):
+        node = graph.get(asset_key("clicks", name))
+        assert node.description and not re.match(r"\(?R\d", node.description), node.description
+        schema = node.metadata["dagster/column_schema"]
+        for col in schema.columns:
+            assert col.description, (name, col.name)
+            if col.name in ds.source.schema:
+                assert col.description.startswith(
+                    f"From the landing files, declared type {ds.source.schema[col.name]}"), col
+            seen.add(col.name)
+    assert {"_source_file", "_duplicate_kind", "_first_load_hour", "_expiry_point",
+            "_reject_reason", "_raw", "_h1", "_h2", "_load_hour"} <= seen
+    for spec in graph.asset_check_keys:
+        desc = graph.get_check_spec(spec).description or ""
+        assert desc and not re.match(r"\(?R\d", desc), (spec, desc)

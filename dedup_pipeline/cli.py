@@ -319,8 +319,12 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
               "spark://host:7077, k8s://…  [default: SPARK_MASTER_URL, else local[*]]")
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE",
               help="a Spark setting for the server (repeatable), e.g. spark.driver.memory=4g")
+@click.option("--log-level", default="WARN", show_default=True,
+              type=click.Choice(["ERROR", "WARN", "INFO", "DEBUG"], case_sensitive=False),
+              help="Spark's log level; a line per client session started or ended is printed "
+                   "at any level")
 def spark_server(port: int | None, host: str, master: str | None,
-                 confs: tuple[str, ...]) -> None:
+                 confs: tuple[str, ...], log_level: str) -> None:
     """Run a warm Spark Connect server in the foreground, with this package's start-up settings;
     point runs at it with SPARK_REMOTE (printed when it is ready). Ctrl-C stops it."""
     import signal
@@ -353,8 +357,18 @@ def spark_server(port: int | None, host: str, master: str | None,
     env["SPARK_CONNECT_MODE"] = "0"  # start a classic JVM server, not a client of one
     # spark-submit runs the server's driver program (engine/connect_host.py) with this Python
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    click.echo(f"starting a Spark Connect server on {host}:{port}, master {master} "
-               f"(10-30 s)...")
+    # the server's driver is spark-submit's own JVM (client mode): SPARK_SUBMIT_OPTS reach it
+    import tempfile
+
+    from dedup_pipeline.engine.connect_host import LOG4J2, LOG_LEVEL_ENV
+
+    log_conf = Path(tempfile.mkdtemp(prefix="dedup-spark-server-")) / "log4j2.properties"
+    log_conf.write_text(LOG4J2.format(level=log_level.lower()))
+    env["SPARK_SUBMIT_OPTS"] = (env.get("SPARK_SUBMIT_OPTS", "") +
+                                f" -Dlog4j2.configurationFile=file:{log_conf}").strip()
+    env[LOG_LEVEL_ENV] = log_level.upper()
+    click.echo(f"starting a Spark Connect server on {host}:{port}, master {master}, Spark log "
+               f"level {log_level.upper()} (10-30 s)...")
     # Same process group as this command, so a supervisor that kills the group (or a terminal's
     # Ctrl-C) reaches the JVM too; it also gets SIGTERM if this process dies (Linux).
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)

@@ -67,6 +67,7 @@ class Figures:
     daemon_tick_errors: list[str] = field(default_factory=list)
     check_runs: int = 0
     killed_run: str | None = None
+    killed_status: str | None = None  # the killed run's final status (FAILURE when it was killed)
     retries_of_killed: int = 0
     failures: list[str] = field(default_factory=list)
 
@@ -83,7 +84,7 @@ class Figures:
             f"recovery-sensor ticks: {dict(self.recovery_ticks)}",
             f"tick errors in the daemon log: {len(self.daemon_tick_errors)}",
             f"input-check runs: {self.check_runs}; killed run: {self.killed_run} "
-            f"(retries: {self.retries_of_killed})",
+            f"({self.killed_status}; retries: {self.retries_of_killed})",
             "RESULT: " + ("PASS" if self.ok() else "FAIL: " + "; ".join(self.failures)),
         ])
 
@@ -128,7 +129,7 @@ def soak(root: Path, minutes: float, every: float, log: Any = print) -> Figures:
     n_hours = max(4, int(minutes * 60 // every) + 1)
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     start = now - (n_hours + 1) * HOUR  # every hour landed is a complete (past) hour
-    w = Walk(root, start_hour=start, extra_config={"index": {"on_damaged_index": "rebuild"}})
+    w = Walk(root, start_hour=start, extra_config={"on_damaged_index": "rebuild"})
     (w.home / "dagster.yaml").write_text(DEMO_INSTANCE_YAML + RETRIES)
     with dg.DagsterInstance.from_config(str(w.home)):
         pass  # create the storages before the daemon's processes race to
@@ -148,11 +149,10 @@ def soak(root: Path, minutes: float, every: float, log: Any = print) -> Figures:
                 log(f"{time.monotonic() - t0:6.0f}s landed {to_key(h)}")
                 what = events.get(i)
                 if what == "late":
-                    loaded = sorted(w.committed())
-                    if loaded:
-                        late = datetime.strptime(loaded[-1], "%Y-%m-%d-%H").replace(tzinfo=UTC)
-                        w.land(late, [f"late-{i}"], name="part-late.jsonl")
-                        log(f"  late file in {to_key(late)}")
+                    loaded = w.wait("a loaded hour", lambda: sorted(w.committed()), timeout=600)
+                    late = datetime.strptime(loaded[-1], "%Y-%m-%d-%H").replace(tzinfo=UTC)
+                    w.land(late, [f"late-{i}"], name="part-late.jsonl")
+                    log(f"  late file in {to_key(late)}")
                 elif what == "index":
                     w.delete_index()
                     log("  index deleted")
@@ -160,7 +160,7 @@ def soak(root: Path, minutes: float, every: float, log: Any = print) -> Figures:
                     run = w.wait("a load to start", lambda: next(
                         (r for r in w.load_runs(inst) if r.status == dg.DagsterRunStatus.STARTED),
                         None), timeout=600)
-                    time.sleep(8)  # into its Spark work
+                    time.sleep(3)  # into its start-up (Spark takes 20-30 s here)
                     pids = kill_run(run.run_id)
                     fig.killed_run = run.run_id
                     log(f"  killed run {run.run_id} ({len(pids)} processes)")
@@ -187,6 +187,8 @@ def soak(root: Path, minutes: float, every: float, log: Any = print) -> Figures:
                 inst, recovery_sensor_name(DATASET), InstigatorType.SENSOR))
             fig.check_runs = len(w.check_runs(inst))
             if fig.killed_run:
+                killed = inst.get_run_by_id(fig.killed_run)
+                fig.killed_status = killed.status.value if killed else None
                 fig.retries_of_killed = sum(
                     1 for r in inst.get_runs() if r.tags.get("dagster/parent_run_id") == fig.killed_run)
     finally:

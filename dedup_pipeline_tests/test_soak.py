@@ -17,4 +17,5 @@ def test_short_soak(tmp_path: Path) -> None:
     fig = soak(tmp_path, minutes=3, every=30)
     print(fig.report())
     assert fig.ok(), fig.report()
-    assert fig.killed_run and fig.retries_of_killed >= 1 and fig.check_runs >= 1, fig.report()
+    assert fig.killed_run and fig.killed_status == "FAILURE", fig.report()
+    assert fig.retries_of_killed >= 1 and fig.check_runs >= 1, fig.report()

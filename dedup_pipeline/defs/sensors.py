@@ -195,8 +195,16 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
         committed = commits.committed_tags(Storage(ds.output))
         changes = errors.guard("comparing loaded hours' landing files with their commit records",
                                lambda: landing.changed_hours(ds, committed), [])
-        checks = errors.guard("requesting input-check runs", lambda: late_input_requests(
-            ds, changes, committed, cur, check_job.name), [])
+        saved = (dict(cur.reported), cur.check_runs)
+
+        def late_checks() -> list[dg.RunRequest]:
+            try:
+                return late_input_requests(ds, changes, committed, cur, check_job.name)
+            except Exception:  # nothing half-recorded: the next tick requests them again
+                cur.reported, cur.check_runs = saved
+                raise
+
+        checks = errors.guard("requesting input-check runs", late_checks, [])
         late = f" | {landing.describe_changes(changes)}" if changes else ""
 
         def result(load: dg.RunRequest | None, skip: str | None) -> dg.SensorResult:

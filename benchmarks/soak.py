@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -102,18 +103,15 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def kill_run(run_id: str) -> list[int]:
-    """SIGKILL the run's worker (the process whose command line names the run) and everything
-    below it (its Spark JVM): a node lost mid-load."""
-    roots = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            try:
-                if run_id.encode() in (d / "cmdline").read_bytes():
-                    roots.append(int(d.name))
-            except OSError:
-                continue
-    killed, todo = [], list(roots)
+def kill_run(inst: dg.DagsterInstance, run_id: str) -> list[int]:
+    """SIGKILL the run's worker (the pid its log names: "Started process for run (pid: N)") and
+    everything below it (its Spark JVM): a node lost mid-load."""
+    roots: set[int] = set()
+    for rec in inst.all_logs(run_id):
+        m = re.search(r"\(pid: (\d+)\)", rec.message or "")
+        if m:
+            roots.add(int(m.group(1)))
+    killed, todo = [], sorted(roots)
     while todo:
         pid = todo.pop()
         todo += _children(pid)
@@ -157,11 +155,16 @@ def soak(root: Path, minutes: float, every: float, log: Any = print) -> Figures:
                     w.delete_index()
                     log("  index deleted")
                 elif what == "kill":
-                    run = w.wait("a load to start", lambda: next(
-                        (r for r in w.load_runs(inst) if r.status == dg.DagsterRunStatus.STARTED),
-                        None), timeout=600)
+                    def started() -> dg.DagsterRun | None:
+                        for r in w.load_runs(inst):
+                            if r.status == dg.DagsterRunStatus.STARTED and any(
+                                    "(pid: " in (e.message or "") for e in inst.all_logs(r.run_id)):
+                                return r
+                        return None
+
+                    run = w.wait("a load to start", started, timeout=600)
                     time.sleep(3)  # into its start-up (Spark takes 20-30 s here)
-                    pids = kill_run(run.run_id)
+                    pids = kill_run(inst, run.run_id)
                     fig.killed_run = run.run_id
                     log(f"  killed run {run.run_id} ({len(pids)} processes)")
             last = to_tag(hours[-1])

@@ -457,18 +457,21 @@ def generate(out: str, hours: int, rows_per_hour: int, seed: int, start: str | N
 @click.option("--hours", default=6, show_default=True, type=click.IntRange(1, 48))
 @click.option("--rows-per-hour", default=2_000, show_default=True, type=click.IntRange(10))
 def demo(directory: str, hours: int, rows_per_hour: int) -> None:
-    """Generate a sample landing zone and load every hour of it through Dagster on local Spark."""
+    """Generate a sample landing zone and load it hour by hour through Dagster on local Spark;
+    the newest hour lands without its _SUCCESS marker and is left for you to load from the UI."""
     import shutil
 
     from dedup_pipeline.defs.names import WRITTEN
-    from dedup_pipeline.sample.generate import generate_landing
+    from dedup_pipeline.sample.generate import default_start, generate_landing
 
     root = Path(directory).resolve()
     if (root / "dedup.yaml").exists():
         click.echo(f"removing the previous demo in {root}")
         shutil.rmtree(root)
     t0 = time.perf_counter()
-    stats = generate_landing(root, hours=hours, rows_per_hour=rows_per_hour, seed=7)
+    # one hour more than loaded: the newest complete hour, its marker not there yet
+    stats = generate_landing(root, hours=hours + 1, rows_per_hour=rows_per_hour, seed=7,
+                             start=default_start(hours + 1))
     click.echo(f"generated {stats.rows} rows over {stats.hours} hours in {stats.landing}: "
                f"~{stats.in_batch_duplicates} in-batch duplicates, {stats.cross_batch_replays} "
                f"replays, {stats.conflicts} conflicts, {stats.late_over_day} records over a day "
@@ -478,6 +481,10 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
     from dedup_pipeline.hours import HOUR, parse_key, to_key
 
     last = to_key(parse_key(ds.start) + (hours - 1) * HOUR)
+    pending = parse_key(ds.start) + hours * HOUR
+    pending_marker = (Path(ds.source.path) / f"date={pending:%Y-%m-%d}" / f"hour={pending:%H}" /
+                      (ds.landing.marker or "_SUCCESS"))
+    pending_marker.unlink(missing_ok=True)
     if not os.environ.get("DAGSTER_HOME"):
         os.environ["DAGSTER_HOME"] = str(root / "dagster_home")
     home = Path(os.environ["DAGSTER_HOME"])
@@ -490,10 +497,26 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
     for name in WRITTEN:
         click.echo(f"  {name:<10} {ds.output}/{name}/")
     click.echo(f"Dagster runs recorded in DAGSTER_HOME={os.environ['DAGSTER_HOME']}")
-    click.echo("See them in the UI:  DAGSTER_HOME=" + os.environ["DAGSTER_HOME"] +
-               f" DEDUP_CONFIG={stats.config} .venv/bin/dagster dev")
+    click.echo("")
+    for line in ui_hint(os.environ["DAGSTER_HOME"], str(stats.config), ds.name,
+                        to_key(pending), str(pending_marker)):
+        click.echo(line)
     click.echo(f"Recheck everything:  .venv/bin/dedup-pipeline verify --config {stats.config}")
     del results
+
+
+def ui_hint(home: str, config: str, dataset: str, pending: str, marker: str) -> list[str]:
+    """The demo's closing lines: the README's two UI commands, and the hour left to load."""
+    return [
+        "See it in the UI (the README's two commands, each in its own shell):",
+        "  .venv/bin/dedup-pipeline spark-server",
+        f"  SPARK_REMOTE=sc://127.0.0.1:15002 DAGSTER_HOME={home} DEDUP_CONFIG={config} "
+        ".venv/bin/dg dev",
+        f"Your turn: hour {pending} has landed without its _SUCCESS marker, so it is not loaded. "
+        "Load it either way:",
+        f"  - in the UI: asset {dataset}/unique, Materialize, select {pending}, Launch;",
+        f"  - or drop the marker and the landing sensor loads it within a minute: touch {marker}",
+    ]
 
 
 @main.command("spark-server")
@@ -506,8 +529,12 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
               "spark://host:7077, k8s://…  [default: SPARK_MASTER_URL, else local[*]]")
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE",
               help="a Spark setting for the server (repeatable), e.g. spark.driver.memory=4g")
+@click.option("--log-level", default="WARN", show_default=True,
+              type=click.Choice(["ERROR", "WARN", "INFO", "DEBUG"], case_sensitive=False),
+              help="Spark's log level; a line per client session started or ended is printed "
+                   "at any level")
 def spark_server(port: int | None, host: str, master: str | None,
-                 confs: tuple[str, ...]) -> None:
+                 confs: tuple[str, ...], log_level: str) -> None:
     """Run a warm Spark Connect server in the foreground, with this package's start-up settings;
     point runs at it with SPARK_REMOTE (printed when it is ready). Ctrl-C stops it."""
     import signal
@@ -540,8 +567,18 @@ def spark_server(port: int | None, host: str, master: str | None,
     env["SPARK_CONNECT_MODE"] = "0"  # start a classic JVM server, not a client of one
     # spark-submit runs the server's driver program (engine/connect_host.py) with this Python
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    click.echo(f"starting a Spark Connect server on {host}:{port}, master {master} "
-               f"(10-30 s)...")
+    # the server's driver is spark-submit's own JVM (client mode): SPARK_SUBMIT_OPTS reach it
+    import tempfile
+
+    from dedup_pipeline.engine.connect_host import LOG4J2, LOG_LEVEL_ENV
+
+    log_conf = Path(tempfile.mkdtemp(prefix="dedup-spark-server-")) / "log4j2.properties"
+    log_conf.write_text(LOG4J2.format(level=log_level.lower()))
+    env["SPARK_SUBMIT_OPTS"] = (env.get("SPARK_SUBMIT_OPTS", "") +
+                                f" -Dlog4j2.configurationFile=file:{log_conf}").strip()
+    env[LOG_LEVEL_ENV] = log_level.upper()
+    click.echo(f"starting a Spark Connect server on {host}:{port}, master {master}, Spark log "
+               f"level {log_level.upper()} (10-30 s)...")
     # Same process group as this command, so a supervisor that kills the group (or a terminal's
     # Ctrl-C) reaches the JVM too; it also gets SIGTERM if this process dies (Linux).
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
@@ -556,7 +593,7 @@ def spark_server(port: int | None, host: str, master: str | None,
         while proc.poll() is None and not listening():
             time.sleep(0.5)
         if proc.poll() is None:
-            click.echo(f"Spark Connect server ready. Point runs (and `dagster dev`) at it:\n"
+            click.echo(f"Spark Connect server ready. Point runs (and `dg dev`) at it:\n"
                        f"  export SPARK_REMOTE={url}\n(Ctrl-C stops it)")
         rc = proc.wait()
     except KeyboardInterrupt:

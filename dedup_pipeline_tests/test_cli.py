@@ -111,3 +111,32 @@ def test_verify_passes_then_catches_tampering(spark, orders: Path) -> None:
                for v in violations), r.output
     assert any("2026-11-01-01:00: a key in unique is also unique" in v for v in violations)
     assert not any("2026-11-01-00:00" in v for v in violations)
+
+
+def test_demo_loads_all_but_the_newest_hour_and_says_how_to_load_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo leaves the user something to do in the UI: its newest hour landed without its
+    marker; the closing lines give the README's two UI commands and both ways to load that hour."""
+    import os
+
+    from dedup_pipeline.engine import commits
+    from dedup_pipeline.engine.storage import Storage
+    from dedup_pipeline.hours import parse_key, to_tag
+    from dedup_pipeline.sample.generate import default_start
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+    monkeypatch.setenv("SPARK_MASTER_URL", "local[1]")
+    r = CliRunner().invoke(main, ["demo", "--dir", str(tmp_path / "demo"), "--hours", "1",
+                                  "--rows-per-hour", "20"])
+    assert r.exit_code == 0, r.output
+    loaded, pending = default_start(2), default_start(1)
+    cfg = load_config(str(tmp_path / "demo" / "dedup.yaml"))
+    ds = cfg.datasets[0]
+    assert commits.committed_tags(Storage(ds.output)) == {to_tag(parse_key(loaded))}
+    marker = Path(ds.source.path) / f"date={pending[:10]}" / f"hour={pending[11:13]}" / "_SUCCESS"
+    assert not marker.exists() and list(marker.parent.glob("*.jsonl"))
+    assert "  .venv/bin/dedup-pipeline spark-server\n" in r.output
+    assert (f"  SPARK_REMOTE=sc://127.0.0.1:15002 DAGSTER_HOME={os.environ['DAGSTER_HOME']} "
+            f"DEDUP_CONFIG={tmp_path / 'demo' / 'dedup.yaml'} .venv/bin/dg dev\n") in r.output
+    assert f"hour {pending} has landed without its _SUCCESS marker" in r.output
+    assert f"select {pending}, Launch" in r.output and f"touch {marker}" in r.output

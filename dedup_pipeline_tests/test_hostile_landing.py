@@ -1,6 +1,7 @@
 """A hostile landing corpus beyond test_landing_files.py: odd lines, in-progress names, every
-codec Hadoop picks by extension, links that lead nowhere, Parquet types Spark cannot read, numbers and booleans in
-text, dates with offsets, double keys `-0.0`/`0.0`/NaN, an output root full of glob characters.
+codec Hadoop picks by extension, links that lead nowhere, Parquet types Spark cannot read,
+numbers and booleans in text, dates with offsets, double keys `-0.0`/`0.0`/NaN, an output root
+full of glob characters.
 
 One Spark load per dataset reads many hostile files per hour; the pure-Python reference model
 (`reference.py`, written from docs/design.md "Reading landing files") decides where every record

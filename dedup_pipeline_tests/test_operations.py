@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.config import PipelineConfig
+from dedup_pipeline.defs import runs
 from dedup_pipeline.defs.definitions import build_definitions
 from dedup_pipeline.defs.names import (
     RANGE_END,
@@ -301,6 +303,19 @@ def test_run_failure_summary_lands_in_the_runs_log(spark, site) -> None:
         assert "dataset clicks, hour(s) 2026-11-01-02:00." in summary[0]
         assert "order check" in summary[0] and summary[0].count("LoadOrderError") == 1
         assert "load the missing earlier hours first" in summary[0]
+        # the step's own failure has the cause and both ways to fix it in front (the UI shows a
+        # Failure's description first), the LoadOrderError with its traceback below, as its cause
+        [step] = [e.dagster_event for e in inst.all_logs(run.run_id) if e.dagster_event
+                  and e.dagster_event.is_step_failure]
+        data = step.step_failure_data
+        assert data.error.cls_name == "Failure" and data.error.cause.cls_name == "LoadOrderError"
+        text = data.user_failure_data.description
+        assert text.startswith(f"Load of clicks hour(s) {HOURS[2]} failed in the order check")
+        assert "LoadOrderError" in text and "\n" not in text
+        assert (f"open asset clicks/unique, Partitions tab, select {HOURS[0]}..{HOURS[2]} and "
+                "Launch backfill") in text  # from the first hour not loaded
+        assert f"dedup-pipeline run --config <config.yaml> --from {HOURS[0]} --to {HOURS[2]}" in text
+        assert run.error is not None and run.error.startswith("LoadOrderError")  # what the CLI says
 
 
 @pytest.mark.slow
@@ -332,3 +347,44 @@ def test_two_concurrent_runs_never_interleave(spark, site, tmp_path: Path) -> No
     assert "is locked by dagster run" in second.stdout + second.stderr
     r = CliRunner().invoke(main, ["verify", "--config", cfg_file])
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.fast
+def test_failure_summary_of_a_run_that_loads_no_dataset_says_so_plainly() -> None:
+    """A check's own run (the UI's Execute of input_unchanged_since_load) or another job: one
+    plain line, no guessed dataset, hours or stage."""
+    check_run = dg.DagsterRun(job_name="__ASSET_JOB", run_id="r-check", asset_check_selection=frozenset(
+        {dg.AssetCheckKey(asset_key("clicks", "raw_batch"), "input_unchanged_since_load")}))
+    other = dg.DagsterRun(job_name="nightly_report", run_id="r-other")
+    for run in (check_run, other):
+        assert runs.dataset_of_run(run) is None
+        text = runs.failure_summary(run, runs.RootError("ValueError", "boom"), "")
+        assert text == (f"dedup_pipeline: run {run.run_id} of {run.job_name} failed; it loads no "
+                        "dataset hour, so no dataset's state changed. Error: ValueError: boom")
+
+
+@pytest.mark.fast
+def test_every_column_and_check_is_described_in_plain_words(tmp_path: Path) -> None:
+    """The UI's Columns tables: every column of every output and of the index has a description;
+    source columns say where they come from and their declared type; descriptions of assets and
+    checks start with words, not a rule id."""
+    cfg = _cfg(tmp_path)
+    ds = cfg.datasets[0]
+    defs = build_definitions(cfg)
+    graph = defs.resolve_asset_graph()
+    seen = set()
+    for name in ("unique", "duplicates", "expired", "rejected", "index"):
+        node = graph.get(asset_key("clicks", name))
+        assert node.description and not re.match(r"\(?R\d", node.description), node.description
+        schema = node.metadata["dagster/column_schema"]
+        for col in schema.columns:
+            assert col.description, (name, col.name)
+            if col.name in ds.source.schema:
+                assert col.description.startswith(
+                    f"From the landing files, declared type {ds.source.schema[col.name]}"), col
+            seen.add(col.name)
+    assert {"_source_file", "_duplicate_kind", "_first_load_hour", "_expiry_point",
+            "_reject_reason", "_raw", "_h1", "_h2", "_load_hour"} <= seen
+    for spec in graph.asset_check_keys:
+        desc = graph.get_check_spec(spec).description or ""
+        assert desc and not re.match(r"\(?R\d", desc), (spec, desc)

@@ -19,6 +19,7 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 
 from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.defs import runs
+from dedup_pipeline.defs.assets import build_dataset_defs
 from dedup_pipeline.defs.checks import CHECKS
 from dedup_pipeline.defs.definitions import build_definitions
 from dedup_pipeline.defs.names import (
@@ -161,7 +162,7 @@ def test_a_ui_run_without_our_tags_is_the_datasets_run(tmp_path: Path, monkeypat
     assert runs.dataset_of_run(ui_run) == "clicks"
     with dg.instance_for_test() as inst:
         inst.add_run(ui_run)
-        sensor = build_landing_sensor(ds, load_job_name("clicks"),
+        sensor = build_landing_sensor(ds, build_dataset_defs(ds).job,
                                       clock=lambda: datetime(2026, 11, 1, 3, 0, tzinfo=UTC))
         res = sensor.evaluate_tick(dg.build_sensor_context(instance=inst))
         assert not res.run_requests

@@ -70,8 +70,9 @@ class WarmServer:
 
     def start(self) -> None:
         self.starts += 1
+        # INFO: the tests count the server's executions in its log (`executions`)
         cmd = [str(VENV_BIN / "dedup-pipeline"), "spark-server", "--port", str(self.port),
-               "--master", "local[2]"]
+               "--master", "local[2]", "--log-level", "INFO"]
         for c in SERVER_TEST_CONF:
             cmd += ["--conf", c]
         self.service = start("dedup-pipeline spark-server", cmd,
@@ -418,3 +419,27 @@ def test_a_stream_reset_by_a_dying_server_counts_as_a_lost_server() -> None:
         'details = "Stream removed (RST_STREAM (Received RST_STREAM with error code 8))"')
     assert lost_server_reason(reset) == "became unreachable (Stream removed)"
     assert lost_server_reason(ValueError("Stream removed")) is None
+
+
+def test_spark_server_logs_warnings_and_one_line_per_session_by_default(tmp_path: Path) -> None:
+    """The terminal the README asks users to keep open: Spark at WARN, plus one line when a client
+    session starts and one when it ends."""
+    srv = WarmServer(tmp_path)
+    cmd = [str(VENV_BIN / "dedup-pipeline"), "spark-server", "--port", str(srv.port),
+           "--master", "local[1]", "--conf", "spark.ui.enabled=false"]
+    srv.service = start("dedup-pipeline spark-server", cmd, tmp_path / "server.log", env=clean_env(),
+                        cwd=tmp_path)
+    try:
+        srv.wait_ready()
+        srv.client("assert s.range(3).count() == 3\ns.stop()\n")
+        wait_until("the session's end line", lambda: "session ended" in srv.service.tail(10**6),
+                   30, [srv.service])
+        log = srv.service.tail(10**7)
+    finally:
+        srv.kill()
+    assert "Spark log level WARN" in log
+    assert not [line for line in log.splitlines() if " INFO " in line], log[-3000:]
+    started = [line for line in log.splitlines() if "session started:" in line]
+    ended = [line for line in log.splitlines() if "session ended:" in line]
+    assert len(started) == 1 and len(ended) == 1, log[-3000:]
+    print(started[0], ended[0], sep="\n")

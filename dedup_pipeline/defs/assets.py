@@ -15,7 +15,9 @@ because one MaterializeResult of a ranged run stamps the same metadata on every 
 
 
 
+import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,36 +28,88 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.defs import checks, names
+from dedup_pipeline.defs import checks, names, runs
 from dedup_pipeline.defs.explain import key_sampler
 from dedup_pipeline.defs.names import INDEX, RAW
 from dedup_pipeline.defs.partitions import hourly_partitions
 from dedup_pipeline.defs.resources import SparkResource
-from dedup_pipeline.engine import commits, outputs
+from dedup_pipeline.engine import commits, landing, outputs
 from dedup_pipeline.engine.checks import LoadCheckError
+from dedup_pipeline.engine.commits import LoadOrderError
+from dedup_pipeline.engine.digest import FP, H1, H2
+from dedup_pipeline.engine.index.store import LOAD_HOUR, entry_schema
 from dedup_pipeline.engine.load import LoadResult, load_hours
 from dedup_pipeline.engine.outputs import OUTPUTS
+from dedup_pipeline.engine.parse import REASON, V
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import parse_key, to_tag
+from dedup_pipeline.hours import parse_key, to_key, to_tag
 
 PROGRESS_LOGGER = logging.getLogger("dedup_pipeline.progress")
 
 DESCRIPTIONS = {
-    RAW: "Landing files of the hour ({path}/date=YYYY-MM-DD/hour=HH/), read in place.",
-    "unique": "The clean table: the first record of every key (R3, R4). "
-              "Parquet at {output}/unique/load_hour=YYYY-MM-DD-HH/.",
-    "duplicates": "Records whose key was already kept (this hour or an earlier one), with "
-                  "_duplicate_kind (natural|conflict) and _first_load_hour.",
-    "expired": "Records older than the expiry point of their load (R6), with _expiry_point.",
-    "rejected": "Records that could not be parsed or typed, with _reject_reason and _raw (R9).",
-    INDEX: "The persisted key index (128-bit digests) that lets each load skip the clean table; "
-           "it depends on its own previous hour.",
+    RAW: "The hour's landing files ({path}/date=YYYY-MM-DD/hour=HH/), read where they are, not "
+         "copied. Each load records how many files and rows it read here.",
+    "unique": "The clean table: for each key, the first record ever seen, once. Later records "
+              "with a key already kept go to duplicates. Parquet at "
+              "{output}/unique/load_hour=YYYY-MM-DD-HH/. (Rules R3, R4 in docs/design.md.)",
+    "duplicates": "Records whose key was already kept, in this hour or an earlier one: resends "
+                  "(natural) and records that differ from the kept one (conflict), each naming "
+                  "the hour that holds the kept record. (Rules R4, R5 in docs/design.md.)",
+    "expired": "Records too old to deduplicate: behind the load's expiry point, so they were "
+               "not compared with the index. (Rule R6 in docs/design.md.)",
+    "rejected": "Records that could not be read, parsed or typed, with the reason and the "
+                "original text, so nothing is lost. (Rule R9 in docs/design.md.)",
+    INDEX: "The key index: one short digest per kept key, so each load finds earlier keys "
+           "without reading the clean table. Each hour's entries depend on the previous hour's. "
+           "(Rules R4, R7, R12 in docs/design.md.)",
+}
+
+# what the product's own columns mean (source columns are described from the config)
+PRODUCT_COLUMNS = {
+    outputs.SOURCE_FILE: "The landing file the record was read from (full path).",
+    outputs.KIND: "natural: the same record sent again (same fingerprint as the kept one); "
+                  "conflict: same key, different content (rule R5).",
+    outputs.FIRST: "The load hour (YYYY-MM-DD-HH) whose unique output holds the kept record with "
+                   "this key.",
+    outputs.EXPIRY_POINT: "The expiry point of the load that read the record: records whose "
+                          "expiry column is older than this are expired (rule R6).",
+    REASON: "Why the record was rejected: unreadable_file, bad_encoding, malformed, "
+            "bad_value:<column>, null_key, unknown_category or bad_expiry_value.",
+    outputs.RAW: "The record's original text (a JSONL line, a CSV record, a Parquet row as JSON; "
+                 "base64 of the bytes for bad_encoding), so it can be fixed and replayed.",
+}
+INDEX_COLUMNS = {
+    H1: "First half of the key's 128-bit digest.",
+    H2: "Second half of the key's 128-bit digest.",
+    LOAD_HOUR: "The load hour that kept the key (its unique row is in that hour's partition).",
+    V: "The kept record's expiry value, as a number (epoch microseconds, days or the value), "
+       "for expiry.",
+    FP: "A 32-bit hash of the fingerprint columns of the kept record: tells a resend from a "
+        "conflict.",
 }
 
 
+def _source_column(ds: DatasetConfig, col: str, typ: str) -> str:
+    roles = [r for r, on in (("part of the key", col in ds.key),
+                             ("a fingerprint column", col in (ds.fingerprint or ())),
+                             ("the expiry column", ds.expiry is not None and col == ds.expiry.column))
+             if on]
+    return f"From the landing files, declared type {typ}" + (f"; {', '.join(roles)}." if roles
+                                                              else ".")
+
+
 def _column_schema(ds: DatasetConfig, output: str) -> dg.TableSchema:
-    """The output contract (`engine.outputs`) as Dagster shows it."""
-    return dg.TableSchema(columns=[dg.TableColumn(c, t) for c, t in outputs.columns(ds, output)])
+    """The output contract (`engine.outputs`) as Dagster shows it, every column described."""
+    return dg.TableSchema(columns=[
+        dg.TableColumn(c, t, description=PRODUCT_COLUMNS.get(c) or _source_column(ds, c, t))
+        for c, t in outputs.columns(ds, output)])
+
+
+def _index_schema(ds: DatasetConfig) -> dg.TableSchema:
+    return dg.TableSchema(columns=[
+        dg.TableColumn(f.name, f.dataType.simpleString(), description=INDEX_COLUMNS.get(f.name)
+                       or _source_column(ds, f.name, ds.source.schema.get(f.name, "string")))
+        for f in entry_schema(ds).fields])
 
 
 def _point(ds: DatasetConfig, value: float | int) -> Any:
@@ -177,6 +231,24 @@ def _restate(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str
     yield from _evaluations(context.instance, ds, pk, evals)
 
 
+def _config_name() -> str:
+    return os.environ.get("DEDUP_CONFIG") or "<config.yaml>"
+
+
+def _load_failure(ds: DatasetConfig, partition_keys: list[str], err: BaseException) -> dg.Failure:
+    """The step's failure with the cause and the fix in front (the UI shows a Failure's
+    description at the top of the step's error; the original traceback stays, as its cause)."""
+    keys = sorted(partition_keys, key=parse_key)
+    rerun_first = keys[0]
+    if isinstance(err, LoadOrderError):  # the range must start at the first hour not loaded
+        with contextlib.suppress(Exception):
+            rerun_first = to_key(landing.first_unloaded(ds, commits.committed_tags(Storage(ds.output))))
+    return dg.Failure(
+        description=runs.load_failure(ds.name, keys[0], keys[-1], err, rerun_first, _config_name()),
+        metadata={"error": f"{type(err).__name__}: "
+                           f"{(str(err).strip().splitlines() or [''])[0][:500]}"})
+
+
 @dataclass(frozen=True)
 class DatasetDefs:
     raw: dg.AssetSpec
@@ -218,7 +290,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             partitions_def=pdef,
             group_name=names.group_name(ds.name),
             kinds={"spark", "parquet"},
-            metadata={"path": f"{ds.output}/index"},
+            metadata={"dagster/column_schema": _index_schema(ds), "path": f"{ds.output}/index"},
         )
     )
     keys = [s.key for s in specs]
@@ -233,6 +305,11 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
         op_tags={names.DATASET_TAG: ds.name},
     )
     def load(context: dg.AssetExecutionContext, spark: SparkResource) -> Iterator[Any]:
+        if not (context.has_partition_key or context.has_partition_key_range):
+            raise dg.Failure(description=(
+                f"A load of {ds.name} needs the hours to load: this run has no partition. "
+                f"Fix: {runs.rerun_ways(ds.name, 'FIRST', 'LAST', _config_name())} (the landing "
+                "sensor loads every complete hour by itself)."))
         partition_keys = list(context.partition_keys)
 
         def progress(msg: str) -> None:
@@ -255,7 +332,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
                 yield _failed_check(context, ds, rest.pop(0), err)
             for pk in rest:
                 yield from _restate(context, ds, pk)
-            raise
+            raise _load_failure(ds, partition_keys, err) from err
         if len(results) == 1 and context.has_partition_key:
             # one partition (not a one-hour range, whose check results Dagster would record
             # with no partition): Dagster's own output events carry the hour's figures

@@ -12,6 +12,7 @@ hour's own materialization (see `defs/assets.py` for why events, not AssetCheckR
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -32,28 +33,32 @@ DUPLICATE_RATE, CONFLICT_RATE, REJECTED_RATE = "duplicate_rate", "conflict_rate"
 
 # check name -> (asset name, blocking, description)
 CHECKS: dict[str, tuple[str, bool, str]] = {
-    CONSERVATION: (UNIQUE, True, "R8: rows in = unique + duplicates + expired + rejected, "
-                   "counted from the written files."),
-    UNIQUE_KEYS: (UNIQUE, True, "No key twice in the hour's unique rows, and none already in "
-                  "the live index of earlier hours."),
-    INDEX_AGREES: (INDEX, True, "The hour's index entries match its unique rows (count and an "
-                   "order-independent checksum of the digests)."),
-    INDEX_SIZE: (INDEX, False, "Index entries a load reads stay under checks.max_index_keys "
-                 "(warn, like Pinot's pause threshold)."),
-    DUPLICATE_RATE: (DUPLICATES, False, "duplicates / (unique + duplicates) under "
-                     "checks.max_duplicate_rate."),
-    CONFLICT_RATE: (DUPLICATES, False, "conflicts / (unique + duplicates) under "
-                    "checks.max_conflict_rate (same key, different fingerprint)."),
-    REJECTED_RATE: (REJECTED, False, "rejected / rows in under checks.max_rejected_rate."),
+    CONSERVATION: (UNIQUE, True, "Every record read lands in exactly one output: records in = "
+                   "unique + duplicates + expired + rejected, counted from the written files. "
+                   "(Rule R8 in docs/design.md.)"),
+    UNIQUE_KEYS: (UNIQUE, True, "No key appears twice in the hour's unique rows, nor in the kept "
+                  "keys of earlier hours. (Rule R4 in docs/design.md.)"),
+    INDEX_AGREES: (INDEX, True, "The hour's index entries match its unique rows: the same count "
+                   "and the same checksum of the key digests."),
+    INDEX_SIZE: (INDEX, False, "Warns when a load reads more index entries than "
+                 "checks.max_index_keys of the config: time to shorten expiry or compact."),
+    DUPLICATE_RATE: (DUPLICATES, False, "Warns when the share of duplicates, duplicates / (unique + "
+                     "duplicates), is above checks.max_duplicate_rate of the config."),
+    CONFLICT_RATE: (DUPLICATES, False, "Warns when the share of conflicts (same key, different "
+                    "content) among unique + duplicates is above checks.max_conflict_rate."),
+    REJECTED_RATE: (REJECTED, False, "Warns when the share of rejected records among the records "
+                    "read is above checks.max_rejected_rate of the config."),
 }
 
 
 def check_specs(ds: DatasetConfig, partitions_def: dg.PartitionsDefinition) -> list[dg.AssetCheckSpec]:
-    return [
-        dg.AssetCheckSpec(name, asset=asset_key(ds.name, asset), blocking=blocking,
-                          description=desc, partitions_def=partitions_def)
-        for name, (asset, blocking, desc) in CHECKS.items()
-    ]
+    with warnings.catch_warnings():  # partitioned checks are a preview feature of Dagster 1.13
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        return [
+            dg.AssetCheckSpec(name, asset=asset_key(ds.name, asset), blocking=blocking,
+                              description=desc, partitions_def=partitions_def)
+            for name, (asset, blocking, desc) in CHECKS.items()
+        ]
 
 
 @dataclass(frozen=True)

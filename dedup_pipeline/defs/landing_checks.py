@@ -13,15 +13,18 @@ PreviewWarning is silenced here so `dagster dev` stays quiet.
 """
 
 import warnings
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.defs.names import RAW, asset_key
+from dedup_pipeline.defs.names import RAW, asset_key, input_check_job_name
 from dedup_pipeline.defs.partitions import hourly_partitions
 from dedup_pipeline.engine import commits, landing
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import parse_key, to_key, to_tag
+from dedup_pipeline.hours import compress_ranges, parse_key, to_key, to_tag
 
 CHECK_NAME = "input_unchanged_since_load"
 MAX_LISTED = 20  # files named in the metadata per kind of change
@@ -48,34 +51,86 @@ def _change_metadata(ds: DatasetConfig, change: landing.InputChange) -> dict[str
     }
 
 
-def late_input_evaluation(ds: DatasetConfig, change: landing.InputChange) -> dg.AssetCheckEvaluation:
-    """The failing WARN evaluation the sensor reports for a changed hour."""
-    return dg.AssetCheckEvaluation(
-        asset_key=raw_key(ds),
-        check_name=CHECK_NAME,
-        passed=False,
-        severity=dg.AssetCheckSeverity.WARN,
-        partition=change.key,
-        description=f"landing files of {change.summary()} changed after the hour was loaded; "
-                    f"reprocess from {change.key} through the latest loaded hour",
-        metadata=_change_metadata(ds, change),
-    )
+@dataclass(frozen=True)
+class HourState:
+    """One hour's comparison: `change` is None when its files are the ones its load read."""
+
+    key: str
+    loaded: bool
+    comparable: bool  # False: the commit record predates input tracking
+    change: landing.InputChange | None = None
+    files: int = 0
 
 
-def resolved_evaluation(ds: DatasetConfig, key: str) -> dg.AssetCheckEvaluation:
-    """The passing evaluation once a reported hour's input matches its commit record again."""
-    return dg.AssetCheckEvaluation(
-        asset_key=raw_key(ds),
-        check_name=CHECK_NAME,
-        passed=True,
-        severity=dg.AssetCheckSeverity.WARN,
-        partition=key,
-        description="the landing files match the ones the hour's load read (reprocessed)",
-    )
+def hour_state(ds: DatasetConfig, hour: datetime) -> HourState:
+    record = commits.read_commit(Storage(ds.output), to_tag(hour))
+    if record is None:
+        return HourState(to_key(hour), loaded=False, comparable=False)
+    if record.inputs is None:
+        return HourState(to_key(hour), loaded=True, comparable=False)
+    return HourState(to_key(hour), loaded=True, comparable=True,
+                     change=landing.input_change(ds, hour, record), files=len(record.inputs))
+
+
+def _hour_result(ds: DatasetConfig, st: HourState) -> dg.AssetCheckResult:
+    warn = dg.AssetCheckSeverity.WARN
+    if not st.loaded:
+        return dg.AssetCheckResult(passed=True, severity=warn, metadata={"loaded": False},
+                                   description=f"{st.key} is not loaded yet: nothing to compare")
+    if not st.comparable:
+        return dg.AssetCheckResult(passed=True, severity=warn, metadata={"loaded": True},
+                                   description="the commit record predates input tracking: "
+                                               "cannot compare")
+    if st.change is None:
+        return dg.AssetCheckResult(passed=True, severity=warn,
+                                   description="the landing files are the ones the load read",
+                                   metadata={"loaded": True, "files": st.files})
+    c = st.change
+    return dg.AssetCheckResult(
+        passed=False, severity=warn,
+        description=f"landing files of {c.summary()} changed after the hour was loaded; "
+                    f"reprocess from {c.key} through the latest loaded hour",
+        metadata={"loaded": True, **_change_metadata(ds, c)})
+
+
+class _UnpartitionedResult(dg.AssetCheckResult):
+    """The result of a run with no partition at all (the UI's Execute button sends none).
+
+    Dagster 1.13 looks up the target materialization of such a result as that of an unpartitioned
+    input: for a partitioned check on an asset with any event it then asks the run for its
+    partition range and raises "Cannot access partition_key for a non-partitioned run". A result
+    about several hours targets no single materialization, so it names none.
+    """
+
+    def _get_target_materialization_data(self, step_context: Any, check_key: Any) -> None:
+        return None
+
+
+def _many_result(ds: DatasetConfig, scope: str, states: list[HourState],
+                 cls: type[dg.AssetCheckResult] = dg.AssetCheckResult) -> dg.AssetCheckResult:
+    """One result for several hours (a run of the check without one partition selected)."""
+    changed = [s.change for s in states if s.change is not None]
+    loaded = [s for s in states if s.loaded]
+    md: dict[str, object] = {"hours_compared": sum(s.comparable for s in states),
+                             "hours_loaded": len(loaded), "hours_changed": len(changed),
+                             "changed_hours": compress_ranges([c.hour for c in changed])}
+    if not loaded:
+        return cls(passed=True, severity=dg.AssetCheckSeverity.WARN, metadata=md,
+                   description=f"{scope}: no hour is loaded yet, nothing to compare")
+    if not changed:
+        return cls(
+            passed=True, severity=dg.AssetCheckSeverity.WARN, metadata=md,
+            description=f"{scope}: the landing files of every loaded hour are the ones its load "
+                        "read")
+    return cls(
+        passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=md,
+        description=f"{scope}: {landing.describe_changes(changed)}")
 
 
 def build_input_check(ds: DatasetConfig) -> dg.AssetChecksDefinition:
-    """The check for one dataset; evaluates the run's partition from the files alone."""
+    """The check for one dataset. With a partition selected it evaluates that hour; a range, each
+    hour of it; none (the UI's Execute without a partition), every loaded hour the landing sensor
+    watches (`landing.watch_hours` back from the latest) - one result either way."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.PreviewWarning)
 
@@ -84,32 +139,37 @@ def build_input_check(ds: DatasetConfig) -> dg.AssetChecksDefinition:
             name=CHECK_NAME,
             partitions_def=hourly_partitions(ds),
             blocking=False,
-            description="The hour's landing files are the ones its load read (path, size, mtime "
-                        "against the commit record). Fails (WARN) when files arrived, vanished or "
-                        "changed after the load: reprocess from that hour.",
+            description="The hour's landing files are still the ones its load read (path, size, "
+                        "modification time, against the hour's commit record). Warns when files "
+                        "arrived, vanished or changed after the load: reprocess from that hour. "
+                        "Without a partition selected it compares every recently loaded hour.",
         )
         def input_unchanged_since_load(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-            hour = parse_key(context.partition_key)
-            record = commits.read_commit(Storage(ds.output), to_tag(hour))
-            if record is None:
-                return dg.AssetCheckResult(
-                    passed=True, severity=dg.AssetCheckSeverity.WARN,
-                    description=f"{to_key(hour)} is not loaded yet: nothing to compare",
-                    metadata={"loaded": False})
-            if record.inputs is None:
-                return dg.AssetCheckResult(
-                    passed=True, severity=dg.AssetCheckSeverity.WARN,
-                    description="the commit record predates input tracking: cannot compare",
-                    metadata={"loaded": True})
-            change = landing.input_change(ds, hour, record)
-            if change is None:
-                return dg.AssetCheckResult(
-                    passed=True, severity=dg.AssetCheckSeverity.WARN,
-                    description="the landing files are the ones the load read",
-                    metadata={"loaded": True, "files": len(record.inputs)})
-            ev = late_input_evaluation(ds, change)
-            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
-                                       description=ev.description,
-                                       metadata={"loaded": True, **_change_metadata(ds, change)})
+            if context.has_partition_key:
+                return _hour_result(ds, hour_state(ds, parse_key(context.partition_key)))
+            if context.has_partition_key_range:
+                keys = list(context.partition_keys)
+                return _many_result(ds, f"hours {keys[0]}..{keys[-1]}",
+                                    [hour_state(ds, parse_key(k)) for k in keys])
+            committed = commits.committed_tags(Storage(ds.output))
+            hours = landing.watched_hours(ds, committed)
+            scope = (f"loaded hours {compress_ranges(hours)}" if hours else "every hour")
+            return _many_result(ds, scope, [hour_state(ds, h) for h in hours], _UnpartitionedResult)
 
     return input_unchanged_since_load
+
+
+def build_input_check_job(ds: DatasetConfig, check: dg.AssetChecksDefinition
+                          ) -> Any:
+    """The job the landing sensor launches to record the check's evaluation of one hour.
+
+    Why a run and not a runless evaluation from the sensor: Dagster stores a runless evaluation
+    with run_id '' under a unique index on (asset, check, run_id, partition), so a second one for
+    the same hour (the hour reprocessed, or a later file in it) is refused and fails the tick.
+    """
+    return dg.define_asset_job(
+        name=input_check_job_name(ds.name),
+        selection=dg.AssetSelection.checks(check),
+        description=f"Compares the landing files of hours of {ds.name!r} with the files their loads "
+                    "read (check input_unchanged_since_load); no Spark.",
+    )

@@ -44,6 +44,8 @@ load_op_name: PerDataset = "{}_load".format  # the multi-asset: the load's step 
 rebuild_op_name: PerDataset = "{}_rebuild_index".format  # run config addresses its hours under it
 migrate_job_name: PerDataset = ("{}" + MIGRATE_JOB_SUFFIX).format
 migrate_op_name: PerDataset = "{}_migrate".format
+# the late-input check's own job (no Spark): the landing sensor records evaluations through it
+input_check_job_name: PerDataset = "{}_input_check".format
 landing_sensor_name: PerDataset = "{}_landing_sensor".format
 recovery_sensor_name: PerDataset = "{}_index_recovery_sensor".format
 hourly_schedule_name: PerDataset = "{}_hourly_schedule".format

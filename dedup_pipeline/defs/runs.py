@@ -79,9 +79,11 @@ class RootError:
 
 
 def root_error(err: object | None) -> RootError | None:
-    """The user error under Dagster's step-execution wrapper, in one line."""
-    while err is not None and getattr(err, "cause", None) is not None and \
-            "ExecutionStepExecutionError" in err.cls_name:  # type: ignore[attr-defined]
+    """The user error under Dagster's step-execution wrapper (and under the `Failure` a load
+    raises with its summary in front, `load_failure`), in one line."""
+    while err is not None and getattr(err, "cause", None) is not None and (
+            "ExecutionStepExecutionError" in err.cls_name  # type: ignore[attr-defined]
+            or err.cls_name == "Failure"):  # type: ignore[attr-defined]
         err = err.cause  # type: ignore[attr-defined]
     if err is None:
         return None
@@ -171,13 +173,54 @@ INFRA = ("Spark or storage (infrastructure)",
          "committed, the failing one committed nothing, and a rerun gives the same rows (R10)")
 
 
+def rerun_ways(ds: str, first: str, last: str, config: str = "<config.yaml>") -> str:
+    """How to load hours first..last again, the UI way and the CLI way."""
+    hours = first if first == last else f"{first}..{last}"
+    backfill = ("select the hour and Materialize" if first == last else
+                f"select {hours} and Launch backfill (one run, hours in order)")
+    return (f"in the UI, open asset {ds}/unique, Partitions tab, {backfill}; or from a shell, "
+            f"dedup-pipeline run --config {config} --from {first} --to {last}")
+
+
 def failure_summary(run: dg.DagsterRun, err: RootError | None, fallback: str) -> str:
-    """One paragraph: dataset, hour(s), the cause once, the fix that fits it."""
-    ds = dataset_of_run(run) or "(not a dedup_pipeline dataset run)"
+    """One paragraph: dataset, hour(s), the cause once, the fix that fits it. A run that loads or
+    rebuilds no dataset (a check's own run, a job of another code location) gets one plain line
+    saying so, never a guessed dataset."""
+    cause = str(err) if err else fallback
+    ds = dataset_of_run(run)
+    if ds is None:
+        return (f"dedup_pipeline: run {run.run_id} of {run.job_name} failed; it loads no dataset "
+                f"hour, so no dataset's state changed. Error: {cause}")
     hours = hours_of_run(run) or "(no partition: every committed hour)"
     stage, fix = CAUSES.get(err.cls, INFRA) if err else INFRA
-    cause = str(err) if err else fallback
     names = {"ds": ds, "hours": hours, "pool": pool_name(ds), "rebuild_job": rebuild_job_name(ds)}
     stage, fix = stage.format(**names), fix.format(**names)
     return (f"dedup_pipeline run failure: dataset {ds}, hour(s) {hours}. Failed in {stage}: "
             f"{cause} Fix: {fix}.")
+
+
+def load_failure(ds: str, first: str, last: str, err: BaseException, rerun_first: str,
+                 config: str) -> str:
+    """The description of the `Failure` a load step raises: what failed, in which hours, and the
+    fix (UI and CLI ways) in one paragraph; the error's traceback stays below it, as its cause.
+    `rerun_first` is the first hour to load again (for an order error: the first missing one)."""
+    cls = type(err).__name__
+    msg = (str(err).strip().splitlines() or [""])[0]
+    root = root_error_of_exception(err) or RootError(cls, msg)
+    stage, fix = CAUSES.get(root.cls, INFRA)
+    hours = first if first == last else f"{first}..{last}"
+    names = {"ds": ds, "hours": hours, "pool": pool_name(ds), "rebuild_job": rebuild_job_name(ds)}
+    stage, fix = stage.format(**names), fix.format(**names)
+    return (f"Load of {ds} hour(s) {hours} failed in {stage}: {root}. Fix: {fix}. To load again: "
+            f"{rerun_ways(ds, rerun_first, last, config)}.")
+
+
+def root_error_of_exception(err: BaseException) -> RootError | None:
+    """`root_error` for a live exception (its infrastructure cause, if any, in plain words)."""
+    from dagster._utils.error import serializable_error_info_from_exc_info  # no public API
+
+    try:
+        info = serializable_error_info_from_exc_info((type(err), err, err.__traceback__))
+    except Exception:  # a summary must never fail the failure
+        return None
+    return root_error(info)

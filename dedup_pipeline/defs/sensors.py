@@ -20,9 +20,17 @@ documented alternative (``defs/schedules.py``). Each tick:
    daemon never requests an hour twice (Dagster also drops a repeated run key).
 
 It also compares the watched loaded hours' landing files with their commit records: changed hours are
-named in the skip reason on every quiet tick, and reported once (again if the difference changes) as
-a failing WARN evaluation of `input_unchanged_since_load` on that partition; a passing evaluation
-follows once the hour has been reprocessed.
+named in the skip reason on every quiet tick, and each difference is recorded once (again if it
+changes) as a failing WARN evaluation of `input_unchanged_since_load` on that partition, by a run of
+the check's own job `{ds}_input_check` (no Spark); a passing one follows, the same way, once the
+hour has been reprocessed. Through a run, not as a runless event of the sensor: Dagster keeps a
+runless evaluation under run_id '' in a unique index on (asset, check, run_id, partition), so the
+second one for an hour would be refused and fail every tick from then on.
+
+Only the loads are essential to a tick. Everything else it does (the late-input comparison, the
+error of a failed run named in a skip reason) is isolated: if it raises, the tick still requests
+the loads of new complete hours, and the error is logged once per cause (the cursor keeps the
+causes already logged), not on every tick.
 """
 
 from __future__ import annotations
@@ -31,18 +39,21 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.defs import runs
-from dedup_pipeline.defs.landing_checks import late_input_evaluation, resolved_evaluation
-from dedup_pipeline.defs.names import landing_sensor_name, range_tags
+from dedup_pipeline.defs.landing_checks import build_input_check, build_input_check_job
+from dedup_pipeline.defs.names import PARTITION, TRIGGER_TAG, landing_sensor_name, range_tags
 from dedup_pipeline.engine import commits, contract, landing
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import compress_ranges, hour_range, parse_key, to_key, to_tag
 
 SENSOR_INTERVAL_S = 30
+INPUT_STATE_TAG = "dedup_pipeline/input_state"  # on a check run: "changed" or "reprocessed"
+T = TypeVar("T")
 
 
 def active_runs(instance: dg.DagsterInstance, ds: DatasetConfig) -> list[dg.DagsterRun]:
@@ -58,46 +69,86 @@ def describe_run(run: dg.DagsterRun) -> str:
 
 @dataclass
 class LandingCursor:
-    """What the sensor remembers: the last hour it requested, and the late-input differences it
-    already reported (hour -> signature), so each is reported once."""
+    """What the sensor remembers: the last hour it requested; the late-input differences it
+    already recorded (hour -> signature), so each is recorded once; how many check runs it
+    requested (their run keys count up); the errors it already logged (one log line per cause)."""
 
     requested_through: str | None = None
     reported: dict[str, str] = field(default_factory=dict)
+    check_runs: int = 0
+    errors: list[str] = field(default_factory=list)
 
     @classmethod
     def parse(cls, text: str | None) -> LandingCursor:
         if not text:
             return cls()
         raw = json.loads(text)
-        return cls(raw.get("requested_through"), dict(raw.get("reported") or {}))
+        return cls(raw.get("requested_through"), dict(raw.get("reported") or {}),
+                   int(raw.get("check_runs") or 0), list(raw.get("errors") or []))
 
     def dump(self) -> str:
         return json.dumps({"requested_through": self.requested_through,
-                           "reported": dict(sorted(self.reported.items()))}, sort_keys=True)
+                           "reported": dict(sorted(self.reported.items())),
+                           "check_runs": self.check_runs, "errors": self.errors}, sort_keys=True)
 
 
-def late_input_events(ds: DatasetConfig, changes: list[landing.InputChange], committed: set[str],
-                      cur: LandingCursor) -> list[dg.AssetCheckEvaluation]:
-    """Evaluations to report this tick; updates `cur.reported`.
+def late_input_requests(ds: DatasetConfig, changes: list[landing.InputChange], committed: set[str],
+                        cur: LandingCursor, check_job: str) -> list[dg.RunRequest]:
+    """Runs of the input check to request this tick, one per hour whose state changed; updates
+    `cur`.
 
-    New or different changes -> failing WARN; a reported hour that is loaded again and matches its
-    inputs -> passing. A reported hour that is not loaded right now (a reload failed half-way) stays
-    reported; one that left the watch window is forgotten.
+    A new or different change -> a run that records the failing WARN; a reported hour that is
+    loaded again and matches its inputs -> a run that records the pass. A reported hour that is not
+    loaded right now (a reload failed half-way) stays reported; one that left the watch window is
+    forgotten. Run keys count up in the cursor: a tick repeated with the same cursor requests the
+    same keys, which Dagster drops.
     """
-    events: list[dg.AssetCheckEvaluation] = []
+    requests: list[dg.RunRequest] = []
+
+    def request(key: str, state: str) -> None:
+        cur.check_runs += 1
+        requests.append(dg.RunRequest(
+            run_key=f"{ds.name}:input_check:{key}:{cur.check_runs}", job_name=check_job,
+            # the partition as a tag: a job of a check alone has no partitions definition of its
+            # own in Dagster 1.13 (inferred from selected assets: none), the check reads the tag
+            tags={PARTITION: key, TRIGGER_TAG: landing_sensor_name(ds.name),
+                  INPUT_STATE_TAG: state}))
+
     now_changed = {c.key: c for c in changes}
     for c in changes:
         if cur.reported.get(c.key) != c.signature:
-            events.append(late_input_evaluation(ds, c))
+            request(c.key, "changed")
             cur.reported[c.key] = c.signature
     watched = {to_key(h) for h in landing.watched_hours(ds, committed)}
     for key in sorted(set(cur.reported) - set(now_changed)):
         if key in watched:
-            events.append(resolved_evaluation(ds, key))
+            request(key, "reprocessed")
             del cur.reported[key]
         elif to_tag(parse_key(key)) in committed or not committed:
             del cur.reported[key]  # out of the watch window: no longer compared
-    return events
+    return requests
+
+
+class TickErrors:
+    """Errors of a tick's non-essential parts: caught, and each cause logged once."""
+
+    def __init__(self) -> None:
+        self.causes: list[str] = []
+
+    def guard(self, what: str, fn: Callable[[], T], default: T) -> T:
+        try:
+            return fn()
+        except Exception as err:  # isolated on purpose: the loads must go on
+            first = (str(err).strip().splitlines() or [""])[0]
+            self.causes.append(f"{what} failed: {type(err).__name__}: {first}")
+            return default
+
+    def report(self, context: Any, cur: LandingCursor) -> None:
+        for cause in self.causes:
+            if cause not in cur.errors:
+                context.log.error(f"landing sensor: {cause}. Loads of complete hours go on; "
+                                  "this is logged once, until the cause is gone.")
+        cur.errors = list(dict.fromkeys(self.causes))
 
 
 def _stalled(instance: dg.DagsterInstance, ds: DatasetConfig, frontier: str, through: str) -> str:
@@ -114,52 +165,78 @@ def _stalled(instance: dg.DagsterInstance, ds: DatasetConfig, frontier: str, thr
             f"once the commit records show the hours loaded.")
 
 
-def build_landing_sensor(ds: DatasetConfig, job_name: str,
+def build_landing_sensor(ds: DatasetConfig, job: Any,
                          clock: Callable[[], datetime] | None = None) -> dg.SensorDefinition:
-    """The landing sensor of one dataset. `clock` returns the current UTC time (tests pin it)."""
+    """The landing sensor of one dataset; `job` is its load job (the unresolved asset job). It also
+    targets the dataset's input-check job. `clock` returns the current UTC time (tests pin it)."""
     now_fn = clock or (lambda: datetime.now(UTC))
     marker = (f"a {ds.landing.marker} marker in the hour's directory" if ds.landing.marker
               else f"the hour's end plus {ds.landing.grace_s:g}s grace")
+    check_job = build_input_check_job(ds, build_input_check(ds))
 
     @dg.sensor(
         name=landing_sensor_name(ds.name),
-        job_name=job_name,
+        jobs=[job, check_job],
         minimum_interval_seconds=SENSOR_INTERVAL_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Loads each hour of {ds.name!r} once its input is complete ({marker}), in "
-                    "ascending order, never skipping an hour; one ranged run per tick. Reports "
-                    "files that land after their hour was loaded (check input_unchanged_since_load).",
+                    "ascending order, never skipping an hour; one ranged run per tick. Files that "
+                    "land after their hour was loaded turn the hour's check "
+                    "input_unchanged_since_load to a warning (a short run of its own job).",
     )
     def landing_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        cur = LandingCursor.parse(context.cursor)
+        errors = TickErrors()
+        cur = errors.guard("reading the sensor cursor", lambda: LandingCursor.parse(context.cursor),
+                           LandingCursor())
         running = active_runs(context.instance, ds)
         if running:
             return dg.SensorResult(skip_reason=f"waiting for {describe_run(running[0])}",
                                    cursor=cur.dump())
         committed = commits.committed_tags(Storage(ds.output))
-        changes = landing.changed_hours(ds, committed)
-        events = late_input_events(ds, changes, committed, cur)
+        changes = errors.guard("comparing loaded hours' landing files with their commit records",
+                               lambda: landing.changed_hours(ds, committed), [])
+        saved = (dict(cur.reported), cur.check_runs)
+
+        def late_checks() -> list[dg.RunRequest]:
+            try:
+                return late_input_requests(ds, changes, committed, cur, check_job.name)
+            except Exception:  # nothing half-recorded: the next tick requests them again
+                cur.reported, cur.check_runs = saved
+                raise
+
+        checks = errors.guard("requesting input-check runs", late_checks, [])
         late = f" | {landing.describe_changes(changes)}" if changes else ""
+
+        def result(load: dg.RunRequest | None, skip: str | None) -> dg.SensorResult:
+            errors.report(context, cur)
+            requests = ([load] if load else []) + checks
+            if requests:
+                if skip:  # Dagster takes no skip reason beside run requests: into the tick's log
+                    context.log.info(skip)
+                return dg.SensorResult(run_requests=requests, cursor=cur.dump())
+            return dg.SensorResult(skip_reason=skip, cursor=cur.dump())
 
         frontier = landing.first_unloaded(ds, committed)
         if cur.requested_through is not None and parse_key(cur.requested_through) >= frontier:
-            reason = _stalled(context.instance, ds, to_key(frontier), cur.requested_through)
-            return dg.SensorResult(skip_reason=reason + late, cursor=cur.dump(), asset_events=events)
+            hours = compress_ranges(hour_range(to_key(frontier), cur.requested_through))
+            reason = errors.guard(
+                "naming the failed run", lambda: _stalled(context.instance, ds, to_key(frontier),
+                                                          cur.requested_through or ""),
+                f"hour(s) {hours} were requested but are not loaded, and no run of {ds.name!r} is "
+                "in progress. Not retried automatically: re-execute the failed run.")
+            return result(None, reason + late)
 
         ready = landing.ready_hours(ds, frontier, now_fn())
         if not ready.hours:
-            return dg.SensorResult(skip_reason=f"nothing to load: {ready.blocked_why}{late}",
-                                   cursor=cur.dump(), asset_events=events)
+            return result(None, f"nothing to load: {ready.blocked_why}{late}")
         first, last = to_key(ready.hours[0]), to_key(ready.hours[-1])
         try:  # a run under a config that breaks the dataset contract would only fail: say why
             contract.check(Storage(ds.output), ds, first, committed)
         except contract.ContractError as e:
-            return dg.SensorResult(
-                skip_reason=f"not loading {compress_ranges(ready.hours)}: {e}{late}",
-                cursor=cur.dump(), asset_events=events)
+            return result(None, f"not loading {compress_ranges(ready.hours)}: {e}{late}")
         cur.requested_through = last
-        request = dg.RunRequest(run_key=f"{ds.name}:{first}..{last}", job_name=job_name,
-                                tags=range_tags(first, last, landing_sensor_name(ds.name)))
-        return dg.SensorResult(run_requests=[request], cursor=cur.dump(), asset_events=events)
+        return result(dg.RunRequest(run_key=f"{ds.name}:{first}..{last}", job_name=job.name,
+                                    tags=range_tags(first, last, landing_sensor_name(ds.name))),
+                      None)
 
     return landing_sensor

@@ -1,0 +1,228 @@
+"""Soak the landing sensor under a real `dagster-daemon` (not a CI test; CI runs a short version,
+dedup_pipeline_tests/test_soak.py).
+
+The demo's instance (queued runs, one run per dataset) plus the deploy's retry policy for dead run
+workers (run monitoring, run retries), the demo's sensors and schedules as shipped (landing sensor,
+index recovery sensor and failure summary on; the hourly and reconcile schedules off), a dataset
+whose index repairs itself (`on_damaged_index: rebuild`). For `--minutes` minutes a new complete
+hour lands every `--every` seconds; a quarter of the way in a file lands late in a loaded hour, at
+half way the whole index is deleted, at three quarters a running load is killed (SIGKILL to its
+worker and its Spark). Then it waits for the last hour to load and prints the figures:
+
+- hours landed, hours committed, successful runs that loaded each hour (must be exactly 1),
+- landing-sensor ticks by status, skipped ticks without a reason, failed ticks (must be 0),
+- tick errors in the daemon log (must be 0), check runs, the killed run and its retry.
+
+Exit code 0 when every bar holds. `python benchmarks/soak.py --minutes 30 --every 120`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import dagster as dg  # noqa: E402
+from dagster._core.scheduler.instigation import InstigatorType, TickStatus  # noqa: E402
+
+from dedup_pipeline.cli import DEMO_INSTANCE_YAML  # noqa: E402
+from dedup_pipeline.defs.names import RANGE_END, RANGE_START, recovery_sensor_name  # noqa: E402
+from dedup_pipeline.hours import HOUR, hour_range, to_key, to_tag  # noqa: E402
+from dedup_pipeline_tests.daemon_walk import DATASET, Walk  # noqa: E402
+
+RETRIES = """\
+run_retries:
+  enabled: true
+  max_retries: 2
+  retry_on_asset_or_op_failure: false
+run_monitoring:
+  enabled: true
+  start_timeout_seconds: 300
+  poll_interval_seconds: 10
+"""
+TICK_ERROR = ("Error occurred during the execution of evaluation_fn", "IntegrityError",
+              "UniqueViolation")
+
+
+@dataclass
+class Figures:
+    hours_landed: int = 0
+    hours_committed: int = 0
+    loads_per_hour: Counter[str] = field(default_factory=Counter)
+    ticks: Counter[str] = field(default_factory=Counter)
+    recovery_ticks: Counter[str] = field(default_factory=Counter)
+    skipped_without_reason: int = 0
+    failed_ticks: int = 0
+    daemon_tick_errors: list[str] = field(default_factory=list)
+    check_runs: int = 0
+    killed_run: str | None = None
+    killed_status: str | None = None  # the killed run's final status (FAILURE when it was killed)
+    retries_of_killed: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    def ok(self) -> bool:
+        return not self.failures
+
+    def report(self) -> str:
+        bad = {h: n for h, n in self.loads_per_hour.items() if n != 1}
+        return "\n".join([
+            f"hours landed {self.hours_landed}, committed {self.hours_committed}; hours loaded by "
+            f"other than exactly one successful run: {bad or 'none'}",
+            f"landing-sensor ticks: {dict(self.ticks)}; skipped without a reason: "
+            f"{self.skipped_without_reason}; failed: {self.failed_ticks}",
+            f"recovery-sensor ticks: {dict(self.recovery_ticks)}",
+            f"tick errors in the daemon log: {len(self.daemon_tick_errors)}",
+            f"input-check runs: {self.check_runs}; killed run: {self.killed_run} "
+            f"({self.killed_status}; retries: {self.retries_of_killed})",
+            "RESULT: " + ("PASS" if self.ok() else "FAIL: " + "; ".join(self.failures)),
+        ])
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+def kill_run(inst: dg.DagsterInstance, run_id: str) -> list[int]:
+    """SIGKILL the run's worker (the pid its log names: "Started process for run (pid: N)") and
+    everything below it (its Spark JVM): a node lost mid-load."""
+    roots: set[int] = set()
+    for rec in inst.all_logs(run_id):
+        m = re.search(r"\(pid: (\d+)\)", rec.message or "")
+        if m:
+            roots.add(int(m.group(1)))
+    killed, todo = [], sorted(roots)
+    while todo:
+        pid = todo.pop()
+        todo += _children(pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
+    return killed
+
+
+def soak(root: Path, minutes: float, every: float, log: Any = print) -> Figures:
+    n_hours = max(4, int(minutes * 60 // every) + 1)
+    now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    start = now - (n_hours + 1) * HOUR  # every hour landed is a complete (past) hour
+    w = Walk(root, start_hour=start, extra_config={"on_damaged_index": "rebuild"})
+    (w.home / "dagster.yaml").write_text(DEMO_INSTANCE_YAML + RETRIES)
+    with dg.DagsterInstance.from_config(str(w.home)):
+        pass  # create the storages before the daemon's processes race to
+    hours = [start + i * HOUR for i in range(n_hours)]
+    fig = Figures()
+    events = {n_hours // 4: "late", n_hours // 2: "index", (3 * n_hours) // 4: "kill"}
+    w.start_daemon()
+    t0 = time.monotonic()
+    try:
+        with w.instance() as inst:
+            for i, h in enumerate(hours):
+                due = t0 + i * every
+                while time.monotonic() < due:
+                    time.sleep(1)
+                w.land(h, [f"e{i}-{j}" for j in range(20)] + [f"e{max(0, i - 1)}-0"])
+                fig.hours_landed += 1
+                log(f"{time.monotonic() - t0:6.0f}s landed {to_key(h)}")
+                what = events.get(i)
+                if what == "late":
+                    loaded = w.wait("a loaded hour", lambda: sorted(w.committed()), timeout=600)
+                    late = datetime.strptime(loaded[-1], "%Y-%m-%d-%H").replace(tzinfo=UTC)
+                    w.land(late, [f"late-{i}"], name="part-late.jsonl")
+                    log(f"  late file in {to_key(late)}")
+                elif what == "index":
+                    w.delete_index()
+                    log("  index deleted")
+                elif what == "kill":
+                    def started() -> dg.DagsterRun | None:
+                        for r in w.load_runs(inst):
+                            if r.status == dg.DagsterRunStatus.STARTED and any(
+                                    "(pid: " in (e.message or "") for e in inst.all_logs(r.run_id)):
+                                return r
+                        return None
+
+                    run = w.wait("a load to start", started, timeout=600)
+                    time.sleep(3)  # into its start-up (Spark takes 20-30 s here)
+                    pids = kill_run(inst, run.run_id)
+                    fig.killed_run = run.run_id
+                    log(f"  killed run {run.run_id} ({len(pids)} processes)")
+            last = to_tag(hours[-1])
+            w.wait("the last hour to load", lambda: last in w.committed(),
+                   timeout=max(900, every * 4))
+            time.sleep(45)  # a few more ticks after the end: quiet ones must skip with a reason
+            fig.hours_committed = len(w.committed())
+            runs = [r for r in w.load_runs(inst, by_sensor=False)
+                    if r.status == dg.DagsterRunStatus.SUCCESS]
+            for r in runs:
+                first, end = r.tags.get(RANGE_START), r.tags.get(RANGE_END)
+                if first and end:
+                    for h in hour_range(first, end):
+                        fig.loads_per_hour[to_key(h)] += 1
+            for h in hours:
+                fig.loads_per_hour.setdefault(to_key(h), 0)
+            ticks = w.ticks(inst)
+            fig.ticks = Counter(t.status.value for t in ticks)
+            fig.skipped_without_reason = sum(1 for t in ticks if t.status == TickStatus.SKIPPED
+                                             and not t.skip_reason)
+            fig.failed_ticks = sum(1 for t in ticks if t.status == TickStatus.FAILURE)
+            fig.recovery_ticks = Counter(t.status.value for t in w.ticks(
+                inst, recovery_sensor_name(DATASET), InstigatorType.SENSOR))
+            fig.check_runs = len(w.check_runs(inst))
+            if fig.killed_run:
+                killed = inst.get_run_by_id(fig.killed_run)
+                fig.killed_status = killed.status.value if killed else None
+                fig.retries_of_killed = sum(
+                    1 for r in inst.get_runs() if r.tags.get("dagster/parent_run_id") == fig.killed_run)
+    finally:
+        w.stop()
+    text = w.log.read_text(errors="replace") if w.log.exists() else ""
+    fig.daemon_tick_errors = [ln for ln in text.splitlines() if any(e in ln for e in TICK_ERROR)]
+    if fig.hours_committed != n_hours:
+        fig.failures.append(f"{fig.hours_committed} of {n_hours} hours committed")
+    if any(n != 1 for n in fig.loads_per_hour.values()):
+        fig.failures.append("an hour was not loaded by exactly one successful run")
+    if fig.failed_ticks or fig.recovery_ticks.get("FAILURE"):
+        fig.failures.append("failed sensor ticks")
+    if fig.skipped_without_reason:
+        fig.failures.append("skipped ticks without a reason")
+    if fig.daemon_tick_errors:
+        fig.failures.append(f"{len(fig.daemon_tick_errors)} tick errors in the daemon log")
+    return fig
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=30)
+    ap.add_argument("--every", type=float, default=120, help="seconds between new hours")
+    ap.add_argument("--dir", default=None, help="work directory (default: a temp dir, kept)")
+    args = ap.parse_args()
+    root = Path(args.dir or tempfile.mkdtemp(prefix="dedup-soak-"))
+    print(f"soak in {root}: {args.minutes:g} min, a new hour every {args.every:g} s")
+    fig = soak(root, args.minutes, args.every)
+    print(fig.report())
+    return 0 if fig.ok() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""The daemon soak (benchmarks/soak.py), short: a few minutes of new hours landing every 30 s
+under a real `dagster-daemon`, with a late file, a deleted index and a killed run. Every hour
+loads exactly once, no sensor tick fails, no tick error in the daemon log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.soak import soak
+
+pytestmark = pytest.mark.slow
+
+
+def test_short_soak(tmp_path: Path) -> None:
+    fig = soak(tmp_path, minutes=3, every=30)
+    print(fig.report())
+    assert fig.ok(), fig.report()
+    assert fig.killed_run and fig.killed_status == "FAILURE", fig.report()
+    assert fig.retries_of_killed >= 1 and fig.check_runs >= 1, fig.report()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +255,13 @@ def test_dagster_fails_the_run_with_the_line_definitions_load_sensor_skips(
         assert not res.run_requests
         assert res.skip_reason is not None
         assert res.skip_reason.skip_message.startswith(
+            "not loading 2026-11-01-02:00: contract error: dataset 'clicks': key changed")
+        hourly = defs.resolve_schedule_def("clicks_hourly_schedule")
+        with dg.build_schedule_context(instance=inst, scheduled_execution_time=datetime(
+                2026, 11, 1, 3, 20, tzinfo=UTC)) as ctx:
+            tick = hourly.evaluate_tick(ctx)
+        assert not tick.run_requests
+        assert (tick.skip_message or "").startswith(
             "not loading 2026-11-01-02:00: contract error: dataset 'clicks': key changed")
     assert _tree(ds.output) == before
 

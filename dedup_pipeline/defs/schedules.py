@@ -1,8 +1,8 @@
 """Schedules per dataset (SPEC D2): the hourly load, and a daily reconciliation of late input.
 
 - `{ds}_hourly_schedule` (STOPPED by default): the alternative to the landing sensor for sources
-  that write no marker. Built from the partitioned load job, so each tick requests the hour that
-  just ended, at minute `ceil(landing.grace / 60)` past the hour (capped at 59): the grace period
+  that write no marker. Each tick requests one partition of the load job, the hour that just
+  ended, at minute `ceil(landing.grace / 60)` past the hour (capped at 59): the grace period
   lets stragglers land. It knows nothing about markers or late files and, like any load, fails
   with LoadOrderError if an earlier hour is not loaded; hence the sensor is the default.
 - `{ds}_reconcile_schedule` (STOPPED by default, daily at 00:30 UTC): if any loaded hour within
@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
@@ -23,6 +24,7 @@ import dagster as dg
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.defs.names import (
     LATE_HOURS_TAG,
+    PARTITION,
     hourly_schedule_name,
     range_tags,
     reconcile_schedule_name,
@@ -30,27 +32,47 @@ from dedup_pipeline.defs.names import (
 from dedup_pipeline.defs.sensors import active_runs, describe_run
 from dedup_pipeline.engine import commits, contract, landing
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import compress_ranges, to_key
+from dedup_pipeline.hours import HOUR, compress_ranges, parse_key, to_key
 
 RECONCILE_CRON = "30 0 * * *"
 
 
-def build_hourly_schedule(ds: DatasetConfig, job: Any) -> Any:
+def build_hourly_schedule(ds: DatasetConfig, job: Any) -> dg.ScheduleDefinition:
     """Load the hour that just ended, `grace` minutes past every hour (off by default).
 
-    `job` is the unresolved asset job of the dataset; the result is Dagster's unresolved
-    partitioned schedule, resolved when the Definitions are (both types are private to Dagster).
+    `job` is the dataset's asset job. Each tick requests one partition, the hour that ended; a
+    config that breaks the dataset contract skips the tick with the contract line (a run would
+    only fail with it), as the landing sensor does.
     """
     minute = min(59, math.ceil(ds.landing.grace_s / 60))
-    return dg.build_schedule_from_partitioned_job(
-        job,
+
+    @dg.schedule(
+        job=job,
+        cron_schedule=f"{minute} * * * *",
+        execution_timezone="UTC",
         name=hourly_schedule_name(ds.name),
-        minute_of_hour=minute,
         default_status=dg.DefaultScheduleStatus.STOPPED,
-        description=f"Loads the hour of {ds.name!r} that just ended, at minute {minute} of every hour "
-                    "(hour closed + grace). The alternative to the landing sensor: turn on one of "
-                    "the two, not both.",
+        description=f"Loads the hour of {ds.name!r} that just ended, at minute {minute} of every "
+                    "hour (hour closed + grace). The alternative to the landing sensor: turn on "
+                    "one of the two, not both.",
     )
+    def hourly(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+        tick = context.scheduled_execution_time or datetime.now(UTC)
+        hour = tick.astimezone(UTC).replace(minute=0, second=0, microsecond=0) - HOUR
+        key = to_key(hour)
+        if hour < parse_key(ds.start):
+            return dg.SkipReason(f"hour {key} is before the dataset's start {ds.start}: the "
+                                 "schedule has no partitions to load yet")
+        st = Storage(ds.output)
+        try:  # a run under a config that breaks the dataset contract would only fail: say why
+            contract.check(st, ds, key, commits.committed_tags(st))
+        except contract.ContractError as e:
+            return dg.SkipReason(f"not loading {key}: {e}")
+        # the partition tag set here: the request needs no repository to resolve it
+        return dg.RunRequest(run_key=f"{ds.name}:hourly:{key}", job_name=job.name, partition_key=key,
+                             tags={PARTITION: key})
+
+    return hourly
 
 
 def build_reconcile_schedule(ds: DatasetConfig, job_name: str) -> dg.ScheduleDefinition:

@@ -60,7 +60,7 @@ def _config(root: Path, label: str) -> Path:
     raw["datasets"][0]["source"]["path"] = str(root / "landing" / "clicks")
     raw["datasets"][0]["output"] = str(root / "warehouse" / label)
     path = root / f"{label}.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 
 

@@ -374,7 +374,7 @@ class Bench:
         raw["datasets"][0]["output"] = str(Path(ds.output))
         raw["spark"] = {"conf": dict(conf)}
         cfg = config.parent / name
-        cfg.write_text(yaml.safe_dump(raw))
+        cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
         return cfg
 
     # ------------------------------------------------------------------ T4: big hours

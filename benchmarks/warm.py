@@ -78,7 +78,7 @@ def _config(root: Path, way: str) -> Path:
     ds["source"]["path"] = str(root / "landing" / "clicks")
     ds["output"] = str(root / "warehouse" / way)
     path = root / f"{way}.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 
 

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -63,7 +64,7 @@ def _quiet_dagster() -> None:
         warnings.filterwarnings("ignore", category=category)
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str) -> NoReturn:
     click.echo(f"error: {msg}", err=True)
     sys.exit(1)
 
@@ -367,30 +368,44 @@ def explain(config: str, dataset: str | None, pairs: tuple[str, ...], key_json: 
 def rebuild_index_cmd(config: str, dataset: str | None, hours: tuple[str, ...],
                       verbose: bool) -> None:
     """Rebuild the key index from the unique output (reads only unique), through Dagster."""
-    from dedup_pipeline.defs.definitions import build_definitions
     from dedup_pipeline.defs.names import rebuild_job_name, rebuild_op_name
-    from dedup_pipeline.defs.runner import QUIET_LOGGERS, failure_message
 
-    cfg = _load(config)
-    try:
-        ds = cfg.dataset(dataset)
-    except ConfigError as e:
-        _fail(str(e))
-    _quiet_dagster()
-    job = build_definitions(cfg).resolve_job_def(rebuild_job_name(ds.name))
+    cfg, ds = _load_dataset(config, dataset)
     click.echo(f"rebuilding the index of {ds.name!r} from {ds.output}/unique")
-    click.echo(SPARK_NOISE)
-    run_config = {**(QUIET_LOGGERS if not verbose else {}),
-                  "ops": {rebuild_op_name(ds.name): {"config": {"hours": list(hours)}}}}
-    with _instance() as inst:
-        res = job.execute_in_process(instance=inst, run_config=run_config,  # type: ignore[arg-type]
-                                     raise_on_error=False)
-    if not res.success:
-        _fail(f"run {res.run_id} failed: {failure_message(res)}")
+    ops = {rebuild_op_name(ds.name): {"config": {"hours": list(hours)}}}
+    _execute_job(cfg, rebuild_job_name(ds.name), verbose, {"ops": ops}, name_run=True)
     from dedup_pipeline.engine.index.health import check_index
     from dedup_pipeline.engine.storage import Storage
 
     click.echo(f"done: {check_index(Storage(ds.output), ds).summary()}")
+
+
+def _load_dataset(config: str, dataset: str | None) -> tuple[PipelineConfig, DatasetConfig]:
+    """The config and its dataset, or exit 1 with the config error."""
+    cfg = _load(config)
+    try:
+        return cfg, cfg.dataset(dataset)
+    except ConfigError as e:
+        _fail(str(e))
+
+
+def _execute_job(cfg: PipelineConfig, job_name: str, verbose: bool, run_config: dict,
+                 name_run: bool = False) -> None:
+    """Run one of the dataset's maintenance jobs in this process (Dagster records it); exit 1
+    with its failure summary if it fails."""
+    from dedup_pipeline.defs.definitions import build_definitions
+    from dedup_pipeline.defs.runner import QUIET_LOGGERS, failure_message
+
+    _quiet_dagster()
+    job = build_definitions(cfg).resolve_job_def(job_name)
+    click.echo(SPARK_NOISE)
+    with _instance() as inst:
+        res = job.execute_in_process(  # type: ignore[arg-type]
+            instance=inst, run_config={**(QUIET_LOGGERS if not verbose else {}), **run_config},
+            raise_on_error=False)
+    if not res.success:
+        _fail(f"run {res.run_id} failed: {failure_message(res)}" if name_run
+              else failure_message(res))
 
 
 @main.command()
@@ -403,26 +418,12 @@ def migrate(config: str, dataset: str | None, verbose: bool) -> None:
     expiry, index layout, schema): re-derive the index from unique under the new contract, in
     one committed step, through Dagster. Refuses, writing nothing, if unique holds rows that are
     duplicates under the new contract."""
-    from dedup_pipeline.defs.definitions import build_definitions
     from dedup_pipeline.defs.names import migrate_job_name
-    from dedup_pipeline.defs.runner import QUIET_LOGGERS, failure_message
 
-    cfg = _load(config)
-    try:
-        ds = cfg.dataset(dataset)
-    except ConfigError as e:
-        _fail(str(e))
-    _quiet_dagster()
+    cfg, ds = _load_dataset(config, dataset)
     _progress_to_stdout()
-    job = build_definitions(cfg).resolve_job_def(migrate_job_name(ds.name))
     click.echo(f"migrating {ds.name!r} ({ds.output}) to its config in {cfg.source}")
-    click.echo(SPARK_NOISE)
-    with _instance() as inst:
-        res = job.execute_in_process(instance=inst,  # type: ignore[arg-type]
-                                     run_config=QUIET_LOGGERS if not verbose else {},
-                                     raise_on_error=False)
-    if not res.success:
-        _fail(failure_message(res))
+    _execute_job(cfg, migrate_job_name(ds.name), verbose, {})
     from dedup_pipeline.engine.contract import read_history
     from dedup_pipeline.engine.storage import Storage
 

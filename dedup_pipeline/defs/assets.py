@@ -199,12 +199,12 @@ def _hour_events(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: lis
     yield from _evaluations(context.instance, ds, pk, _evaluate(ds, r, session))
 
 
-def _evaluate(ds: DatasetConfig, r: LoadResult, session: Any) -> list[checks.Evaluation]:
+def _evaluate(ds: DatasetConfig, r: LoadResult, spark: Any) -> list[checks.Evaluation]:
     """The hour's checks; failing ones that sample keys get sample keys and an explain command."""
     evals = checks.evaluate(ds, r)
-    if session is None:
+    if spark is None:
         return evals
-    return checks.with_sample_keys(evals, key_sampler(session, ds, r.partition_key))
+    return checks.with_sample_keys(evals, key_sampler(spark, ds, r.partition_key))
 
 
 def _failed_check(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str,

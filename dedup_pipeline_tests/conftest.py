@@ -18,8 +18,18 @@ from pyspark.sql import SparkSession
 from dedup_pipeline.config import DatasetConfig, PipelineConfig, load_config, parse_config
 from dedup_pipeline.engine.session import SparkSettings, get_session
 
-# The fast tier: `./scripts/test.sh --fast` (pytest -m fast), every rule on small data with the one
-# shared local Spark session below and a real Dagster run, in under 2 minutes. Which test covers what:
+# The fast tier: `./scripts/test.sh --fast` (pytest -m fast). It holds, marked by
+# `pytest_collection_modifyitems` below, every test that starts no Spark and no service (pure Python:
+# config, layout, digests, sensors' completeness rules, deploy files, ...), plus the tests marked
+# `@pytest.mark.fast` by hand: every rule on small data with the one shared local Spark session below
+# and a real Dagster run. Together under 2 minutes. A test that needs Spark without the `spark`
+# fixture (a load, a Dagster run or a CLI command that starts its own session) carries
+# `@pytest.mark.spark`; one that starts a server, daemon or subprocess load is `slow` (both run in
+# the whole suite, which CI runs). The benchmark harness's tests are `bench` (`-m "not bench"` leaves
+# them out; its pure ones are fast too). A test marked fast
+# automatically that starts Spark anyway fails, naming the marker it needs.
+#
+# Which fast test covers which rule:
 #
 #   C2       test_config.py (all four tests: bad configs name the file, dataset and field)
 #   R1       test_rules.py::test_exact_keys_null_keys_and_bad_input (exact compare, null keys)
@@ -47,8 +57,42 @@ from dedup_pipeline.engine.session import SparkSettings, get_session
 #   D1, D5   test_dagster.py::test_asset_graph_shape, ::test_single_hour_materialization_metadata
 #            (a real materialization of one hour with its checks and numeric metadata)
 #
-# Everything else (landing-file corpora, crash points, checks and recovery through Dagster, sensors,
-# the CLI, servers, clusters, benchmarks) runs in the whole suite, `./scripts/test.sh`, which CI runs.
+# Everything else with Spark or a service (landing-file corpora, crash points, checks and recovery
+# through Dagster, sensor runs, CLI loads, servers, clusters, benchmarks) runs in the whole suite,
+# `./scripts/test.sh`, which CI runs.
+
+# Markers that keep a test out of the automatic fast tier (the `spark` fixture does too).
+NEEDS_MORE = ("spark", "slow")
+_AUTO_FAST = pytest.StashKey[bool]()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `fast` every test that uses no `spark` fixture (directly or through another fixture)
+    and carries none of the markers in NEEDS_MORE."""
+    for item in items:
+        if item.get_closest_marker("fast") is not None:
+            continue
+        if "spark" in getattr(item, "fixturenames", ()):
+            continue
+        if any(item.get_closest_marker(m) is not None for m in NEEDS_MORE):
+            continue
+        item.add_marker(pytest.mark.fast)
+        item.stash[_AUTO_FAST] = True
+
+
+@pytest.fixture(autouse=True)
+def _auto_fast_starts_no_spark(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked fast automatically that starts Spark fails at once, naming the marker it needs."""
+    if not request.node.stash.get(_AUTO_FAST, False):
+        return
+
+    def refuse(*_: Any, **__: Any) -> None:
+        pytest.fail(f"{request.node.nodeid} starts Spark: use the `spark` fixture or mark it "
+                    "@pytest.mark.spark (it is in the fast tier only if it starts no Spark)",
+                    pytrace=False)
+
+    monkeypatch.setattr(SparkSession.Builder, "getOrCreate", refuse)
+
 
 TEST_SPARK_CONF = {
     "spark.ui.enabled": "false",

@@ -25,6 +25,8 @@ from benchmarks.run import (
     with_long_section,
 )
 
+pytestmark = pytest.mark.bench
+
 
 def test_only_a_run_of_every_target_replaces_results_md() -> None:
     """An exploratory run (`--points 24`, `--skip big`) must not overwrite the committed results."""
@@ -244,6 +246,7 @@ def test_the_ui_benchmark_materializes_an_hour_from_the_ui(tmp_path: Path) -> No
     assert (rec.rows_in, rec.unique) == (expected.rows_in, sum(expected.rows["unique"].values()))
 
 
+@pytest.mark.slow  # a Dagster run in a subprocess
 def test_the_run_floor_has_the_loads_shape_and_runs_in_an_instance(tmp_path: Path) -> None:
     """`benchmarks.run_floor` stands for a load's run process minus the load: the same assets and
     checks as a dataset's load (so the same events), run for real in an instance on disk."""

@@ -113,6 +113,7 @@ def test_verify_passes_then_catches_tampering(spark, orders: Path) -> None:
     assert not any("2026-11-01-00:00" in v for v in violations)
 
 
+@pytest.mark.spark  # the demo loads an hour through Dagster on local Spark
 def test_demo_loads_all_but_the_newest_hour_and_says_how_to_load_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The demo leaves the user something to do in the UI: its newest hour landed without its

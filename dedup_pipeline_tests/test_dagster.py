@@ -41,6 +41,7 @@ def landing(tmp_path: Path):
     return cfg
 
 
+@pytest.mark.slow  # `dagster definitions validate` in subprocesses
 def test_definitions_load_without_spark_and_validate(tmp_path: Path) -> None:
     _cfg(tmp_path)
     env = {**os.environ, "DEDUP_CONFIG": str(tmp_path / "dedup.yaml")}

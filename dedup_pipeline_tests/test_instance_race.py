@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sqlalchemy.exc
 
 from dedup_pipeline.cli import one_line
@@ -36,6 +37,7 @@ with _instance() as inst:
 """
 
 
+@pytest.mark.slow  # several Dagster processes racing on one new home
 def test_concurrent_first_commands_on_a_new_dagster_home(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
                                                                      os.environ.get("PYTHONPATH")]))}

@@ -37,6 +37,7 @@ def _dead_pid() -> int:
     return p.pid
 
 
+@pytest.mark.slow  # many processes racing for the lock
 def test_stale_lock_takeover_is_exclusive_under_races(tmp_path: Path) -> None:
     """R10: 3 processes x 300 trials race for a stale lock of a dead pid: exactly one wins each."""
     workers, trials = 3, 300

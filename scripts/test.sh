@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite (real local Spark, real Dagster), slow tests included: what CI runs.
-#   ./scripts/test.sh --fast   the fast tier only (pytest marker `fast`): every rule R1-R12 on small
-#                              data plus a Dagster materialization, in under 2 minutes; the map of
-#                              which test covers which rule is in dedup_pipeline_tests/conftest.py.
+#   ./scripts/test.sh --fast   the fast tier only (pytest marker `fast`), in under 2 minutes: every
+#                              test that starts no Spark and no service (marked by conftest.py) plus
+#                              every rule R1-R12 on small data and a Dagster materialization; the map
+#                              of which test covers which rule is in dedup_pipeline_tests/conftest.py.
 # Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -21,6 +21,7 @@ from dedup_pipeline.config import (
     PipelineConfig,
     load_config,
 )
+from dedup_pipeline.engine.commits import rate
 from dedup_pipeline.engine.contract import ContractError
 from dedup_pipeline.engine.load import LoadResult
 
@@ -157,8 +158,7 @@ def print_table(results: list[LoadResult]) -> None:
     if results:
         tot = [sum(getattr(r, a) for r in results) for a in
                ("rows_in", "unique", "duplicates", "conflicts", "expired", "rejected")]
-        valid = tot[1] + tot[2]
-        rows.append(["total", *tot, f"{100 * tot[2] / valid if valid else 0:.1f}",
+        rows.append(["total", *tot, f"{100 * rate(tot[2], tot[1] + tot[2]):.1f}",
                      f"{sum(r.seconds.get('total', 0) for r in results):.1f}"])
     widths = [max([len(str(c))] + [len(str(r[i])) for r in rows]) for i, c in enumerate(cols)]
     line = "  ".join(str(c).rjust(w) for c, w in zip(cols, widths, strict=True))

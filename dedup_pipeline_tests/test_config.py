@@ -187,7 +187,7 @@ def test_a_dataset_without_a_name_is_named_by_its_position(tmp_path: Path) -> No
 def test_models_are_frozen_and_periods_read_in_the_expiry_value_s_units(tmp_path: Path) -> None:
     from pydantic import ValidationError
 
-    from dedup_pipeline.engine.expiry_units import default_slice_span
+    from dedup_pipeline.units import default_slice_span
 
     ds = load_config(_write(tmp_path, {"datasets": [_dataset(
         index={"slice_span": "2h"}, landing={"grace": "90s", "marker": None})]})).datasets[0]

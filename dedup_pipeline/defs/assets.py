@@ -133,10 +133,7 @@ def hour_metadata(ds: DatasetConfig, r: LoadResult) -> dict[str, Any]:
         "expired": r.expired,
         "rejected": r.rejected,
         "conflicts": r.conflicts,
-        "duplicate_rate": round(r.duplicate_rate, 6),
-        "conflict_rate": round(r.conflicts / (r.unique + r.duplicates), 6)
-        if r.unique + r.duplicates else 0.0,
-        "rejected_rate": round(r.rejected / r.rows_in, 6) if r.rows_in else 0.0,
+        **r.rates,
         "index_keys_written": r.index_rows_written,
         "index_rows_read": r.index_rows_read,
         "index_bytes_read": r.index_bytes_read,

@@ -76,14 +76,10 @@ class Evaluation:
         return dg.AssetCheckSeverity.ERROR if CHECKS[self.name][1] else dg.AssetCheckSeverity.WARN
 
 
-def _rate(num: int, den: int) -> float:
-    return round(num / den, 6) if den else 0.0
-
-
 def evaluate(ds: DatasetConfig, r: LoadResult) -> list[Evaluation]:
     """All checks of a committed hour (the blocking ones passed, or it would not be committed)."""
     f = r.check_figures
-    valid = r.unique + r.duplicates
+    rates = r.rates
     index_keys = r.index_rows_read + r.index_rows_written
     t = ds.checks
     return [
@@ -95,12 +91,12 @@ def evaluate(ds: DatasetConfig, r: LoadResult) -> list[Evaluation]:
                                         "unique_rows": r.unique}),
         Evaluation(INDEX_SIZE, index_keys <= t.max_index_keys,
                    {"index_keys": index_keys, "limit": t.max_index_keys}),
-        Evaluation(DUPLICATE_RATE, _rate(r.duplicates, valid) <= t.max_duplicate_rate,
-                   {"rate": _rate(r.duplicates, valid), "limit": t.max_duplicate_rate}),
-        Evaluation(CONFLICT_RATE, _rate(r.conflicts, valid) <= t.max_conflict_rate,
-                   {"rate": _rate(r.conflicts, valid), "limit": t.max_conflict_rate}),
-        Evaluation(REJECTED_RATE, _rate(r.rejected, r.rows_in) <= t.max_rejected_rate,
-                   {"rate": _rate(r.rejected, r.rows_in), "limit": t.max_rejected_rate}),
+        Evaluation(DUPLICATE_RATE, rates[DUPLICATE_RATE] <= t.max_duplicate_rate,
+                   {"rate": rates[DUPLICATE_RATE], "limit": t.max_duplicate_rate}),
+        Evaluation(CONFLICT_RATE, rates[CONFLICT_RATE] <= t.max_conflict_rate,
+                   {"rate": rates[CONFLICT_RATE], "limit": t.max_conflict_rate}),
+        Evaluation(REJECTED_RATE, rates[REJECTED_RATE] <= t.max_rejected_rate,
+                   {"rate": rates[REJECTED_RATE], "limit": t.max_rejected_rate}),
     ]
 
 

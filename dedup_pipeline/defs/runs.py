@@ -13,6 +13,10 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+# imported for their error classes: each registers its stage and fix (`errors.stage_and_fix`)
+import dedup_pipeline.engine.load  # noqa: F401
+import dedup_pipeline.engine.migrate  # noqa: F401
+import dedup_pipeline.engine.session  # noqa: F401
 from dedup_pipeline.defs.names import (
     DATASET_TAG,
     LOAD_JOB_SUFFIX,
@@ -22,10 +26,12 @@ from dedup_pipeline.defs.names import (
     RANGE_START,
     REBUILD_JOB_SUFFIX,
     WRITTEN,
+    migrate_job_name,
     pool_name,
     rebuild_job_name,
 )
 from dedup_pipeline.engine.errors import infrastructure_cause
+from dedup_pipeline.errors import stage_and_fix
 
 ACTIVE = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
           dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
@@ -119,58 +125,10 @@ def run_error(instance: dg.DagsterInstance, run_id: str) -> RootError | None:
                             instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE))
 
 
-# error class -> (where it failed, what to do); {ds}, {hours}, {pool} and {rebuild_job} are filled in.
-CAUSES: dict[str, tuple[str, str]] = {
-    "LoadOrderError": (
-        "the order check (an earlier hour is not loaded)",
-        "load the missing earlier hours first (the command is in the error), then this range; "
-        "nothing was written"),
-    "LaterHoursLoadedError": (
-        "the rerun rule (hours after the first one of {hours} are loaded and not in this run)",
-        "reload from the first hour through the latest loaded hour in one run: a backfill of that "
-        "range (the error names it) or dedup-pipeline run --from ... --to ... (or --cascade); "
-        "nothing was written"),
-    "DatasetLockedError": (
-        "the dataset lock (another run of {ds} held it)",
-        "nothing was written; wait for the other run to finish and launch {hours} again only if "
-        "it is still not loaded (runs of one dataset queue when the pool limit {pool}=1 is set)"),
-    "LoadCheckError": (
-        "a blocking asset check",
-        "the failing hour committed nothing; open the check's evaluation for its figures. This "
-        "means a bug or corrupted files, not bad input: do not rerun blindly"),
-    "IndexDamagedError": (
-        "the index health check",
-        "launch job {rebuild_job} (or set on_damaged_index: rebuild), then rerun {hours}"),
-    "IndexRetentionError": (
-        "index retention",
-        "see the error; rerun {hours} once the index is consistent"),
-    "ContractError": (
-        "the dataset contract check (the config breaks what the loaded history was loaded "
-        "under)",
-        "nothing was written; revert the config change, or run the migrate command the error "
-        "names (or launch job {ds}_contract_migrate), then rerun {hours}"),
-    "MigrationRefusedError": (
-        "the migration's duplicate check",
-        "nothing was written; see the error for the rows and the choices"),
-    "ConfigError": (
-        "configuration",
-        "fix the dataset config, then rerun {hours}"),
-    "LandingMissingError": (
-        "the landing check (the landing root is missing)",
-        "fix source.path in the config or mount the landing zone, then rerun {hours}; nothing was "
-        "written"),
-    "CommitRecordError": (
-        "reading a commit record (damaged or truncated)",
-        "rerun the hour the error names (its rerun rewrites the record), or dedup-pipeline "
-        "rebuild-index; then rerun {hours}"),
-    "SparkServerError": (
-        "the Spark Connect server (restarted or unreachable)",
-        "make sure the server is up, then rerun {hours}: hours before the failing one are "
-        "committed, the failing one committed nothing (R10)"),
-}
-INFRA = ("Spark or storage (infrastructure)",
-         "fix the cause named in the error, then rerun {hours}: hours before the failing one are "
-         "committed, the failing one committed nothing, and a rerun gives the same rows (R10)")
+def _filled(template: str, ds: str, hours: str) -> str:
+    """An error class's stage or fix with the dataset's names filled in."""
+    return template.format(ds=ds, hours=hours, pool=pool_name(ds), rebuild_job=rebuild_job_name(ds),
+                           migrate_job=migrate_job_name(ds))
 
 
 def rerun_ways(ds: str, first: str, last: str, config: str = "<config.yaml>") -> str:
@@ -192,9 +150,8 @@ def failure_summary(run: dg.DagsterRun, err: RootError | None, fallback: str) ->
         return (f"dedup_pipeline: run {run.run_id} of {run.job_name} failed; it loads no dataset "
                 f"hour, so no dataset's state changed. Error: {cause}")
     hours = hours_of_run(run) or "(no partition: every committed hour)"
-    stage, fix = CAUSES.get(err.cls, INFRA) if err else INFRA
-    names = {"ds": ds, "hours": hours, "pool": pool_name(ds), "rebuild_job": rebuild_job_name(ds)}
-    stage, fix = stage.format(**names), fix.format(**names)
+    stage, fix = stage_and_fix(err.cls if err else None)
+    stage, fix = _filled(stage, ds, hours), _filled(fix, ds, hours)
     return (f"dedup_pipeline run failure: dataset {ds}, hour(s) {hours}. Failed in {stage}: "
             f"{cause} Fix: {fix}.")
 
@@ -207,10 +164,9 @@ def load_failure(ds: str, first: str, last: str, err: BaseException, rerun_first
     cls = type(err).__name__
     msg = (str(err).strip().splitlines() or [""])[0]
     root = root_error_of_exception(err) or RootError(cls, msg)
-    stage, fix = CAUSES.get(root.cls, INFRA)
+    stage, fix = stage_and_fix(root.cls)
     hours = first if first == last else f"{first}..{last}"
-    names = {"ds": ds, "hours": hours, "pool": pool_name(ds), "rebuild_job": rebuild_job_name(ds)}
-    stage, fix = stage.format(**names), fix.format(**names)
+    stage, fix = _filled(stage, ds, hours), _filled(fix, ds, hours)
     return (f"Load of {ds} hour(s) {hours} failed in {stage}: {root}. Fix: {fix}. To load again: "
             f"{rerun_ways(ds, rerun_first, last, config)}.")
 

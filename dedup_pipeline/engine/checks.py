@@ -25,12 +25,17 @@ from dedup_pipeline.engine.index.layout import INDEX, is_slice_dir, load_dir
 from dedup_pipeline.engine.index.store import match_columns
 from dedup_pipeline.engine.outputs import OUTPUTS, UNIQUE, partition
 from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.errors import UserError
 
 CONSERVATION, UNIQUE_KEYS, INDEX_AGREES = "conservation", "unique_keys", "index_agrees"
 
 
-class LoadCheckError(RuntimeError):
+class LoadCheckError(UserError, RuntimeError):
     """A load's written files break a correctness rule; nothing was committed."""
+
+    stage = "a blocking asset check"
+    fix = ("the failing hour committed nothing; open the check's evaluation for its figures. This "
+           "means a bug or corrupted files, not bad input: do not rerun blindly")
 
     def __init__(self, check: str, message: str, figures: dict[str, Any]):
         super().__init__(message)

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.digest import FP, H1
-from dedup_pipeline.engine.expiry import X_COL, expiry_point_column, is_expired
+from dedup_pipeline.engine.expiry import X_COL, expiry_point_column, is_expired, is_live
 from dedup_pipeline.engine.index.store import LOAD_HOUR, match_columns
 from dedup_pipeline.engine.outputs import (
     CONFLICT,
@@ -67,7 +67,7 @@ def candidates(batch: DataFrame, index: DataFrame | None, ds: DatasetConfig,
     probe = F.broadcast(batch.filter(F.col(REASON).isNull()).select(H1))  # no distinct(): semi-join
     hits = index.join(probe, on=H1, how="left_semi")
     if xs is not None:  # after the semi-join: compared only where the batch can hit
-        hits = hits.crossJoin(F.broadcast(xs)).filter(F.col(V) >= F.col(X_COL))
+        hits = hits.crossJoin(F.broadcast(xs)).filter(is_live(F.col(V), F.col(X_COL)))
     fp = F.col(FP) if ds.fingerprint else F.lit(None).cast("int")
     return hits.select(*match_columns(ds), F.col(LOAD_HOUR).alias(LOAD_HOUR_ALIAS),
                        fp.alias("_idx_fp"))

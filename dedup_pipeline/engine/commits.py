@@ -15,7 +15,6 @@ from __future__ import annotations
 import bisect
 import json
 import math
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -25,14 +24,19 @@ from typing import Any
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.parse import InputFile
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import HOUR, compress_ranges, key_of, parse_key, to_key, to_tag
+from dedup_pipeline.errors import UserError
+from dedup_pipeline.hours import HOUR, compress_ranges, is_tag, key_of, parse_key, to_key, to_tag
 
 COMMITS = "_commits"
 PREFIX = "load_hour="
 
 
-class CommitRecordError(RuntimeError):
+class CommitRecordError(UserError, RuntimeError):
     """A commit record that does not parse or lacks required fields: damage of that hour."""
+
+    stage = "reading a commit record (damaged or truncated)"
+    fix = ("rerun the hour the error names (its rerun rewrites the record), or dedup-pipeline "
+           "rebuild-index; then rerun {hours}")
 
     def __init__(self, path: str, tag: str, problem: str):
         self.path, self.tag, self.problem = path, tag, problem
@@ -76,6 +80,11 @@ class OutputFileEntry:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name} if self.size is None else {"name": self.name, "size": self.size}
+
+
+def rate(part: int, whole: int) -> float:
+    """`part` / `whole`, 0 for an empty whole: every rate of a load (`CommitRecord.rates`, totals)."""
+    return part / whole if whole else 0.0
 
 
 @dataclass(frozen=True)
@@ -125,8 +134,25 @@ class CommitRecord:
 
     @property
     def duplicate_rate(self) -> float:
-        valid = self.unique + self.duplicates
-        return self.duplicates / valid if valid else 0.0
+        """Duplicates among the valid rows (unique + duplicates); 0 without any."""
+        return rate(self.duplicates, self.unique + self.duplicates)
+
+    @property
+    def conflict_rate(self) -> float:
+        """Conflict duplicates (same key, other content) among the valid rows; 0 without any."""
+        return rate(self.conflicts, self.unique + self.duplicates)
+
+    @property
+    def rejected_rate(self) -> float:
+        """Rejected rows among the rows read; 0 without any."""
+        return rate(self.rejected, self.rows_in)
+
+    @property
+    def rates(self) -> dict[str, float]:
+        """The three rates as the hour's metadata shows them and its checks compare them (rounded to
+        6 decimals), by name: duplicate_rate, conflict_rate, rejected_rate."""
+        return {name: round(getattr(self, name), 6)
+                for name in ("duplicate_rate", "conflict_rate", "rejected_rate")}
 
     def with_(self, **changes: Any) -> CommitRecord:
         return replace(self, **changes)
@@ -258,8 +284,12 @@ def validate_record(rec: Any, tag: str) -> str | None:
     return None
 
 
-class LoadOrderError(RuntimeError):
+class LoadOrderError(UserError, RuntimeError):
     """Load H was asked for before every earlier hour since `start` was loaded (R11)."""
+
+    stage = "the order check (an earlier hour is not loaded)"
+    fix = ("load the missing earlier hours first (the command is in the error), then this range; "
+           "nothing was written")
 
 
 def commit_path(st: Storage, tag: str) -> str:
@@ -280,24 +310,6 @@ def committed_tags(st: Storage) -> set[str]:
             if is_tag(tag):
                 out.add(tag)
     return out
-
-
-_TAG_RE = re.compile(r"(\d{4})-(\d\d)-(\d\d)-(\d\d)")
-
-
-def is_tag(tag: str) -> bool:
-    """Whether `tag` is an hour as load_hour values spell it (2026-11-01-05).
-
-    A regex and the datetime constructor, not strptime: called once per record name per listing
-    (strptime is ~10 us, 90 ms at a year of records)."""
-    m = _TAG_RE.fullmatch(tag)
-    if m is None:
-        return False
-    try:
-        datetime(*map(int, m.groups()))
-    except ValueError:
-        return False
-    return True
 
 
 def read_commit(st: Storage, tag: str) -> CommitRecord | None:
@@ -369,6 +381,11 @@ def check_order(ds: DatasetConfig, hour: datetime,
 
 class LaterHoursLoadedError(LoadOrderError):
     """Hour H was asked for while later hours are loaded and not in the same run (R10, R11)."""
+
+    stage = "the rerun rule (hours after the first one of {hours} are loaded and not in this run)"
+    fix = ("reload from the first hour through the latest loaded hour in one run: a backfill of that "
+           "range (the error names it) or dedup-pipeline run --from ... --to ... (or --cascade); "
+           "nothing was written")
 
 
 def later_loaded(committed: HourSet, hour: datetime, run_tags: AbstractSet[str],

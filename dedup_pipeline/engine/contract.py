@@ -39,9 +39,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
-from dedup_pipeline.engine.expiry_units import MICROS_PER_DAY, MICROS_PER_SECOND
 from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.errors import UserError
 from dedup_pipeline.hours import key_of, to_tag
+from dedup_pipeline.units import MICROS_PER_DAY, MICROS_PER_SECOND
 
 CONTRACT = "_contract"
 CONTRACT_FORMAT = 1
@@ -113,8 +114,13 @@ FIELDS: dict[str, Rule] = {
 }
 
 
-class ContractError(RuntimeError):
+class ContractError(UserError, RuntimeError):
     """A config that breaks the dataset's recorded contract, or an unreadable contract file."""
+
+    stage = ("the dataset contract check (the config breaks what the loaded history was loaded "
+             "under)")
+    fix = ("nothing was written; revert the config change, or run the migrate command the error "
+           "names (or launch job {migrate_job}), then rerun {hours}")
 
 
 # --- the terms ------------------------------------------------------------------------------------

@@ -3,8 +3,8 @@ X_H = L_H - period, and v < X_H expires.
 
 v is the record's expiry value in numeric form (`expiry_value`): microseconds for timestamps, days
 for dates, the number itself for ordered keys, the position for categories. Those units, the
-period in them and the default index slice width are in `expiry_units` (pure Python, so the config
-can validate with them without importing pyspark); everything that needs Spark is here.
+period in them and the default index slice width are in `dedup_pipeline/units.py` (pure Python,
+so the config can validate with them without importing pyspark); everything that needs Spark is here.
 - basis `event`:      L_H = max v over all non-rejected records of loads <= H (a running max kept
                       in the commit record of each load, so a rerun sees the same L_{H-1});
 - basis `processing`: L_H = end of hour H, from the partition key, never the wall clock.
@@ -102,6 +102,15 @@ def expiry_point_column(ds: DatasetConfig, x: Column) -> Column:
     if kind == "long":
         return x.cast("long")
     return x.cast("double")
+
+
+def is_live(v: Column, x: Column | Number | None) -> Column:
+    """v >= X_H (R6): a row or index entry not behind the expiry point. X_H None (or a null X_H
+    column: nothing can expire yet at that load) keeps everything live."""
+    if x is None:
+        return F.lit(True)
+    xc = x if isinstance(x, Column) else F.lit(x)
+    return xc.isNull() | (v >= xc)
 
 
 def is_expired(v: Column, x: Column | Number | None) -> Column:

@@ -45,6 +45,7 @@ from dedup_pipeline.engine.outputs import (
     EXPIRY_POINT,
     FIRST,
     KIND,
+    LOAD_HOUR,
     OUTPUTS,
     RAW,
     REJECTED,
@@ -58,7 +59,6 @@ from dedup_pipeline.engine.parse import REASON, SPARK_TYPES, V
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import compress_ranges, key_of, parse_key, to_tag
 
-LOAD_HOUR = "load_hour"
 KID = "_kid"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

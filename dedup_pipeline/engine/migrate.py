@@ -33,19 +33,23 @@ from pyspark.sql import functions as F
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits, contract
 from dedup_pipeline.engine.digest import H1, H2, digest_columns
-from dedup_pipeline.engine.expiry import expiry_value
+from dedup_pipeline.engine.expiry import X_COL, expiry_value, is_live
 from dedup_pipeline.engine.load import _fault
-from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, UNIQUE
+from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, LOAD_HOUR, UNIQUE
 from dedup_pipeline.engine.parse import V
 from dedup_pipeline.engine.rebuild import _unique_sources, rebuild_index
 from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.errors import UserError
 from dedup_pipeline.hours import HOUR, key_of, parse_key, to_key
 
 SAMPLE = 5
 
 
-class MigrationRefusedError(RuntimeError):
+class MigrationRefusedError(UserError, RuntimeError):
     """The history cannot be migrated as it is (duplicates under the new contract)."""
+
+    stage = "the migration's duplicate check"
+    fix = "nothing was written; see the error for the rows and the choices"
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ def _outputs(spark: SparkSession, st: Storage, name: str, committed: list[str]) 
         return None
     df = (spark.read.option("mergeSchema", "true").option("basePath", st.spark_path(name))
           .parquet(st.spark_path(name)))
-    return df.filter(F.col("load_hour").isin(committed))
+    return df.filter(F.col(LOAD_HOUR).isin(committed))
 
 
 def duplicates_under(spark: SparkSession, ds: DatasetConfig, st: Storage,
@@ -87,27 +91,27 @@ def duplicates_under(spark: SparkSession, ds: DatasetConfig, st: Storage,
         return 0, []
     h1, h2 = digest_columns(ds.key, ds.source.schema)
     u = uniq.withColumns({H1: h1, H2: h2})
-    w = Window.partitionBy(H1, H2).orderBy("load_hour")
-    u = u.withColumn("_prev_hour", F.lag("load_hour").over(w))
+    w = Window.partitionBy(H1, H2).orderBy(LOAD_HOUR)
+    u = u.withColumn("_prev_hour", F.lag(LOAD_HOUR).over(w))
     if ds.expiry is None:
         bad = u.filter(F.col("_prev_hour").isNotNull())
     else:
         frames = {n: _outputs(spark, st, n, committed) for n in (UNIQUE, DUPLICATES, EXPIRED)}
         xs = _expiry_points(spark, ds, frames, committed)
         x_df = spark.createDataFrame([(t, float(x) if x is not None else None)
-                                      for t, x in xs.items()], "load_hour string, _x double")
+                                      for t, x in xs.items()], f"{LOAD_HOUR} string, {X_COL} double")
         u = u.withColumn(V, expiry_value(ds)).withColumn("_prev_v", F.lag(V).over(w))
-        u = u.join(F.broadcast(x_df), "load_hour")
+        u = u.join(F.broadcast(x_df), LOAD_HOUR)
         bad = u.filter(F.col("_prev_v").isNotNull()
-                       & (F.col("_x").isNull() | (F.col("_prev_v") >= F.col("_x"))))
-    bad = bad.select(*ds.key, "load_hour", "_prev_hour").persist()
+                       & is_live(F.col("_prev_v"), F.col(X_COL)))
+    bad = bad.select(*ds.key, LOAD_HOUR, "_prev_hour").persist()
     try:
         n = bad.count()
-        rows = bad.orderBy("load_hour", *ds.key).limit(SAMPLE).collect() if n else []
+        rows = bad.orderBy(LOAD_HOUR, *ds.key).limit(SAMPLE).collect() if n else []
     finally:
         bad.unpersist()
     sample = [", ".join(f"{k}={r[k]!r}" for k in ds.key) + f" unique in {key_of(r['_prev_hour'])} "
-              f"and {key_of(r['load_hour'])}" for r in rows]
+              f"and {key_of(r[LOAD_HOUR])}" for r in rows]
     return n, sample
 
 

@@ -23,7 +23,8 @@ NATURAL, CONFLICT = "natural", "conflict"
 FIRST = "_first_load_hour"  # duplicates: the load hour whose unique row it duplicates (R4)
 EXPIRY_POINT = "_expiry_point"  # expired: the expiry point it fell behind (R6)
 RAW = "_raw"  # rejected: the original line or row as text (R9); REASON is its reject reason
-PARTITION = "load_hour="  # each output is Hive-partitioned by load hour (L1)
+LOAD_HOUR = "load_hour"  # each output is Hive-partitioned by load hour (L1); so is the index
+PARTITION = f"{LOAD_HOUR}="
 
 
 def partition(name: str, tag: str) -> tuple[str, str]:

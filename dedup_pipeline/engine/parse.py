@@ -51,6 +51,7 @@ from pyspark.sql.types import _parse_datatype_json_string
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.expiry import expiry_value
 from dedup_pipeline.engine.storage import Storage, glob_escape
+from dedup_pipeline.errors import UserError
 
 SPARK_TYPES: dict[str, T.DataType] = {
     "string": T.StringType(),
@@ -113,8 +114,12 @@ class BatchPlan:
                        parquet_groups=groups)
 
 
-class LandingMissingError(RuntimeError):
+class LandingMissingError(UserError, RuntimeError):
     """The dataset's landing root does not exist: a config or mount problem, not an empty hour."""
+
+    stage = "the landing check (the landing root is missing)"
+    fix = ("fix source.path in the config or mount the landing zone, then rerun {hours}; nothing was "
+           "written")
 
 
 def hour_dir(ds: DatasetConfig, hour: datetime) -> str:

@@ -39,7 +39,7 @@ from dedup_pipeline.engine.index.health import (
     save_summary,
 )
 from dedup_pipeline.engine.index.layout import IndexFile
-from dedup_pipeline.engine.outputs import UNIQUE, partition
+from dedup_pipeline.engine.outputs import LOAD_HOUR, UNIQUE, partition
 from dedup_pipeline.engine.parse import V
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import key_of
@@ -137,10 +137,10 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
             df = df.withColumn(V, expiry_value(ds))
         if ds.fingerprint:
             df = df.withColumn(FP, fingerprint_column(ds.fingerprint, ds.source.schema))
-        df = df.withColumn(store.LOAD_HOUR, F.col("load_hour"))  # unique's partition column
+        df = df.withColumn(store.LOAD_HOUR, F.col(LOAD_HOUR))  # unique's partition column
         cols = [f.name for f in store.entry_schema(ds).fields]
         df = df.select(*cols, live.slice_of(ds).alias(layout.SLICE),
-                       F.col("load_hour").alias(layout.LOAD))
+                       F.col(LOAD_HOUR).alias(layout.LOAD))
         (df.repartition(layout.SLICE, layout.LOAD).sortWithinPartitions(H1)
          .write.mode("overwrite").partitionBy(layout.SLICE, layout.LOAD)
          .parquet(st.spark_path(staging_name)))

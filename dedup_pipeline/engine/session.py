@@ -22,6 +22,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from dedup_pipeline.errors import UserError
+
 DEFAULT_MASTER = "local[*]"
 PARALLEL_GC = "-XX:+UseParallelGC"
 # Settings every load relies on; a user may override any of them.
@@ -193,9 +195,13 @@ def server_command(master: str, host: str, port: int,
     return [*cmd, str(SCRIPT)]
 
 
-class SparkServerError(RuntimeError):
+class SparkServerError(UserError, RuntimeError):
     """The Spark Connect server went away or was replaced while a run used it: its session (cached
     batch, settings) is gone, so the run stops instead of going on with a different server."""
+
+    stage = "the Spark Connect server (restarted or unreachable)"
+    fix = ("make sure the server is up, then rerun {hours}: hours before the failing one are "
+           "committed, the failing one committed nothing (R10)")
 
 
 # What a Connect client raises when the server it talks to restarted or cannot be reached.

@@ -37,6 +37,9 @@ import fsspec
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
+from dedup_pipeline.errors import UserError
+from dedup_pipeline.uris import normalize_uri
+
 _RENAME_EXCHANGE = 2
 TRASH = "_trash"
 _AT_FDCWD = -100
@@ -107,21 +110,6 @@ def fsync_dir(path: str) -> None:
             raise
     finally:
         os.close(fd)
-
-
-def normalize_uri(uri: str) -> str:
-    """Spell local URIs the way fsspec reads them: ``file://localhost/x`` -> ``file:///x``.
-
-    fsspec takes the host of ``file://host/x`` for the first path segment; a file URI naming
-    another host cannot be honoured by either fsspec or Spark, so it is refused here.
-    """
-    if uri.startswith("file://") and not uri.startswith("file:///"):
-        host, _, rest = uri[len("file://"):].partition("/")
-        if host not in ("", "localhost"):
-            raise ValueError(f"{uri!r}: a file:// URI must be local (file:///path); use a shared "
-                             "mount, hdfs:// or an object store for data on other hosts")
-        return f"file:///{rest}"
-    return uri
 
 
 _GLOB_CHARS = re.compile(r"([\\\[\]*?{}])")
@@ -418,8 +406,12 @@ class Storage:
         return purged
 
 
-class DatasetLockedError(RuntimeError):
+class DatasetLockedError(UserError, RuntimeError):
     """Another run holds the dataset's lock (SPEC R10)."""
+
+    stage = "the dataset lock (another run of {ds} held it)"
+    fix = ("nothing was written; wait for the other run to finish and launch {hours} again only if "
+           "it is still not loaded (runs of one dataset queue when the pool limit {pool}=1 is set)")
 
 
 @dataclass

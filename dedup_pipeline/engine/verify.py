@@ -35,9 +35,9 @@ from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits, contract, landing
-from dedup_pipeline.engine.expiry import expiry_point, expiry_value, latest_point
+from dedup_pipeline.engine.expiry import X_COL, expiry_point, expiry_value, is_live, latest_point
 from dedup_pipeline.engine.index import health, layout
-from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, OUTPUTS, PARTITION, UNIQUE
+from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, LOAD_HOUR, OUTPUTS, PARTITION, UNIQUE
 from dedup_pipeline.engine.parse import (
     BatchPlan,
     V,
@@ -47,7 +47,7 @@ from dedup_pipeline.engine.parse import (
     read_text_batch,
 )
 from dedup_pipeline.engine.storage import Storage, glob_escape
-from dedup_pipeline.hours import compress_ranges, key_of, parse_key, to_key, to_tag
+from dedup_pipeline.hours import compress_ranges, is_tag, key_of, parse_key, to_key, to_tag
 
 
 @dataclass
@@ -210,7 +210,7 @@ def _check_records(st: Storage, ds: DatasetConfig, rep: VerifyReport,
     for name in names:
         tag = name[len(commits.PREFIX):-len(".json")] if name.endswith(".json") else ""
         if not name.startswith((".", "_")) and not (name.startswith(commits.PREFIX)
-                                                     and commits.is_tag(tag)):
+                                                     and is_tag(tag)):
             rep.violations.append(f"{commits.COMMITS}/{name}: unexpected file among the commit "
                                   "records (not a record of any hour; remove it)")
     records: dict[str, commits.CommitRecord | None] = {}
@@ -394,25 +394,25 @@ def _check_uniqueness(spark: SparkSession, ds: DatasetConfig, frames: dict[str, 
                       ds_of: Callable[[str], DatasetConfig] | None = None) -> None:
     uniq = frames[UNIQUE]
     if uniq is not None:
-        uniq = uniq.filter(F.col("load_hour").isin(committed))
+        uniq = uniq.filter(F.col(LOAD_HOUR).isin(committed))
         key = list(ds.key)
-        w = Window.partitionBy(*key).orderBy("load_hour")
+        w = Window.partitionBy(*key).orderBy(LOAD_HOUR)
         if ds.expiry is None:
             dup = uniq.withColumn("_n", F.count(F.lit(1)).over(Window.partitionBy(*key)))
-            bad = dup.filter(F.col("_n") > 1).select("load_hour").distinct().collect()
+            bad = dup.filter(F.col("_n") > 1).select(LOAD_HOUR).distinct().collect()
         else:
             xs = _expiry_points(spark, ds, frames, committed, ds_of)
             x_df = spark.createDataFrame([(t, float(x) if x is not None else None)
-                                          for t, x in xs.items()], "load_hour string, _x double")
+                                          for t, x in xs.items()], f"{LOAD_HOUR} string, {X_COL} double")
             u = uniq.withColumn(V, expiry_value(ds))
-            u = u.withColumn("_prev_v", F.lag(V).over(w)).join(F.broadcast(x_df), "load_hour")
+            u = u.withColumn("_prev_v", F.lag(V).over(w)).join(F.broadcast(x_df), LOAD_HOUR)
             bad = (u.filter(F.col("_prev_v").isNotNull()
-                            & (F.col("_x").isNull() | (F.col("_prev_v") >= F.col("_x"))))
-                   .select("load_hour").distinct().collect())
-        for row in sorted(bad, key=lambda r: r["load_hour"]):
-            rep.violations.append(f"{to_key(parse_key(row['load_hour']))}: a key in unique is "
+                            & is_live(F.col("_prev_v"), F.col(X_COL)))
+                   .select(LOAD_HOUR).distinct().collect())
+        for row in sorted(bad, key=lambda r: r[LOAD_HOUR]):
+            rep.violations.append(f"{to_key(parse_key(row[LOAD_HOUR]))}: a key in unique is "
                                   "also unique in an earlier hour within the expiry window")
-            rep.bad_hours.add(row["load_hour"])
+            rep.bad_hours.add(row[LOAD_HOUR])
 
 
 def _expiry_points(spark: SparkSession, ds: DatasetConfig, frames: dict[str, DataFrame | None],
@@ -425,10 +425,10 @@ def _expiry_points(spark: SparkSession, ds: DatasetConfig, frames: dict[str, Dat
         df = frames[name]
         if df is None:
             continue
-        for row in df.groupBy("load_hour").agg(F.max(expiry_value(ds)).alias("m")).collect():
+        for row in df.groupBy(LOAD_HOUR).agg(F.max(expiry_value(ds)).alias("m")).collect():
             if row["m"] is not None:
-                cur = maxima.get(row["load_hour"])
-                maxima[row["load_hour"]] = row["m"] if cur is None else max(cur, row["m"])
+                cur = maxima.get(row[LOAD_HOUR])
+                maxima[row[LOAD_HOUR]] = row["m"] if cur is None else max(cur, row["m"])
     out: dict[str, float | int | None] = {}
     latest = None
     for tag in committed:

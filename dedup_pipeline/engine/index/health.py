@@ -41,11 +41,15 @@ from dedup_pipeline.engine.index.layout import (
 )
 from dedup_pipeline.engine.index.live import kept_from, min_slice
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import key_of, parse_key, to_tag
+from dedup_pipeline.errors import UserError
+from dedup_pipeline.hours import is_tag, key_of, parse_key, to_tag
 
 
-class IndexDamagedError(RuntimeError):
+class IndexDamagedError(UserError, RuntimeError):
     """The index disagrees with the commit records; loads refuse to run on it (R12)."""
+
+    stage = "the index health check"
+    fix = "launch job {rebuild_job} (or set on_damaged_index: rebuild), then rerun {hours}"
 
 
 @dataclass
@@ -222,7 +226,7 @@ def _read_summary(st: Storage) -> Summary | None:
                                     for f in k["index_files"]]}
                 for t, k in raw["kept"].items()}
         ranges = raw["committed"]
-        if not all(commits.is_tag(a) and commits.is_tag(b) and a <= b for a, b in ranges):
+        if not all(is_tag(a) and is_tag(b) and a <= b for a, b in ranges):
             return None
         mtime = raw["commits_mtime"]
         if mtime is not None and not isinstance(mtime, str):
@@ -411,7 +415,7 @@ def index_file_manifest(st: Storage, tag: str, slices: list[int],
 def damaged_message(ds: DatasetConfig, what: str) -> str:
     return (f"dataset {ds.name!r}: the key index is damaged ({what}); loads will not run "
             f"on it. Rebuild it from unique: dedup-pipeline rebuild-index --config <file> "
-            f"--dataset {ds.name} (or launch the {ds.name}_index_rebuild job; or set "
+            f"--dataset {ds.name} (or, in Dagster, launch the dataset's index rebuild job; or set "
             "on_damaged_index: rebuild)")
 
 

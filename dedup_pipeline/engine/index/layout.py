@@ -21,12 +21,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dedup_pipeline.engine.outputs import LOAD_HOUR
+
 INDEX = "index"
 # Version of the entry layout, kept in every commit record. 2: 32-bit fingerprint. Loads refuse an
 # index of an older version like a damaged one (R12): rebuild-index rewrites it from unique.
 INDEX_FORMAT = 2
 SLICE = "slice"  # partition column and directory key of a slice
-LOAD = "load_hour"  # partition column and directory key of one load's entries
+LOAD = LOAD_HOUR  # partition column and directory key of one load's entries (as the outputs')
 COMPACT = "compact"  # directory key of merged loads
 STAGING = "_staging"  # below index/: a load's entries, staged before they are moved in place
 WORK = "_compact"  # below the output root: where compacted directories are written first

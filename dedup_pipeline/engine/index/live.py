@@ -21,10 +21,14 @@ from dedup_pipeline.engine.digest import H1
 from dedup_pipeline.engine.index.layout import INDEX, RETENTION_STATE, IndexFile, slice_number
 from dedup_pipeline.engine.parse import V
 from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.errors import UserError
 
 
-class IndexRetentionError(RuntimeError):
+class IndexRetentionError(UserError, RuntimeError):
     """A rerun needs index entries that retention already deleted; rebuild the index first."""
+
+    stage = "index retention"
+    fix = "see the error; rerun {hours} once the index is consistent"
 
 
 def slice_of(ds: DatasetConfig) -> F.Column:

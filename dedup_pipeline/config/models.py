@@ -1,0 +1,429 @@
+"""The config's models (SPEC C1): the YAML as frozen pydantic models that forbid unknown keys.
+
+A field's own shape is its type; the rules that tie fields together are validators of the model
+that holds them all: `DatasetConfig._fits_its_schema` (columns named are in the schema, the expiry
+column's type decides what an expiry can be and how its period reads) and
+`PipelineConfig._datasets_apart` (names unique, outputs apart). Pure Python: no Spark, no Dagster.
+
+A `start` in the future is accepted: the definitions load the same today as tomorrow, and no hour
+of such a dataset is ready before its start (the sensor and schedule skip, `run` refuses).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from dedup_pipeline.config.errors import ConfigError, problem
+from dedup_pipeline.hours import PARTITION_FMT
+from dedup_pipeline.units import ExpiryKind, default_slice_span, in_units, kind_of, parse_duration_micros
+from dedup_pipeline.uris import comparable_root, file_in_the_way, resolve_path
+
+ColumnType = Literal["string", "long", "double", "boolean", "timestamp", "date"]
+Format = Literal["jsonl", "csv", "parquet"]
+Basis = Literal["event", "processing"]
+NAME_RE = re.compile(r"^[a-z0-9_]+$")
+BUILTIN_DEMO = "<built-in demo>"
+
+
+# --- field types: the shape of a value, with its own message -------------------------------------
+
+def _written(v: Any) -> Any:
+    """A period or span as the user wrote it: a YAML number reads as its text ('24', '0.5')."""
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return str(v)
+    return v
+
+
+def _unique(what: str) -> Any:
+    """A validator: one name or a list of them -> a tuple of unique names (`what` are they)."""
+    def check(v: Any) -> Any:
+        if isinstance(v, str) and what == "column":
+            v = [v]
+        if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
+            raise problem(f"expected a non-empty list of {what} names")
+        if len(set(v)) != len(v):
+            raise problem(f"lists a {what} twice")
+        return tuple(v)
+    return check
+
+
+_names = _unique("column")
+
+
+def _optional_names(v: Any) -> Any:
+    """Absent (null) is none."""
+    return () if v is None else _names(v)
+
+
+def _seconds(v: Any) -> Any:
+    """`landing.grace` is written as a duration and kept in seconds."""
+    try:
+        return parse_duration_micros(v) / 1e6
+    except ValueError as e:
+        raise problem(str(e)) from None
+
+
+def _text(v: Any) -> Any:
+    """A value YAML may have typed (a date) read as the text it was written as."""
+    return v if v is None else str(v)
+
+
+def _none_is_empty(v: Any) -> Any:
+    """An empty section (`index:` with nothing under it) means its defaults."""
+    return {} if v is None else v
+
+
+Written = Annotated[str, BeforeValidator(_written)]
+Names = Annotated[tuple[str, ...], BeforeValidator(_names)]
+Seconds = Annotated[float, BeforeValidator(_seconds)]
+Section = BeforeValidator(_none_is_empty)
+
+
+class _Model(BaseModel):
+    """Frozen, no unknown keys, no silent coercion (`"yes"` is not a boolean)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+@dataclass(frozen=True)
+class Where:
+    """The validation context: where the document came from, and its directory for relative
+    paths."""
+
+    source: str
+    base: Path | None
+
+
+def _base(info: ValidationInfo) -> Path | None:
+    return info.context.base if isinstance(info.context, Where) else None
+
+
+# --- the models -----------------------------------------------------------------------------------
+
+class CsvConfig(_Model):
+    """`source.csv`: RFC 4180 files with or without a header line."""
+
+    header: bool = True
+    delimiter: str = Field(",", min_length=1, max_length=1)
+
+
+class SourceConfig(_Model):
+    """`source`: where hour H's files land ({path}/date=YYYY-MM-DD/hour=HH/) and how to read them."""
+
+    path: str
+    format: Format
+    schema_: dict[str, ColumnType] = Field(alias="schema", min_length=1)
+    csv: Annotated[CsvConfig, Section] = CsvConfig()
+
+    @field_validator("path")
+    @classmethod
+    def _resolve(cls, v: str, info: ValidationInfo) -> str:
+        return resolve_path(_base(info), v)
+
+    @field_validator("schema_")
+    @classmethod
+    def _column_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for col in v:
+            if not col or col.startswith("_"):
+                raise problem(f"bad column name {col!r} (names starting with _ are reserved for "
+                              "the pipeline's own columns)")
+        return v
+
+    @property
+    def schema(self) -> dict[str, str]:  # type: ignore[override]
+        """column -> declared type (`schema` is a BaseModel method name, hence the alias)."""
+        return self.schema_
+
+    @property
+    def csv_header(self) -> bool:
+        return self.csv.header
+
+    @property
+    def csv_delimiter(self) -> str:
+        return self.csv.delimiter
+
+
+class ExpiryConfig(_Model):
+    """The `expiry:` section (R6). `period_text` is the period as written; `period` is it in the
+    units of the expiry value (`units.py`), set by `DatasetConfig`, which knows the column's type."""
+
+    column: str
+    period_text: Written = Field(alias="period")
+    basis: Basis = "event"
+    categories: Annotated[tuple[str, ...], BeforeValidator(_unique("category"))] | None = None
+    _period: float = PrivateAttr(math.nan)
+
+    @property
+    def period(self) -> float:
+        return self._period
+
+
+class IndexConfig(_Model):
+    """`index`: how the key index is kept (R2, R7); every field has a default."""
+
+    store_keys: bool = False
+    buckets: int = Field(8, ge=1, le=4096)  # hash buckets of the index when no expiry is configured
+    # width of an index slice as written (a duration or a number, like the period);
+    # `DatasetConfig.slice_span` is it in expiry-value units, or the default
+    slice_span: Written | None = None
+    retention_lag_hours: int = Field(168, ge=0)  # keep expired index slices this long (R7, R10)
+    compact_after: int = 8  # merge a slice's per-load directories once it has this many; 0: never
+
+    @field_validator("compact_after")
+    @classmethod
+    def _never_or_two(cls, v: int) -> int:
+        if v == 1 or v < 0:
+            raise problem(f"expected 0 (never) or an integer >= 2, got {v!r}")
+        return v
+
+
+class LandingConfig(_Model):
+    """When an hour's input is complete (the landing sensor, SPEC D2)."""
+
+    marker: str | None = "_SUCCESS"  # file whose presence in the hour's directory closes the hour
+    grace_s: Seconds = Field(900.0, alias="grace")  # without a marker: complete this long after
+    watch_hours: int = Field(48, ge=0)  # how many loaded hours back to look for late files
+
+    @field_validator("marker")
+    @classmethod
+    def _file_name(cls, v: str | None) -> str | None:
+        if v is not None and (not v or "/" in v):
+            raise problem(f"expected a file name or null, got {v!r}")
+        return v
+
+
+def _whole(v: Any) -> Any:
+    """`max_index_keys: 1.0e9` reads as the integer it names."""
+    return int(v) if isinstance(v, float) and math.isfinite(v) and v >= 0 else v
+
+
+class ChecksConfig(_Model):
+    """Thresholds of the asset checks (SPEC D4); a breach is a WARN, not a failure."""
+
+    max_index_keys: Annotated[int, BeforeValidator(_whole)] = Field(1_000_000_000, ge=0)
+    max_duplicate_rate: float = Field(0.5, ge=0, le=1)
+    max_conflict_rate: float = Field(0.05, ge=0, le=1)
+    max_rejected_rate: float = Field(0.05, ge=0, le=1)
+
+
+class DatasetConfig(_Model):
+    """One dataset (C1)."""
+
+    name: str
+    start: Annotated[str, BeforeValidator(_text)]  # partition key of the first hour (UTC)
+    source: SourceConfig
+    key: Names
+    fingerprint: Annotated[tuple[str, ...], BeforeValidator(_optional_names)] = ()
+    order_by: str | None = None
+    expiry: ExpiryConfig | None = None
+    output: str
+    index: Annotated[IndexConfig, Section] = IndexConfig()
+    landing: Annotated[LandingConfig, Section] = LandingConfig()
+    checks: Annotated[ChecksConfig, Section] = ChecksConfig()
+    on_damaged_index: Literal["fail", "rebuild"] = "fail"
+    _config_file: str = PrivateAttr(BUILTIN_DEMO)  # the file it came from (set by PipelineConfig)
+
+    @property
+    def config_file(self) -> str:
+        """The config file this dataset was read from (commands in messages name it)."""
+        return self._config_file
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise problem(f"must match [a-z0-9_]+, got {v!r}")
+        return v
+
+    @field_validator("start")
+    @classmethod
+    def _on_the_hour(cls, v: str) -> str:
+        try:
+            dt = datetime.strptime(v, PARTITION_FMT)
+        except ValueError:
+            raise problem(f"expected 'YYYY-MM-DD-HH:00' (UTC), got {v!r}") from None
+        if dt.minute:
+            raise problem(f"must be on the hour, got {v!r}")
+        return dt.strftime(PARTITION_FMT)
+
+    @field_validator("output")
+    @classmethod
+    def _output_dir(cls, v: str, info: ValidationInfo) -> str:
+        out = resolve_path(_base(info), v)
+        if (why := file_in_the_way(out)) is not None:
+            raise problem(why)
+        return out
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fingerprint_all(cls, data: Any) -> Any:
+        """`fingerprint: all` names every non-key column of the schema (R5)."""
+        if not isinstance(data, dict) or data.get("fingerprint") != "all":
+            return data
+        source, key = data.get("source"), data.get("key")
+        schema = source.get("schema") if isinstance(source, dict) else None
+        if not isinstance(schema, dict) or not isinstance(key, str | list):
+            return {**data, "fingerprint": None}  # their own error is reported
+        cols = [c for c in schema if c not in ([key] if isinstance(key, str) else key)]
+        if not cols:
+            raise problem("'all' needs at least one non-key column", "fingerprint")
+        return {**data, "fingerprint": cols}
+
+    @model_validator(mode="after")
+    def _fits_its_schema(self) -> DatasetConfig:
+        """The columns named are in the schema; the expiry column's type decides what an expiry
+        can be and how its period and the index slice span read (in the expiry value's units)."""
+        schema = self.source.schema
+        for fld, cols in (("key", self.key), ("fingerprint", self.fingerprint)):
+            for c in cols:
+                if c not in schema:
+                    raise problem(f"column {c!r} is not in source.schema", fld)
+        if self.order_by is not None and self.order_by not in schema:
+            raise problem(f"{self.order_by!r} is not a column of source.schema", "order_by")
+        e = self.expiry
+        if e is None:
+            if self.index.slice_span is not None:
+                raise problem("only applies when expiry is configured", "index.slice_span")
+            return self
+        if e.column not in schema:
+            raise problem(f"{e.column!r} is not a column of source.schema", "expiry.column")
+        ctype, categorical = schema[e.column], e.categories is not None
+        kind = kind_of(ctype, categorical)
+        if kind is None and categorical:
+            raise problem(f"a categorical expiry needs a string column, {e.column!r} is {ctype}",
+                          "expiry.column")
+        if kind is None:
+            raise problem(f"{e.column!r} has type {ctype}; expiry needs timestamp, date, long, "
+                          "double, or a string column with categories", "expiry.column")
+        if e.basis != "event" and categorical:
+            raise problem("a categorical expiry only supports basis 'event'", "expiry.basis")
+        if e.basis != "event" and kind != "timestamp":
+            raise problem("basis 'processing' needs a timestamp column", "expiry.basis")
+        for fld, written in (("expiry.period", e.period_text), ("index.slice_span", self.index.slice_span)):
+            if written is None:
+                continue
+            try:
+                value = in_units(kind, written)
+            except ValueError as err:
+                raise problem(str(err), fld) from None
+            if fld == "index.slice_span" and value <= 0:
+                raise problem("must be > 0", fld)
+            if fld == "expiry.period":
+                e._period = value  # the one value the YAML does not hold as it is read
+        return self
+
+    @property
+    def expiry_type(self) -> ExpiryKind | None:
+        """Kind of the expiry value: the expiry column's type, or 'category' (units.kind_of)."""
+        if self.expiry is None:
+            return None
+        return kind_of(self.source.schema[self.expiry.column], self.expiry.categories is not None)
+
+    @property
+    def slice_span(self) -> float:
+        """Width of one index slice in expiry-value units (Apex's bucket span): the configured
+        `index.slice_span`, else `units.default_slice_span` of the period."""
+        kind = self.expiry_type
+        assert self.expiry is not None and kind is not None
+        if self.index.slice_span is not None:
+            return in_units(kind, self.index.slice_span)
+        return default_slice_span(kind, self.expiry.period)
+
+
+def _spark_conf(v: Any) -> Any:
+    """Spark settings are strings; `spark.executor.cores: 2` is written as a YAML number."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise problem("expected a mapping of Spark settings")
+    return {str(k): str(x) for k, x in v.items()}
+
+
+class SparkConfig(_Model):
+    """The file's `spark:` section (C3); the environment overrides it (engine/session.py)."""
+
+    master: str | None = None
+    remote: str | None = None
+    conf: Annotated[dict[str, str], BeforeValidator(_spark_conf)] = {}
+
+    @model_validator(mode="after")
+    def _master_or_remote(self) -> SparkConfig:
+        if self.master and self.remote:
+            raise problem("set master or remote, not both (Spark rejects the pair)")
+        return self
+
+
+def _datasets(v: Any) -> Any:
+    if not isinstance(v, list) or not v:
+        raise problem("expected a non-empty list of datasets")
+    return tuple(v)
+
+
+class PipelineConfig(_Model):
+    """The whole file: its datasets and the Spark settings; `source` is the file it came from."""
+
+    datasets: Annotated[tuple[DatasetConfig, ...], BeforeValidator(_datasets)]
+    spark: Annotated[SparkConfig, Section] = SparkConfig()
+    _source: str = PrivateAttr(BUILTIN_DEMO)
+
+    def model_post_init(self, context: Any, /) -> None:
+        if isinstance(context, Where):
+            self._source = context.source
+        for d in self.datasets:
+            d._config_file = self._source
+
+    @property
+    def source(self) -> str:
+        """The file the config came from, or BUILTIN_DEMO."""
+        return self._source
+
+    @model_validator(mode="after")
+    def _datasets_apart(self) -> PipelineConfig:
+        """C2: names are unique and each dataset owns its output tree (one output equal to or
+        inside another corrupts it)."""
+        seen: set[str] = set()
+        for d in self.datasets:
+            if d.name in seen:
+                raise problem("two datasets share this name", "name", d.name)
+            seen.add(d.name)
+        roots = [(d, comparable_root(d.output)) for d in self.datasets]
+        for d, root in roots:
+            for other, other_root in roots:
+                if other is d:
+                    continue
+                if root == other_root:
+                    raise problem(f"{d.output} is also the output of dataset {other.name!r}",
+                                  "output", d.name)
+                if root.startswith(other_root):
+                    raise problem(f"{d.output} lies inside the output of dataset {other.name!r} "
+                                  f"({other.output}); each dataset needs its own directory",
+                                  "output", d.name)
+        return self
+
+    def dataset(self, name: str | None) -> DatasetConfig:
+        if name is None:
+            if len(self.datasets) == 1:
+                return self.datasets[0]
+            names = ", ".join(d.name for d in self.datasets)
+            raise ConfigError(f"{self.source}: several datasets ({names}); choose one with --dataset")
+        for d in self.datasets:
+            if d.name == name:
+                return d
+        names = ", ".join(d.name for d in self.datasets)
+        raise ConfigError(f"{self.source}: no dataset named {name!r} (have: {names})")

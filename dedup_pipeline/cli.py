@@ -42,10 +42,6 @@ run_coordinator:
 concurrency:
   runs:
     max_concurrent_runs: 4
-    tag_concurrency_limits:
-      - key: dedup_pipeline/dataset
-        value: {applyLimitPerUniqueValue: true}
-        limit: 1
   pools:
     default_limit: 1
     granularity: run

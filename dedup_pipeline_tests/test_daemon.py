@@ -20,7 +20,14 @@ import pytest
 # tick history has no public API in Dagster 1.13 (the UI reads it through GraphQL)
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
-from dedup_pipeline.defs.names import RANGE_END, RANGE_START, asset_key, landing_sensor_name, load_job_name
+from dedup_pipeline.defs.names import (
+    PARTITION,
+    RANGE_END,
+    RANGE_START,
+    asset_key,
+    landing_sensor_name,
+    load_job_name,
+)
 from dedup_pipeline.hours import HOUR, to_key, to_tag
 from dedup_pipeline_tests.conftest import dataset_raw, source_raw, write_config
 
@@ -111,8 +118,8 @@ def test_daemon_landing_sensor_launches_and_completes_a_run(tmp_path: Path, monk
             run = _wait("a landing-sensor run to finish", finished_run, 300, proc, log)
             assert run.status == dg.DagsterRunStatus.SUCCESS, _run_errors(inst, run.run_id)
             assert run.tags.get("dagster/sensor_name") == SENSOR
-            assert run.tags[RANGE_START] == key
-            assert run.tags[RANGE_END] == key
+            # one complete hour: a single-partition run, as the UI's Materialize of it
+            assert run.tags[PARTITION] == key and RANGE_START not in run.tags and RANGE_END not in run.tags
             assert len(inst.get_run_records(dg.RunsFilter(job_name=JOB))) == 1
             assert inst.get_materialized_partitions(asset_key("clicks", "unique")) == {key}
         record = json.loads((tmp_path / "warehouse" / "_commits" / f"load_hour={tag}.json").read_text())

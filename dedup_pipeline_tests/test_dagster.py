@@ -63,6 +63,21 @@ def test_definitions_load_without_spark_and_validate(tmp_path: Path) -> None:
         assert res.returncode == 0, res.stdout + res.stderr
 
 
+@pytest.mark.slow  # `dg check defs` in a subprocess
+def test_dg_check_defs_loads_the_project(tmp_path: Path) -> None:
+    """`[tool.dg]` is real: `dg` (dagster-dg-cli, in the dev extra) finds the code location the
+    pyproject names and loads its definitions."""
+    _cfg(tmp_path)
+    env = {**os.environ, "DEDUP_CONFIG": str(tmp_path / "dedup.yaml"),
+           "DAGSTER_HOME": str(tmp_path / "home")}
+    (tmp_path / "home").mkdir()
+    dg_cli = str(Path(sys.executable).parent / "dg")
+    res = subprocess.run([dg_cli, "check", "defs"], env=env, cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "All definitions loaded successfully" in res.stdout + res.stderr
+
+
 def test_bad_config_fails_definitions_with_named_field(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("datasets:\n  - name: clicks\n    start: '2026-11-01-00:00'\n"

@@ -20,7 +20,6 @@ from dagster._core.storage.config import pg_config
 from dagster._core.workspace.config_schema import process_workspace_config
 
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
-from dedup_pipeline.defs.names import DATASET_TAG
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -259,11 +258,12 @@ def test_dagster_yaml_is_valid_and_reads_postgres_from_env(monkeypatch: pytest.M
     assert config["run_coordinator"]["class"] == "QueuedRunCoordinator"
     runs = config["concurrency"]["runs"]
     assert runs["max_concurrent_runs"] >= 1
-    per_dataset = {"key": DATASET_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
-    assert per_dataset in runs["tag_concurrency_limits"]
-    # the demo's instance (written by `dedup-pipeline demo`) queues on the same tag
-    assert per_dataset in yaml.safe_load(DEMO_INSTANCE_YAML)["concurrency"]["runs"]["tag_concurrency_limits"]
-    assert config["concurrency"]["pools"] == {"default_limit": 1, "granularity": "run"}
+    # one concurrency mechanism, the per-dataset pool, in the demo's instance (written by
+    # `dedup-pipeline demo`) too
+    assert "tag_concurrency_limits" not in runs
+    demo = yaml.safe_load(DEMO_INSTANCE_YAML)["concurrency"]
+    assert "tag_concurrency_limits" not in demo["runs"]
+    assert config["concurrency"]["pools"] == demo["pools"] == {"default_limit": 1, "granularity": "run"}
     assert config["run_retries"]["enabled"] and config["run_retries"]["max_retries"] >= 1
     assert config["telemetry"]["enabled"] is False
 
@@ -315,7 +315,7 @@ def test_helm_values_match_the_instance_and_the_images() -> None:
     conc, inst_conc = values["concurrency"], instance["concurrency"]
     assert conc["enabled"]
     assert conc["runs"]["maxConcurrentRuns"] == inst_conc["runs"]["max_concurrent_runs"]
-    assert conc["runs"]["tagConcurrencyLimits"] == inst_conc["runs"]["tag_concurrency_limits"]
+    assert "tagConcurrencyLimits" not in conc["runs"]
     assert (conc["pools"]["defaultLimit"], conc["pools"]["granularity"]) == (
         inst_conc["pools"]["default_limit"], inst_conc["pools"]["granularity"])
 

@@ -22,7 +22,8 @@ import dagster as dg
 import pytest
 from dagster._core.scheduler.instigation import TickStatus
 
-from dedup_pipeline.defs.names import RANGE_END, RANGE_START
+from dedup_pipeline.defs.names import PARTITION, RANGE_END, RANGE_START
+from dedup_pipeline.defs.runs import hours_of_run
 from dedup_pipeline.hours import HOUR, to_key, to_tag
 from dedup_pipeline_tests.daemon_walk import Walk
 from dedup_pipeline_tests.spark_services import REPO, VENV_BIN
@@ -99,8 +100,10 @@ def test_late_file_reported_reprocessed_and_reported_again_then_new_hours_load(w
         w.wait("the load of the new hour", lambda: to_tag(h2) in w.committed()
                and loads_done(2))
         runs = w.load_runs(inst)
-        assert [(r.tags[RANGE_START], r.tags[RANGE_END], r.status) for r in runs] == [
-            (k0, k1, dg.DagsterRunStatus.SUCCESS), (k2, k2, dg.DagsterRunStatus.SUCCESS)]
+        # hours 0..1 in one ranged run; hour 2 alone, a single-partition run
+        assert [(hours_of_run(r), r.status) for r in runs] == [
+            (f"{k0}..{k1}", dg.DagsterRunStatus.SUCCESS), (k2, dg.DagsterRunStatus.SUCCESS)]
+        assert runs[1].tags[PARTITION] == k2 and RANGE_START not in runs[1].tags
 
         history = w.check_history(inst, k0)
         assert [s for _, s in history] == ["FAILED", "SUCCEEDED", "FAILED"], history

@@ -21,6 +21,7 @@ from dedup_pipeline.defs.landing_checks import CHECK_NAME, build_input_check
 from dedup_pipeline.defs.names import (
     RANGE_END,
     RANGE_START,
+    TRIGGER_TAG,
     hourly_schedule_name,
     input_check_job_name,
     landing_sensor_name,
@@ -96,6 +97,15 @@ def _only_request(res: dg.SensorResult) -> dg.RunRequest:
     return res.run_requests[0]
 
 
+def _requested_hours(req: dg.RunRequest) -> tuple[str, str]:
+    """First and last hour of a load request: one hour is a single-partition run (no range tags),
+    several a ranged run (no partition key)."""
+    if req.partition_key is not None:
+        assert RANGE_START not in req.tags and RANGE_END not in req.tags, req.tags
+        return req.partition_key, req.partition_key
+    return req.tags[RANGE_START], req.tags[RANGE_END]
+
+
 def _skip(res: dg.SensorResult) -> str:
     assert not res.run_requests, res.run_requests
     assert res.skip_reason is not None
@@ -138,6 +148,9 @@ def test_landing_sensor_requests_each_complete_hour_once_in_order(spark, tmp_pat
         res = _tick(defs, inst, cursor)
         req = _only_request(res)
         assert req.run_key == f"clicks:{H[2]}..{H[2]}"
+        # one hour: a single-partition run (no range tags), as the UI's Materialize of the hour
+        assert req.partition_key == H[2] and _requested_hours(req) == (H[2], H[2])
+        assert req.tags[TRIGGER_TAG] == SENSOR
         cursor = res.cursor
         # the requested run fails (another host holds the dataset lock): surfaced, not retried
         lock = Path(ds.output) / "_lock"
@@ -271,7 +284,7 @@ def test_completeness_rules_with_a_fixed_clock(tmp_path: Path) -> None:
                 assert "complete at 2026-11-01 01:20:00Z" in _skip(res)
             else:
                 req = _only_request(res)
-                assert (req.tags[RANGE_START], req.tags[RANGE_END]) == expected
+                assert _requested_hours(req) == expected
 
 
 def test_defaults_and_hourly_schedule(tmp_path: Path) -> None:

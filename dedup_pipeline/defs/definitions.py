@@ -1,5 +1,6 @@
-"""Assemble the Definitions for a pipeline config: every dataset's assets and jobs, one Spark
-resource, the in-process executor (one Spark driver per run, not one per step)."""
+"""Assemble the Definitions for a pipeline config: one `dg.Definitions` per dataset, merged with
+`Definitions.merge` beside one Spark resource and the in-process executor (one Spark driver per
+run, not one per step)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import warnings
 
 import dagster as dg
 
-from dedup_pipeline.config import PipelineConfig
+from dedup_pipeline.config import DatasetConfig, PipelineConfig
 from dedup_pipeline.defs.assets import build_dataset_defs
 from dedup_pipeline.defs.explain import build_explain_job
 from dedup_pipeline.defs.landing_checks import build_input_check
@@ -29,30 +30,26 @@ warnings.filterwarnings("ignore", message=r"Parameter `owners` of initializer `S
                         category=dg.BetaWarning)
 
 
-def build_definitions(cfg: PipelineConfig) -> dg.Definitions:
-    assets: list[dg.AssetsDefinition | dg.AssetSpec] = []
-    jobs: list = []
-    sensors: list = [run_failure_summary]
-    schedules: list = []
-    asset_checks: list = []
-    for ds in cfg.datasets:
-        d = build_dataset_defs(ds)
-        assets += [d.raw, d.load]
-        jobs.append(d.job)
-        rebuild = build_rebuild_job(ds)
-        jobs.append(rebuild)
-        jobs.append(build_migrate_job(ds))
-        jobs.append(build_explain_job(ds))
-        sensors.append(build_recovery_sensor(ds, rebuild))
-        sensors.append(build_landing_sensor(ds, d.job))
-        schedules += [build_hourly_schedule(ds, d.job), build_reconcile_schedule(ds, d.job.name)]
-        asset_checks.append(build_input_check(ds))
+def build_dataset_definitions(ds: DatasetConfig) -> dg.Definitions:
+    """Everything of one dataset: its assets and input check, its load, rebuild, migrate and
+    explain jobs, its landing and recovery sensors, its hourly and reconcile schedules."""
+    d = build_dataset_defs(ds)
+    rebuild = build_rebuild_job(ds)
     return dg.Definitions(
-        assets=assets,
-        jobs=jobs,
-        sensors=sensors,
-        schedules=schedules,
-        asset_checks=asset_checks,
+        assets=[d.raw, d.load],
+        asset_checks=[build_input_check(ds)],
+        jobs=[d.job, rebuild, build_migrate_job(ds), build_explain_job(ds)],
+        sensors=[build_recovery_sensor(ds, rebuild), build_landing_sensor(ds, d.job)],
+        schedules=[build_hourly_schedule(ds, d.job), build_reconcile_schedule(ds, d.job.name)],
+    )
+
+
+def build_definitions(cfg: PipelineConfig) -> dg.Definitions:
+    """Every dataset's Definitions merged with what they share: the Spark resource, the
+    in-process executor and the run-failure summary sensor."""
+    shared = dg.Definitions(
+        sensors=[run_failure_summary],
         resources={"spark": SparkResource.from_config(cfg.spark)},
         executor=dg.in_process_executor,
     )
+    return dg.Definitions.merge(shared, *(build_dataset_definitions(ds) for ds in cfg.datasets))

@@ -57,7 +57,7 @@ RUN_FAILURE_SENSOR = "dedup_run_failure_summary"  # one for all datasets
 
 
 # --- run tags: ours, and Dagster's own that we read or set
-DATASET_TAG = "dedup_pipeline/dataset"  # the queue's per-dataset limit matches on it
+DATASET_TAG = "dedup_pipeline/dataset"  # the dataset a run writes (`runs.dataset_of_run`)
 TRIGGER_TAG = "dedup_pipeline/trigger"  # the sensor or schedule that requested the run
 REASON_TAG = "dedup_pipeline/reason"  # why the recovery sensor requested a rebuild
 LATE_HOURS_TAG = "dedup_pipeline/late_hours"  # the changed hours a reconcile run reloads

@@ -15,7 +15,8 @@ documented alternative (``defs/schedules.py``). Each tick:
    infrastructure or config error, R9; blind retries would hide it); re-executing the run or a CLI
    `run` that loads those hours unblocks the sensor, since it then sees them committed.
 4. Otherwise it requests ONE run for the contiguous complete hours from the first unloaded one
-   (ranged run, hours loaded in ascending order in one Spark session), run key
+   (a ranged run, hours loaded in ascending order in one Spark session; one hour is a
+   single-partition run, as the UI's Materialize and the CLI make it), run key
    `{ds}:{first}..{last}`, and records `last` in the cursor, so a repeated tick or a restarted
    daemon never requests an hour twice (Dagster also drops a repeated run key).
 
@@ -235,8 +236,12 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
         except contract.ContractError as e:
             return result(None, f"not loading {compress_ranges(ready.hours)}: {e}{late}")
         cur.requested_through = last
-        return result(dg.RunRequest(run_key=f"{ds.name}:{first}..{last}", job_name=job.name,
-                                    tags=range_tags(first, last, landing_sensor_name(ds.name))),
-                      None)
+        trigger = landing_sensor_name(ds.name)
+        run_key = f"{ds.name}:{first}..{last}"
+        if first == last:  # one hour: a single-partition run, as the UI's Materialize of it
+            return result(dg.RunRequest(run_key=run_key, job_name=job.name, partition_key=first,
+                                        tags={TRIGGER_TAG: trigger}), None)
+        return result(dg.RunRequest(run_key=run_key, job_name=job.name,
+                                    tags=range_tags(first, last, trigger)), None)
 
     return landing_sensor

@@ -1,11 +1,11 @@
 """Every name the Dagster layer gives out: asset keys and groups, jobs, ops, sensors, schedules,
 concurrency pools and run tags.
 
-Why one module: these strings are an interface. The UI shows them, deploy/dagster.yaml's queue
-limits match on the dataset tag and the pools, the sensors read the tags back from runs
-(`defs/runs.py`), and the CLI addresses the rebuild op by name in its run config; a name spelled
-twice drifts. Every per-dataset name starts with the dataset's name. The asset checks' names live
-with their definitions (`defs/checks.py`, `defs/landing_checks.py`): the engine raises three of them.
+Why one module: these strings are an interface. The UI shows them, deploy/dagster.yaml's
+concurrency limit matches on the pools, the sensors read the tags back from runs (`defs/runs.py`),
+and the CLI addresses the rebuild op by name in its run config; a name spelled twice drifts. Every
+per-dataset name starts with the dataset's name. The asset checks' names live with their
+definitions (`defs/checks.py`, `defs/landing_checks.py`): the engine raises three of them.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ landing_sensor_name: PerDataset = "{}_landing_sensor".format
 recovery_sensor_name: PerDataset = "{}_index_recovery_sensor".format
 hourly_schedule_name: PerDataset = "{}_hourly_schedule".format
 reconcile_schedule_name: PerDataset = "{}_reconcile_schedule".format
-# The pool of every step that writes the dataset (load, index rebuild): with a limit of 1
+# The pool of every step that writes the dataset (load, index rebuild, migration): with a limit of 1
 # (deploy/dagster.yaml) runs of one dataset queue instead of failing on its lock.
 pool_name: PerDataset = "dedup_{}".format
 RUN_FAILURE_SENSOR = "dedup_run_failure_summary"  # one for all datasets

@@ -211,7 +211,8 @@ def load_failure(ds: str, first: str, last: str, err: BaseException, rerun_first
     hours = first if first == last else f"{first}..{last}"
     names = {"ds": ds, "hours": hours, "pool": pool_name(ds), "rebuild_job": rebuild_job_name(ds)}
     stage, fix = stage.format(**names), fix.format(**names)
-    return (f"Load of {ds} hour(s) {hours} failed in {stage}: {root}. Fix: {fix}. To load again: "
+    cause = str(root).rstrip(".")  # an error's own last sentence ends with a period
+    return (f"Load of {ds} hour(s) {hours} failed in {stage}: {cause}. Fix: {fix}. To load again: "
             f"{rerun_ways(ds, rerun_first, last, config)}.")
 
 

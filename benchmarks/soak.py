@@ -13,7 +13,10 @@ worker and its Spark). Then it waits for the last hour to load and prints the fi
 - landing-sensor ticks by status, skipped ticks without a reason, failed ticks (must be 0),
 - tick errors in the daemon log (must be 0), check runs, the killed run and its retry.
 
-Exit code 0 when every bar holds. `python benchmarks/soak.py --minutes 30 --every 120`.
+Exit code 0 when every bar holds. Run as a module from the repository (as a file, its directory's
+`profile.py` would shadow the standard library's):
+
+    .venv/bin/python -m benchmarks.soak --minutes 30 --every 120
 """
 
 from __future__ import annotations
@@ -31,16 +34,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import dagster as dg
+from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
-import dagster as dg  # noqa: E402
-from dagster._core.scheduler.instigation import InstigatorType, TickStatus  # noqa: E402
-
-from dedup_pipeline.cli import DEMO_INSTANCE_YAML  # noqa: E402
-from dedup_pipeline.defs.names import RANGE_END, RANGE_START, recovery_sensor_name  # noqa: E402
-from dedup_pipeline.hours import HOUR, hour_range, to_key, to_tag  # noqa: E402
-from dedup_pipeline_tests.daemon_walk import DATASET, Walk  # noqa: E402
+from dedup_pipeline.cli import DEMO_INSTANCE_YAML
+from dedup_pipeline.defs.names import RANGE_END, RANGE_START, recovery_sensor_name
+from dedup_pipeline.hours import HOUR, hour_range, to_key, to_tag
+from dedup_pipeline_tests.daemon_walk import DATASET, Walk
 
 RETRIES = """\
 run_retries:

@@ -511,7 +511,8 @@ def ui_hint(home: str, config: str, dataset: str, pending: str, marker: str) -> 
         ".venv/bin/dg dev",
         f"Your turn: hour {pending} has landed without its _SUCCESS marker, so it is not loaded. "
         "Load it either way:",
-        f"  - in the UI: asset {dataset}/unique, Materialize, select {pending}, Launch;",
+        f"  - in the UI: asset {dataset}/unique, Materialize…, Confirm (its five outputs are one "
+        f"load), select {pending}, Launch 1 run;",
         f"  - or drop the marker and the landing sensor loads it within a minute: touch {marker}",
     ]
 

@@ -364,6 +364,23 @@ def test_failure_summary_of_a_run_that_loads_no_dataset_says_so_plainly() -> Non
 
 
 @pytest.mark.fast
+def test_failure_summary_of_a_load_without_a_partition_asks_for_the_hours() -> None:
+    """A load launched with no hour (the launchpad allows it after a warning) fails in Dagster's
+    own step set-up with an error about partition keys: the summary says what happened and how
+    to pick the hours, not an infrastructure failure of every committed hour."""
+    run = dg.DagsterRun(job_name="__ASSET_JOB", run_id="r-load", asset_selection=frozenset(
+        asset_key("clicks", o) for o in ("unique", "duplicates", "expired", "rejected", "index")))
+    err = runs.RootError("DagsterInvariantViolationError",
+                         "Cannot access partition_key for a non-partitioned run")
+    text = runs.failure_summary(run, err, "", "/etc/dedup.yaml")
+    assert text.startswith("dedup_pipeline run failure: A load of clicks needs the hours to load: "
+                           "this run has no partition"), text
+    assert "in the UI, open asset clicks/unique" in text
+    assert "dedup-pipeline run --config /etc/dedup.yaml --from FIRST --to LAST" in text
+    assert "infrastructure" not in text and "every committed hour" not in text, text
+
+
+@pytest.mark.fast
 def test_every_column_and_check_is_described_in_plain_words(tmp_path: Path) -> None:
     """The UI's Columns tables: every column of every output and of the index has a description;
     source columns say where they come from and their declared type; descriptions of assets and

@@ -6,13 +6,17 @@ Materialize button is there when `isExecutable`; a check's Execute button is ena
 `canExecuteIndividually` is CAN_EXECUTE (REQUIRES_MATERIALIZATION disables it: the check runs
 inside its asset's load). Each offered button is then pressed the way the UI sends it
 (`launchPipelineExecution` of `__ASSET_JOB` with the same selection), with one partition selected
-and, for checks, with none; every run must succeed and record what it says. A browser test clicks
-the input check's Execute and the load's Materialize for real.
+and, for checks, with none; every run must succeed and record what it says.
+
+Then headless Chromium presses them for real: each output's Materialize (one hour each, and the
+dialog's Launch unavailable with no hour selected; the launchpad's run without a partition fails
+at once with its cause and fix), every check's Execute (disabled where the UI cannot run the check
+alone) and Execute all, and reads a failed load's cause and fix where its run page opens.
 """
 
 from __future__ import annotations
 
-import contextlib
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -24,7 +28,7 @@ import pytest
 
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
 from dedup_pipeline.defs.landing_checks import CHECK_NAME
-from dedup_pipeline.hours import HOUR, to_key
+from dedup_pipeline.hours import HOUR, to_key, to_tag
 from dedup_pipeline_tests.daemon_walk import DATASET, Walk
 from dedup_pipeline_tests.spark_services import (
     LOOPBACK,
@@ -37,6 +41,7 @@ from dedup_pipeline_tests.spark_services import (
     wait_until,
 )
 from dedup_pipeline_tests.spark_services import graphql as gql
+from dedup_pipeline_tests.ui_browser import VIEWPORT, browser_page, button, menu_of, open_page
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +94,7 @@ def finished_run(url: str, run_id: str) -> dict[str, Any] | None:
 def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("ui_buttons")
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-    w = Walk(root, start_hour=now - 3 * HOUR)
+    w = Walk(root, start_hour=now - 8 * HOUR)  # seven complete hours for the clicks below
     (w.home / "dagster.yaml").write_text(DEMO_INSTANCE_YAML)
     with dg.DagsterInstance.from_config(str(w.home)):
         pass  # create the SQLite storages once, before two processes race to
@@ -167,44 +172,179 @@ def test_every_offered_check_and_asset_runs(ui: dict[str, Any]) -> None:
         assert run["status"] == "SUCCESS" and ev["success"] is False, run
 
 
-def test_the_browser_clicks_execute_and_materialize(ui: dict[str, Any], tmp_path: Path) -> None:
-    """Headless Chromium: the input check's Execute button and the load's Materialize button
-    (one hour) launch runs that succeed."""
-    from dedup_pipeline_tests.test_ui_server import CHROMIUM_FLAGS, _chromium
+# ---------------------------------------------------------------- the real browser
 
-    chromium = _chromium()
-    from playwright.sync_api import sync_playwright
+OUTPUT_ASSETS = ("unique", "duplicates", "expired", "rejected", "index")
 
-    url = ui["url"]
-    with dg.DagsterInstance.from_config(str(ui["walk"].home)) as inst:
-        before = {r.run_id for r in inst.get_runs()}
 
-    def new_runs() -> list[dg.DagsterRun]:
-        with dg.DagsterInstance.from_config(str(ui["walk"].home)) as inst:
-            return [r for r in inst.get_runs() if r.run_id not in before]
+class UIRuns:
+    """The runs the browser's clicks launch (the UI's asset job), told apart from the landing
+    sensor's own input-check runs."""
 
-    with sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True,
-            args=CHROMIUM_FLAGS, viewport={"width": 1600, "height": 1000})
-        try:
-            page = ctx.new_page()
-            page.goto(f"{url}/assets/{DATASET}/raw_batch?view=checks&checkDetail={CHECK_NAME}",
-                      wait_until="networkidle", timeout=120_000)
-            skip = page.get_by_role("button", name="Skip")
-            with contextlib.suppress(Exception):
-                skip.wait_for(timeout=5_000)
-                skip.first.click()
-            page.get_by_role("button", name="Execute").first.click()
-            page.screenshot(path=str(tmp_path / "execute.png"), full_page=True)
-            wait_until("the check's run", lambda: [r for r in new_runs() if r.is_finished], 300,
-                       ui["services"], interval=2)
-            # Materialize of the load: the partition dialog, one hour, Launch
-            page.goto(f"{url}/assets/{DATASET}/unique", wait_until="networkidle", timeout=120_000)
-            page.get_by_role("button", name="Materialize").first.click()
-            page.screenshot(path=str(tmp_path / "materialize-dialog.png"), full_page=True)
-            print(f"screenshots in {tmp_path}")
-        finally:
-            ctx.close()
-    done = [r for r in new_runs() if r.is_finished]
-    assert done and all(r.status == dg.DagsterRunStatus.SUCCESS for r in done), done
+    def __init__(self, ui: dict[str, Any]) -> None:
+        self.ui = ui
+        self.seen = {r.run_id for r in self._asset_job_runs()}
+
+    def _asset_job_runs(self) -> list[dg.DagsterRun]:
+        with dg.DagsterInstance.from_config(str(self.ui["walk"].home)) as inst:
+            return list(inst.get_runs(dg.RunsFilter(job_name="__ASSET_JOB")))
+
+    def next_finished(self, what: str) -> dg.DagsterRun:
+        """The one run the last click launched, once it finished."""
+        def new() -> list[dg.DagsterRun]:
+            return [r for r in self._asset_job_runs() if r.run_id not in self.seen]
+
+        runs = wait_until(f"the run of {what}", lambda: [r for r in new() if r.is_finished] and
+                          new(), 420, self.ui["services"], interval=2)
+        assert len(runs) == 1, (what, runs)
+        self.seen.add(runs[0].run_id)
+        return runs[0]
+
+
+def _partition_dialog(page: Any) -> Any:
+    """The Materialize button's partition dialog, after the notice that the multi-asset's other
+    outputs come along (the five outputs are one load)."""
+    notice = page.get_by_role("dialog").filter(has_text="Additional assets will be materialized")
+    notice.wait_for(timeout=30_000)
+    listed = set(re.findall(rf"{DATASET} / (\w+)", notice.inner_text()))
+    assert len(listed) == len(OUTPUT_ASSETS) - 1 and listed < set(OUTPUT_ASSETS), listed
+    button(notice, "Confirm").click()
+    dialog = page.get_by_role("dialog").filter(has_text="Partition selection")
+    dialog.wait_for(timeout=30_000)
+    return dialog
+
+
+def _materialize(page: Any, url: str, asset: str, hour: str) -> None:
+    """Asset page -> Materialize... -> (notice) -> partition dialog: with no hour selected the
+    launch is unavailable; one hour selected -> Launch 1 run."""
+    open_page(page, f"{url}/assets/{DATASET}/{asset}")
+    mat = button(page, "Materialize…")
+    assert mat.count() == 1 and mat.is_enabled(), asset
+    mat.click()
+    dialog = _partition_dialog(page)
+    assert "0 partitions" in dialog.inner_text()
+    launch = dialog.locator("button").filter(has_text=re.compile(r"^Launch"))
+    assert launch.count() == 1 and launch.is_disabled(), (asset, launch.all_inner_texts())
+    hours = dialog.locator("input:not([type=checkbox])").first
+    hours.fill(hour)
+    hours.press("Enter")
+    one = button(dialog, "Launch 1 run")
+    one.wait_for(timeout=30_000)
+    one.click()
+    dialog.wait_for(state="detached", timeout=30_000)
+
+
+def _failure_in_view(page: Any, url: str, run_id: str, starts: str) -> str:
+    """Open a failed run's page as a user does and return the first error text in view (no
+    scrolling) that starts with `starts` (after Dagster's class name of the `Failure`, or the
+    failure summary's lead)."""
+    open_page(page, f"{url}/runs/{run_id}")
+    page.get_by_text("RUN_FAILURE").first.wait_for(timeout=60_000)
+    page.wait_for_load_state("networkidle")
+    found = page.get_by_text(re.compile(
+        rf"^(dagster\._core\.definitions\.events\.Failure: |dedup_pipeline run failure: )?"
+        rf"{re.escape(starts)}"))
+    for el in found.all():
+        box = el.bounding_box()
+        if el.is_visible() and box and box["y"] >= 0 and box["y"] + box["height"] <= VIEWPORT["height"]:
+            return str(el.inner_text())
+    raise AssertionError(f"no {starts!r} in view on the run page of {run_id}:\n"
+                         f"{page.inner_text('body')[-3000:]}")
+
+
+def test_the_browser_clicks_every_materialize_and_execute(ui: dict[str, Any], tmp_path: Path) -> None:
+    """Headless Chromium presses each button once: every output's Materialize (its own hour),
+    the launchpad without a partition, a Materialize that fails (an hour after a missing one),
+    every check's Execute and each Checks tab's Execute all."""
+    url, w = ui["url"], ui["walk"]
+    hours = [w.start_hour + i * HOUR for i in range(7)]
+    for i in (2, 3, 4, 6):  # hour 5 never lands: loading hour 6 must be refused
+        w.land(hours[i], [f"b{i}", f"b{i}", "a"], marker=False)
+    by_asset = dict(zip(OUTPUT_ASSETS, hours[:5], strict=True))
+    runs = UIRuns(ui)
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    with browser_page(tmp_path / "chromium-profile") as page, \
+            dg.DagsterInstance.from_config(str(w.home)) as inst:
+        # the launchpad (the Materialize menu) launches without a partition after a warning:
+        # the run fails at once, before Spark (in Dagster's own step set-up once the raw batch
+        # has observations); the failure summary's cause and fix are where the run page opens
+        open_page(page, f"{url}/assets/{DATASET}/unique")
+        button(page, "Materialize…").wait_for(timeout=60_000)
+        menu_of(page, "Materialize…").click()
+        page.get_by_role("menuitem", name="Open launchpad").click()
+        button(page.get_by_role("dialog").filter(has_text="Additional assets"), "Confirm").click()
+        launchpad = page.get_by_role("dialog").filter(has_text="Launchpad")
+        launchpad.get_by_text("No errors").wait_for(timeout=60_000)  # its config is checked
+        button(launchpad, "Materialize").click()
+        sure = button(page, "Confirm")  # "Are you sure ... without partition specified?"
+        sure.last.wait_for(timeout=30_000)
+        page.screenshot(path=str(shots / "launchpad-without-partition.png"))
+        sure.last.click()
+        run = runs.next_finished("the launchpad without a partition")
+        assert run.status == dg.DagsterRunStatus.FAILURE, run.run_id
+        wait_until("the failure summary", lambda: any(
+            "dedup_pipeline run failure" in (e.message or "") for e in inst.all_logs(run.run_id)),
+            120, ui["services"], interval=2)
+        text = _failure_in_view(page, url, run.run_id, f"A load of {DATASET} needs the hours")
+        page.screenshot(path=str(shots / "run-without-partition.png"))
+        assert "Fix:" in text and "in the UI" in text and "dedup-pipeline run" in text, text
+
+        # every output's Materialize, each for the next hour: one run, that hour committed and
+        # materialized for all five outputs
+        for asset, hour in by_asset.items():
+            t0 = time.monotonic()
+            _materialize(page, url, asset, to_key(hour))
+            run = runs.next_finished(f"Materialize of {asset}")
+            page.screenshot(path=str(shots / f"materialize-{asset}.png"))
+            assert run.status == dg.DagsterRunStatus.SUCCESS, (asset, run.run_id)
+            assert run.tags.get("dagster/partition") == to_key(hour), run.tags
+            assert to_tag(hour) in w.committed()
+            for out in OUTPUT_ASSETS:
+                recs = inst.fetch_materializations(dg.AssetRecordsFilter(
+                    asset_key=dg.AssetKey([DATASET, out]), asset_partitions=[to_key(hour)]),
+                    limit=5).records
+                assert recs and recs[0].run_id == run.run_id, (asset, out, recs)  # the latest
+            print(f"Materialize {asset} {to_key(hour)}: {time.monotonic() - t0:.0f}s")
+
+        # a failed load (hour 6 after the never-landed hour 5): its one-line cause and fix, the
+        # UI and the CLI way, where the run page opens; the traceback only behind it
+        _materialize(page, url, "unique", to_key(hours[6]))
+        run = runs.next_finished("Materialize of an hour after a missing one")
+        assert run.status == dg.DagsterRunStatus.FAILURE, run.run_id
+        text = _failure_in_view(page, url, run.run_id, f"Load of {DATASET} hour(s) {to_key(hours[6])}")
+        page.screenshot(path=str(shots / "run-load-order-error.png"))
+        assert "LoadOrderError" in text and "Fix: load the missing earlier hours first" in text, text
+        assert f"in the UI, open asset {DATASET}/unique" in text, text
+        assert f"dedup-pipeline run --config {w.config} --from {to_key(hours[5])}" in text, text
+        assert "Traceback" not in text and 'File "' not in text, text
+        assert to_tag(hours[6]) not in w.committed()
+        w.land(hours[1], ["late"], name="part-late.jsonl", marker=False)  # after hour 1's load
+
+        # every check: Execute is disabled where the UI cannot run the check alone (the load's
+        # checks run inside the load; a partitioned asset's check alone: not supported by the
+        # UI); the raw batch's Execute all runs the input check without a partition
+        for asset, names in (("raw_batch", [CHECK_NAME]), ("unique", ["conservation", "unique_keys"]),
+                             ("index", ["index_agrees", "index_size"]),
+                             ("duplicates", ["duplicate_rate", "conflict_rate"]),
+                             ("rejected", ["rejected_rate"])):
+            for name in names:
+                open_page(page, f"{url}/assets/{DATASET}/{asset}?view=checks&checkDetail={name}")
+                execute = button(page, "Execute")
+                execute.wait_for(timeout=30_000)
+                assert execute.is_disabled(), (asset, name)
+            execute_all = button(page, "Execute all")
+            assert execute_all.count() == 1
+            if asset != "raw_batch":
+                assert execute_all.is_disabled(), asset
+                continue
+            execute_all.click()
+            run = runs.next_finished("Execute all of the raw batch's checks")
+            page.screenshot(path=str(shots / "execute-input-check.png"))
+            assert run.status == dg.DagsterRunStatus.SUCCESS, run.run_id
+            [ev] = [e.dagster_event.event_specific_data for e in inst.all_logs(
+                run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)]
+            # every loaded hour compared; hour 1's late file reported
+            assert ev.check_name == CHECK_NAME and ev.passed is False, ev
+            assert ev.metadata["changed_hours"].value == to_key(hours[1]), ev.metadata
+    print(f"screenshots in {shots}")

@@ -23,10 +23,7 @@ hour was loaded by exactly one run. The browser test at the end of this file reu
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import shutil
-import subprocess
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -68,6 +65,7 @@ from dedup_pipeline_tests.spark_services import (
 )
 from dedup_pipeline_tests.spark_services import graphql as gql
 from dedup_pipeline_tests.spark_services import start as start_service
+from dedup_pipeline_tests.ui_browser import browser_page, dismiss_welcome
 
 pytestmark = pytest.mark.slow
 
@@ -365,39 +363,12 @@ def test_each_hour_carries_its_own_figures(ui_session: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------- the real browser
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def _chromium() -> str:
-    """Debian's chromium binary, installed with apt-get when running as root and missing. Skips
-    (with the reason) only when it is missing and cannot be installed (not root / no apt-get)."""
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found:
-        return found
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("the browser test needs Debian's chromium: not installed, and not root (or no "
-                    "apt-get) to install it; run `apt-get install -y chromium` as root")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
-    if subprocess.run(install, env=env, capture_output=True, timeout=900).returncode != 0:
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=900, check=True)
-        r = subprocess.run(install, env=env, capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, f"apt-get install chromium failed:\n{r.stderr[-2000:]}"
-    found = shutil.which("chromium")
-    assert found, "apt-get installed chromium but there is no chromium on PATH"
-    return found
-
-
 def test_the_browser_shows_every_hour_passed_and_plotted(ui_session: dict[str, Any],
                                                           tmp_path: Path) -> None:
     """Headless Chromium (Debian's, driven by playwright; no browser download) on the webserver:
     clicks/unique -> Checks -> conservation -> Partitions shows every loaded hour Passed and no
     other status of a loaded hour; Plots draws one point per hour (counted in the GraphQL
     responses the page received, the data its charts are drawn from)."""
-    chromium = _chromium()
-    from playwright.sync_api import sync_playwright
-
     url = ui_session["url"]
     responses: list[dict[str, Any]] = []
 
@@ -408,62 +379,45 @@ def test_the_browser_shows_every_hour_passed_and_plotted(ui_session: dict[str, A
             with contextlib.suppress(Exception):
                 responses.append(resp.json())
 
-    def dismiss_welcome(page: Any) -> None:
-        """A first visit shows Dagster's "Join the Dagster community" dialog; skip it, as a user
-        would (it covers the page and takes the clicks)."""
-        skip = page.get_by_role("button", name="Skip")
-        with contextlib.suppress(Exception):
-            skip.wait_for(timeout=5_000)
-        if skip.count():
-            skip.first.click()
-            skip.first.wait_for(state="detached", timeout=10_000)
-
     shots: list[Path] = []
-    with sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True,
-            args=CHROMIUM_FLAGS, viewport={"width": 1600, "height": 1000})
-        try:
-            page = ctx.new_page()
-            page.on("response", keep)
-            # the check's Partitions tab, filtered to Passed: the hours it lists
-            page.goto(f"{url}/assets/{DS}/unique?view=checks&checkDetail=conservation",
-                      wait_until="networkidle", timeout=120_000)
-            dismiss_welcome(page)
-            page.locator("button[role=tab]#partitions").click()  # the check's tab, not the asset's link
-            page.get_by_text("Partitions Selected").wait_for(timeout=60_000)
-            page.wait_for_load_state("networkidle")
-            shots.append(tmp_path / "check-partitions.png")
-            page.screenshot(path=str(shots[-1]), full_page=True)
-            text = page.inner_text("body")
-            counts = {s: int(n) for s, n in re.findall(
-                r"(Missing|Passed|In Progress|Failed|Execution Failed|Skipped) \((\d+)\)", text)}
-            assert counts.get("Passed") == len(HOURS), (counts, text[-3000:])
-            for bad in ("Failed", "Execution Failed", "Skipped", "In Progress"):
-                assert counts.get(bad, 0) == 0, (bad, counts)
-            # the hours themselves, listed when only Passed is shown
-            page.goto(f"{url}/assets/{DS}/unique?view=checks&checkDetail=conservation"
-                      "&status=SUCCEEDED", wait_until="networkidle", timeout=120_000)
-            page.locator("button[role=tab]#partitions").click()  # the check's tab, not the asset's link
-            page.get_by_text(f"{len(HOURS)} Partitions Selected").wait_for(timeout=60_000)
-            page.get_by_text(HOURS[-1], exact=True).first.wait_for(timeout=30_000)
-            shots.append(tmp_path / "check-partitions-passed.png")
-            page.screenshot(path=str(shots[-1]), full_page=True)
-            listed = set(re.findall(r"\d{4}-\d{2}-\d{2}-\d{2}:\d{2}", page.inner_text("body")))
-            assert set(HOURS) <= listed, sorted(listed)
+    with browser_page(tmp_path / "chromium-profile") as page:
+        page.on("response", keep)
+        # the check's Partitions tab, filtered to Passed: the hours it lists
+        page.goto(f"{url}/assets/{DS}/unique?view=checks&checkDetail=conservation",
+                  wait_until="networkidle", timeout=120_000)
+        dismiss_welcome(page)
+        page.locator("button[role=tab]#partitions").click()  # the check's tab, not the asset's link
+        page.get_by_text("Partitions Selected").wait_for(timeout=60_000)
+        page.wait_for_load_state("networkidle")
+        shots.append(tmp_path / "check-partitions.png")
+        page.screenshot(path=str(shots[-1]), full_page=True)
+        text = page.inner_text("body")
+        counts = {s: int(n) for s, n in re.findall(
+            r"(Missing|Passed|In Progress|Failed|Execution Failed|Skipped) \((\d+)\)", text)}
+        assert counts.get("Passed") == len(HOURS), (counts, text[-3000:])
+        for bad in ("Failed", "Execution Failed", "Skipped", "In Progress"):
+            assert counts.get(bad, 0) == 0, (bad, counts)
+        # the hours themselves, listed when only Passed is shown
+        page.goto(f"{url}/assets/{DS}/unique?view=checks&checkDetail=conservation"
+                  "&status=SUCCEEDED", wait_until="networkidle", timeout=120_000)
+        page.locator("button[role=tab]#partitions").click()  # the check's tab, not the asset's link
+        page.get_by_text(f"{len(HOURS)} Partitions Selected").wait_for(timeout=60_000)
+        page.get_by_text(HOURS[-1], exact=True).first.wait_for(timeout=30_000)
+        shots.append(tmp_path / "check-partitions-passed.png")
+        page.screenshot(path=str(shots[-1]), full_page=True)
+        listed = set(re.findall(r"\d{4}-\d{2}-\d{2}-\d{2}:\d{2}", page.inner_text("body")))
+        assert set(HOURS) <= listed, sorted(listed)
 
-            # Overview -> metadata Plots -> Partitions (the default for a partitioned asset):
-            # one point per hour on the partition axis
-            responses.clear()
-            page.goto(f"{url}/assets/{DS}/unique?view=overview", wait_until="networkidle",
-                      timeout=120_000)
-            page.get_by_role("button", name="Plots").first.click()
-            page.get_by_text("rows_in").first.wait_for(timeout=60_000)
-            page.wait_for_load_state("networkidle")
-            shots.append(tmp_path / "plots.png")
-            page.screenshot(path=str(shots[-1]), full_page=True)
-        finally:
-            ctx.close()
+        # Overview -> metadata Plots -> Partitions (the default for a partitioned asset):
+        # one point per hour on the partition axis
+        responses.clear()
+        page.goto(f"{url}/assets/{DS}/unique?view=overview", wait_until="networkidle",
+                  timeout=120_000)
+        page.get_by_role("button", name="Plots").first.click()
+        page.get_by_text("rows_in").first.wait_for(timeout=60_000)
+        page.wait_for_load_state("networkidle")
+        shots.append(tmp_path / "plots.png")
+        page.screenshot(path=str(shots[-1]), full_page=True)
     for s in shots:
         print(f"screenshot: {s}")
     points: dict[str, float] = {}

@@ -303,10 +303,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
     )
     def load(context: dg.AssetExecutionContext, spark: SparkResource) -> Iterator[Any]:
         if not (context.has_partition_key or context.has_partition_key_range):
-            raise dg.Failure(description=(
-                f"A load of {ds.name} needs the hours to load: this run has no partition. "
-                f"Fix: {runs.rerun_ways(ds.name, 'FIRST', 'LAST', _config_name())} (the landing "
-                "sensor loads every complete hour by itself)."))
+            raise dg.Failure(description=runs.no_partition_load(ds.name, _config_name()))
         partition_keys = list(context.partition_keys)
 
         def progress(msg: str) -> None:

@@ -14,6 +14,7 @@
 
 
 import hashlib
+import os
 
 import dagster as dg
 
@@ -129,5 +130,6 @@ def run_failure_summary(context: dg.RunFailureSensorContext) -> None:
     """Writes one paragraph (dataset, hours, cause, fix) into the failed run's own event log."""
     run = context.dagster_run
     err = runs.first_step_error(context.get_step_failure_events())
-    summary = runs.failure_summary(run, err, context.failure_event.message or "the run failed")
+    summary = runs.failure_summary(run, err, context.failure_event.message or "the run failed",
+                                   os.environ.get("DEDUP_CONFIG") or "<config.yaml>")
     context.instance.report_engine_event(summary, run)

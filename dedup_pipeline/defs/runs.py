@@ -140,7 +140,16 @@ def rerun_ways(ds: str, first: str, last: str, config: str = "<config.yaml>") ->
             f"dedup-pipeline run --config {config} --from {first} --to {last}")
 
 
-def failure_summary(run: dg.DagsterRun, err: RootError | None, fallback: str) -> str:
+def no_partition_load(ds: str, config: str = "<config.yaml>") -> str:
+    """Why a load run without a partition loaded nothing, and how to pick the hours."""
+    return (f"A load of {ds} needs the hours to load: this run has no partition (launched without "
+            f"an hour selected), so it loaded nothing and changed nothing. Fix: "
+            f"{rerun_ways(ds, 'FIRST', 'LAST', config)} (the landing sensor loads every complete "
+            "hour by itself).")
+
+
+def failure_summary(run: dg.DagsterRun, err: RootError | None, fallback: str,
+                    config: str = "<config.yaml>") -> str:
     """One paragraph: dataset, hour(s), the cause once, the fix that fits it. A run that loads or
     rebuilds no dataset (a check's own run, a job of another code location) gets one plain line
     saying so, never a guessed dataset."""
@@ -149,6 +158,11 @@ def failure_summary(run: dg.DagsterRun, err: RootError | None, fallback: str) ->
     if ds is None:
         return (f"dedup_pipeline: run {run.run_id} of {run.job_name} failed; it loads no dataset "
                 f"hour, so no dataset's state changed. Error: {cause}")
+    if hours_of_run(run) is None and not run.job_name.endswith((REBUILD_JOB_SUFFIX,
+                                                                  MIGRATE_JOB_SUFFIX)):
+        # a load launched with no hour (the launchpad allows it after a warning): Dagster fails
+        # its step before the load's code runs, with an error about partition keys
+        return f"dedup_pipeline run failure: {no_partition_load(ds, config)}"
     hours = hours_of_run(run) or "(no partition: every committed hour)"
     stage, fix = stage_and_fix(err.cls if err else None)
     stage, fix = _filled(stage, ds, hours), _filled(fix, ds, hours)
@@ -167,7 +181,8 @@ def load_failure(ds: str, first: str, last: str, err: BaseException, rerun_first
     stage, fix = stage_and_fix(root.cls)
     hours = first if first == last else f"{first}..{last}"
     stage, fix = _filled(stage, ds, hours), _filled(fix, ds, hours)
-    return (f"Load of {ds} hour(s) {hours} failed in {stage}: {root}. Fix: {fix}. To load again: "
+    cause = str(root).rstrip(".")  # an error's own last sentence ends with a period
+    return (f"Load of {ds} hour(s) {hours} failed in {stage}: {cause}. Fix: {fix}. To load again: "
             f"{rerun_ways(ds, rerun_first, last, config)}.")
 
 

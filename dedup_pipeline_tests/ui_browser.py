@@ -1,0 +1,99 @@
+"""Headless Chromium on the Dagster UI, for the browser tests (test_ui_server.py,
+test_ui_buttons.py): Debian's chromium driven by playwright through `executable_path`, never a
+browser download. One persistent profile per test, a fixed viewport, the UI's first-visit dialog
+skipped as a user would."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+VIEWPORT = {"width": 1600, "height": 1000}
+
+
+def chromium() -> str:
+    """Debian's chromium binary, installed with apt-get when running as root and missing. Skips
+    (with the reason) only when it is missing and cannot be installed (not root / no apt-get)."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("the browser test needs Debian's chromium: not installed, and not root (or no "
+                    "apt-get) to install it; run `apt-get install -y chromium` as root")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
+    if subprocess.run(install, env=env, capture_output=True, timeout=900).returncode != 0:
+        subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=900, check=True)
+        r = subprocess.run(install, env=env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, f"apt-get install chromium failed:\n{r.stderr[-2000:]}"
+    found = shutil.which("chromium")
+    assert found, "apt-get installed chromium but there is no chromium on PATH"
+    return found
+
+
+@contextlib.contextmanager
+def browser_page(profile: Path) -> Iterator[Any]:
+    """A page of a fresh headless Chromium (its profile in `profile`); closed on exit. When the
+    block fails, the page as it was is saved next to the profile (`failure.png`)."""
+    binary = chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(
+            str(profile), executable_path=binary, headless=True, args=CHROMIUM_FLAGS,
+            viewport=VIEWPORT)
+        page = ctx.new_page()
+        try:
+            yield page
+        except BaseException:
+            shot = profile.parent / "failure.png"
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(shot), full_page=True)
+                print(f"the page when the test failed: {shot}")
+            raise
+        finally:
+            ctx.close()
+
+
+def dismiss_welcome(page: Any, wait_ms: int = 5_000) -> None:
+    """A first visit shows Dagster's "Join the Dagster community" dialog; skip it, as a user
+    would (it covers the page and takes the clicks). Nothing when it does not show."""
+    skip = page.get_by_role("button", name="Skip")
+    with contextlib.suppress(Exception):
+        skip.wait_for(timeout=wait_ms)
+    if skip.count():
+        skip.first.click()
+        skip.first.wait_for(state="detached", timeout=10_000)
+
+
+def open_page(page: Any, url: str) -> None:
+    """Go to `url`, wait for the UI's queries; on the first page, skip the first-visit dialog."""
+    page.goto(url, wait_until="networkidle", timeout=120_000)
+    if not getattr(page, "_welcome_skipped", False):
+        dismiss_welcome(page)
+        page._welcome_skipped = True
+
+
+def menu_of(page: Any, text: str) -> Any:
+    """The drop-down button right of the button whose text is exactly `text` (a split button
+    such as Materialize / Execute)."""
+    buttons = page.locator("button")
+    texts = buttons.all_inner_texts()
+    assert text in texts, (text, texts)
+    return buttons.nth(texts.index(text) + 1)
+
+
+def button(page_or_dialog: Any, text: str) -> Any:
+    """The button whose visible text is exactly `text` (the UI's buttons carry an icon whose
+    label is part of their accessible name, so `get_by_role(name=...)` does not match them)."""
+    return page_or_dialog.locator("button").filter(has_text=re.compile(rf"^{re.escape(text)}$"))

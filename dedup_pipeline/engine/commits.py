@@ -120,6 +120,8 @@ class CommitRecord:
     # the dataset contract version the hour was loaded under (engine/contract.py); None: loaded
     # before contracts were recorded
     contract_version: int | None = None
+    # the hour's key digest files (engine/keydigest.py); None: loaded before key digests
+    key_digest: tuple[OutputFileEntry, ...] | None = None
     # fields this version does not know (a newer version's, an operator's note): kept on rewrite
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -149,6 +151,8 @@ class CommitRecord:
                              for f in self.inputs]
         if self.output_files is not None:
             out["output_files"] = {k: [f.to_json() for f in v] for k, v in self.output_files.items()}
+        if self.key_digest is not None:
+            out["key_digest"] = [f.to_json() for f in self.key_digest]
         return out
 
     @classmethod
@@ -172,12 +176,15 @@ class CommitRecord:
             index_files=tuple(IndexFileEntry.from_json(f) for f in rec.get("index_files") or ()),
             output_files=None if files is None else {
                 k: tuple(OutputFileEntry(f["name"], f.get("size")) for f in v) for k, v in files.items()},
+            key_digest=None if rec.get("key_digest") is None else tuple(
+                OutputFileEntry(f["name"], f.get("size")) for f in rec["key_digest"]),
             extra={k: v for k, v in rec.items() if k not in known},
         )
         return cls(**values)
 
 
-_OMIT_IF_NONE = {"committed_at", "index_checksum", "inputs", "output_files", "contract_version"}
+_OMIT_IF_NONE = {"committed_at", "index_checksum", "inputs", "output_files", "contract_version",
+                 "key_digest"}
 
 
 class RecordProblem(ValueError):
@@ -249,6 +256,11 @@ def validate_record(rec: Any, tag: str) -> str | None:
                                         and (x.get("size") is None or _is_count(x["size"]))
                                         for x in v) for v in outs.values()):
         return "field 'output_files' is malformed"
+    digest = rec.get("key_digest", [])
+    if not isinstance(digest, list) or not all(
+            isinstance(x, dict) and isinstance(x.get("name"), str)
+            and (x.get("size") is None or _is_count(x["size"])) for x in digest):
+        return "field 'key_digest' is malformed"
     inputs = rec.get("inputs", [])
     if not isinstance(inputs, list) or not all(
             isinstance(f, dict) and isinstance(f.get("path"), str) and _is_count(f.get("size"))

@@ -37,7 +37,9 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 import yaml
 
 from dedup_pipeline.config import DatasetConfig, load_config
@@ -89,6 +91,47 @@ def _digests(spark: object, ds: DatasetConfig, first_hours: int) -> None:
                             dirs_exist_ok=True)
             rec = rec.with_(key_digest=read_commit(st, src).key_digest)
         write_commit(st, rec)
+
+
+def _only_in_loaded_hours(spark: object, ds: DatasetConfig, key: str, span: int) -> int:
+    """Remove the key's rows from the replicas (hours after the first `span`): their typed
+    output files and key digests rewritten by pyarrow without it (those files lose their bloom
+    filters), their records' sizes updated. A replicated history repeats every key in every copy;
+    this gives the benchmark's key the few hours a key has in a real history. Returns the number
+    of hours changed."""
+    st = Storage(ds.output)
+    tags = sorted(committed_tags(st))
+    [typed] = explain.type_keys(spark, ds, [{"event_id": key}])
+    records = {t: read_commit(st, t) for t in tags[span:]}
+    digests = {t: p for t, r in records.items() if (p := keydigest.usable(st, t, r))}
+    holding = sorted(keydigest.hours_holding(st, digests, [typed.h1])[typed.h1])
+    h = keydigest.hash_of(typed.h1)
+    for t in holding:
+        rec = records[t]
+        files = {}
+        for name in (outputs.UNIQUE, outputs.DUPLICATES, outputs.EXPIRED):
+            entries = []
+            for f in rec.output_files[name]:
+                path = Path(ds.output) / name / f"load_hour={t}" / f.name
+                table = pq.read_table(path)
+                kept = table.filter(pc.field("event_id") != key)
+                if kept.num_rows != table.num_rows:
+                    pq.write_table(kept, path, coerce_timestamps="us")
+                    (path.parent / f".{f.name}.crc").unlink(missing_ok=True)
+                entries.append(type(f)(f.name, path.stat().st_size))
+            files[name] = tuple(entries)
+        digest = []
+        for f in rec.key_digest:
+            path = Path(ds.output) / keydigest.DIGEST / f"load_hour={t}" / f.name
+            table = pq.read_table(path)
+            pq.write_table(table.filter(pc.field(keydigest.KEY_HASH) != h), path,
+                           use_dictionary=False, data_page_version="2.0", row_group_size=4096,
+                           column_encoding={keydigest.KEY_HASH: "DELTA_BINARY_PACKED"})
+            (path.parent / f".{f.name}.crc").unlink(missing_ok=True)
+            digest.append(type(f)(f.name, path.stat().st_size))
+        write_commit(st, rec.with_(output_files={**rec.output_files, **files},
+                                   key_digest=tuple(digest)))
+    return len(holding)
 
 
 def _replicate(out: Path, times: int) -> None:
@@ -154,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse", action="store_true",
                     help="measure the history an earlier run loaded into --dir (no loads; "
                          "digests rebuilt where missing)")
+    ap.add_argument("--key-in-copies", action="store_true",
+                    help="with --replicate: leave the key in every copy of its hours (by "
+                         "default its rows are removed from the copies, as a real history has "
+                         "a key in a few hours)")
     args = ap.parse_args(argv)
     hours, rows = (720, 100_000) if args.full else (args.hours, args.rows_per_hour)
     root = Path(args.dir or tempfile.mkdtemp(prefix="explain_bench_"))
@@ -188,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
             _replicate(Path(main_ds.output), args.replicate)
         if args.replicate > 1:
             hours *= args.replicate
+            if args.key_in_copies:
+                print("the key is in every copy of its hours", flush=True)
+            else:
+                n = _only_in_loaded_hours(spark, main_ds, key, hours // args.replicate)
+                print(f"the key's rows removed from {n} copied hours (it is in the loaded "
+                      "hours only)", flush=True)
         print(f"key: event_id={key}; {len(committed_tags(Storage(main_ds.output)))} committed "
               "hours", flush=True)
         jvm_conf = spark.sparkContext._jsc.hadoopConfiguration()  # noqa: SLF001

@@ -14,11 +14,14 @@ running the rules again.
   value of the key (as given, or JSON- / CSV-escaped).
 - The index state is the entries of committed loads with the key's digest.
 
-Speed (a point lookup must not scan every output row): the outputs are read in two passes, first
-only the key columns (Parquet column pruning; the equality is pushed down to row-group statistics
-and, where the load wrote them, bloom filters), then whole rows of only the hours that hold the
-key. Without expiry, a key with an index entry has no unique, duplicate or expired row before that
-entry's load (its first record would have been unique), so those outputs are read from that hour on.
+Speed (a point lookup must not scan every output row): each committed hour's key digest
+(`engine/keydigest.py`, listed in its commit record) names the hours that can hold the key, so
+whole rows are read of only those hours (one Spark job; bloom filters and row-group statistics
+prune within them). An hour without a usable digest is searched in two passes as before: its key
+columns first, then rows. Rejected `_raw` lines are read by pyarrow. Without expiry, a key with an
+index entry has no unique, duplicate or expired row before that entry's load (its first record
+would have been unique), so those outputs are read from that hour on. Every output file is read
+in `_read` (Spark) or `_arrow_read` (pyarrow), nowhere else.
 """
 
 from __future__ import annotations

@@ -120,17 +120,16 @@ def _only_in_loaded_hours(spark: object, ds: DatasetConfig, key: str, span: int)
                     (path.parent / f".{f.name}.crc").unlink(missing_ok=True)
                 entries.append(type(f)(f.name, path.stat().st_size))
             files[name] = tuple(entries)
-        digest = []
         for f in rec.key_digest:
             path = Path(ds.output) / keydigest.DIGEST / f"load_hour={t}" / f.name
             table = pq.read_table(path)
             pq.write_table(table.filter(pc.field(keydigest.KEY_HASH) != h), path,
                            use_dictionary=False, data_page_version="2.0", row_group_size=4096,
-                           column_encoding={keydigest.KEY_HASH: "DELTA_BINARY_PACKED"})
+                           column_encoding={keydigest.KEY_HASH: "DELTA_BINARY_PACKED"},
+                           write_page_checksum=True)
             (path.parent / f".{f.name}.crc").unlink(missing_ok=True)
-            digest.append(type(f)(f.name, path.stat().st_size))
         write_commit(st, rec.with_(output_files={**rec.output_files, **files},
-                                   key_digest=tuple(digest)))
+                                   key_digest=keydigest.entries(st, t)))
     return len(holding)
 
 

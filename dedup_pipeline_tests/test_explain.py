@@ -355,14 +355,26 @@ def test_key_digests_name_the_hours_of_a_key_and_a_lost_one_costs_only_time(
 
     before = {0: story(k1), 1: story(k2)}
     assert before[1] == [(h1, "unique", "first_seen")]
-    # a lost digest, and an altered one: those hours are searched in their outputs instead
-    [f1] = digests[h1]
+    # a flipped bit in a digest's page (its CRC catches it) and in the other's footer (the
+    # record's footer hash catches it), sizes unchanged: those hours are searched in their
+    # outputs instead; a lost digest likewise
+    import pyarrow.parquet as pq
+
+    [f0], [f1] = digests[h0], digests[h1]
+    chunk = pq.ParquetFile(f0).metadata.row_group(0).column(0)
+    for f, at in ((f0, chunk.data_page_offset + chunk.total_compressed_size - 1),
+                  (f1, Path(f1).stat().st_size - 20)):
+        data = bytearray(Path(f).read_bytes())
+        data[at] ^= 0x10
+        Path(f).write_bytes(bytes(data))
+    assert all(keydigest.usable(st, t, recs[t]) == digests[t] for t in (h0, h1))
+    unreadable: set[str] = set()
+    assert keydigest.hours_holding(st, digests, [typed[0].h1], unreadable) == {
+        typed[0].h1: set()}
+    assert unreadable == {h0, h1}
+    assert {0: story(k1), 1: story(k2)} == before
     Path(f1).unlink()
-    [f0] = digests[h0]
-    with open(f0, "ab") as fh:
-        fh.write(b"x")
     assert keydigest.usable(st, h1, recs[h1]) is None
-    assert keydigest.usable(st, h0, recs[h0]) is None
     assert {0: story(k1), 1: story(k2)} == before
     # rebuilt from the committed outputs: the same hours again
     for t in (h0, h1):

@@ -154,7 +154,7 @@ def test_blocking_check_failure_commits_nothing_and_stops_downstream(
     if check == "conservation":  # counts: no key to name
         assert "sample_keys" not in ev.metadata
         return
-    # the keys that break the rule, and the command that explains the first (design.md E6)
+    # the keys that break the rule, and the command that explains the first (design.md, "Explaining a key")
     sample = ev.metadata["sample_keys"].value
     assert ev.metadata["explain"].value == (
         "dedup-pipeline explain --config '<config file>' --dataset clicks "

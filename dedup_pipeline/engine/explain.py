@@ -476,12 +476,13 @@ def _find_rows(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: Histor
     digests = {t: paths for t in hours
                if (paths := keydigest.usable(st, t, hist.records[t]))} if USE_DIGEST else {}
     if digests:
+        unreadable: set[str] = set()
         held = keydigest.hours_holding(st, digests, [k.h1 for k in keys.values()
-                                                     if k.h1 is not None])
+                                                     if k.h1 is not None], unreadable)
         tags = set().union(*held.values())
         for name in (UNIQUE, DUPLICATES, EXPIRED):
             where[name] = set(tags)
-        hours = [t for t in hours if t not in digests]
+        hours = [t for t in hours if t not in digests or t in unreadable]
     # pass 1: only the key columns of every other hour's files, to learn which hours hold them
     probes = []
     for name in (UNIQUE, DUPLICATES, EXPIRED):

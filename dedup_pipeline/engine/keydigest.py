@@ -1,15 +1,17 @@
 """The key digest of an hour: which keys its unique, duplicates and expired rows hold, in a few
-hundred kilobytes (docs/design.md, E5).
+hundred kilobytes (docs/design.md, L2b and E5).
 
 Each load writes, beside its outputs, one small Parquet file `{output}/_keys/load_hour=<tag>/`
 with one column `_key_hash` (the top 32 bits of the key's digest h1) for every unique, duplicate
-and expired row, sorted. Its commit record lists it (`key_digest`: file name and size), so only a
-committed, unaltered digest is ever consulted. `explain` reads only the footers and the one row
-group per hour whose min/max covers the key's hash (pyarrow, in parallel), and then opens the
-outputs of only the hours whose digest holds the hash. An hour whose record lists no digest
-(loaded before digests), or whose digest is missing or of another size, is searched in its
-outputs as before: the digest only ever narrows the hours read, so a stale or lost digest costs
-time, never a wrong answer. `write_digest` rebuilds one from the committed outputs.
+and expired row, sorted. Its commit record lists it (`key_digest`: file name, size and the
+SHA-256 of the Parquet footer, whose row-group statistics a lookup prunes by; the pages carry
+CRCs), so only a committed, unaltered digest is ever consulted. `explain` reads only the footers
+and the one row group per hour whose min/max covers the key's hash (pyarrow, in parallel), and
+then opens the outputs of only the hours whose digest holds the hash. An hour whose record lists
+no digest (loaded before digests), or whose digest is missing, of another size or does not read
+back (footer hash, page CRCs), is searched in its outputs as before: the digest only ever narrows
+the hours read, so a stale or lost digest costs time, never a wrong answer. `rebuild` writes one
+again from the committed outputs.
 
 A 32-bit hash is a filter, not an identity: about one hour in 40,000 per 1e5-row hour matches a
 key it does not hold; explain then reads that hour's rows and finds none.
@@ -17,18 +19,20 @@ key it does not hold; explain then reads that hour's rows and finds none.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.commits import CommitRecord, OutputFileEntry
+from dedup_pipeline.engine.commits import CommitRecord, DigestFileEntry
 from dedup_pipeline.engine.digest import H1, digest_columns
 from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, UNIQUE, partition
 from dedup_pipeline.engine.parse import SPARK_TYPES
@@ -69,35 +73,67 @@ def write_digest(frame: DataFrame, target_uri: str) -> None:
      .parquet(target_uri))
 
 
-def entries(st: Storage, tag: str) -> tuple[OutputFileEntry, ...]:
-    """The digest files of hour `tag` as its commit record lists them (name, size)."""
-    return tuple(OutputFileEntry(p.rsplit("/", 1)[1], int(st.fs.info(p)["size"]))
-                 for p in st.list_files(st.path(*parts(tag)), ".parquet"))
+def _footer(st: Storage, path: str, size: int) -> bytes:
+    """The Parquet footer of `path` (metadata + its length + magic): what the row-group
+    statistics live in."""
+    with st.fs.open(path, "rb") as fh:
+        fh.seek(max(0, size - 8))
+        tail = fh.read(8)
+        n = int.from_bytes(tail[:4], "little") if len(tail) == 8 else 0
+        if tail[4:] != b"PAR1" or n + 8 > size:
+            raise ValueError(f"{path} has no Parquet footer")
+        fh.seek(size - 8 - n)
+        return fh.read(n + 8)
 
 
-def usable(st: Storage, tag: str, rec: CommitRecord) -> list[str] | None:
-    """The paths of hour `tag`'s digest if its record lists one and every listed file is there
-    with its recorded size; None otherwise (the hour is then searched in its outputs)."""
+def entries(st: Storage, tag: str) -> tuple[DigestFileEntry, ...]:
+    """The digest files of hour `tag` as its commit record lists them (name, size, the SHA-256
+    of the footer)."""
+    out = []
+    for p in st.list_files(st.path(*parts(tag)), ".parquet"):
+        size = int(st.fs.info(p)["size"])
+        out.append(DigestFileEntry(p.rsplit("/", 1)[1], size,
+                                   hashlib.sha256(_footer(st, p, size)).hexdigest()))
+    return tuple(out)
+
+
+def usable(st: Storage, tag: str, rec: CommitRecord) -> dict[str, DigestFileEntry] | None:
+    """Hour `tag`'s digest files (path -> record entry) if its record lists a digest and every
+    listed file is there with its recorded size; None otherwise (the hour is then searched in
+    its outputs). Footers and pages are checked when read (`hours_holding`)."""
     if not rec.key_digest:
         return None
-    paths = []
+    paths = {}
     for f in rec.key_digest:
         p = st.path(*parts(tag), f.name)
         try:
             size = int(st.fs.info(p)["size"])
         except (FileNotFoundError, OSError):
             return None
-        if f.size is not None and size != f.size:
+        if size != f.size:
             return None
-        paths.append(p)
+        paths[p] = f
     return paths
 
 
-def _holds(st: Storage, path: str, hashes: np.ndarray) -> np.ndarray:
+def _holds(st: Storage, path: str, entry: DigestFileEntry | None, hashes: np.ndarray
+           ) -> np.ndarray | None:
     """Which of the sorted `hashes` the digest file holds: footer first, then only the row
-    groups whose min/max covers one of them."""
+    groups whose min/max covers one of them. None when the file does not read (its pages carry
+    CRCs, checked here): the hour is then searched in its outputs."""
+    try:
+        return _read_holds(st, path, entry, hashes)
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+
+
+def _read_holds(st: Storage, path: str, entry: DigestFileEntry | None, hashes: np.ndarray
+                ) -> np.ndarray:
+    if entry is not None and entry.footer_sha256 is not None and hashlib.sha256(
+            _footer(st, path, entry.size)).hexdigest() != entry.footer_sha256:
+        raise ValueError(f"{path}: footer differs from its commit record")
     with st.fs.open(path, "rb") as fh:
-        pf = pq.ParquetFile(fh)
+        pf = pq.ParquetFile(fh, page_checksum_verification=True)
         md = pf.metadata
         groups = []
         for i in range(md.num_row_groups):
@@ -113,9 +149,12 @@ def _holds(st: Storage, path: str, hashes: np.ndarray) -> np.ndarray:
     return np.isin(hashes, values)
 
 
-def hours_holding(st: Storage, digests: Mapping[str, list[str]], h1s: Iterable[int]
-                  ) -> dict[int, set[str]]:
-    """Per key digest h1, the hours (of `digests`: tag -> digest paths) whose digest holds it."""
+def hours_holding(st: Storage, digests: Mapping[str, Mapping[str, DigestFileEntry | None]],
+                  h1s: Iterable[int],
+                  unreadable: set[str] | None = None) -> dict[int, set[str]]:
+    """Per key digest h1, the hours (of `digests`: tag -> {path: record entry}) whose digest
+    holds it.
+    Hours whose digest does not read are added to `unreadable` (when given) and to no key."""
     by_hash: dict[int, list[int]] = {}
     for h in set(h1s):
         by_hash.setdefault(hash_of(h), []).append(h)
@@ -123,10 +162,14 @@ def hours_holding(st: Storage, digests: Mapping[str, list[str]], h1s: Iterable[i
     if not by_hash or not digests:
         return out
     hashes = np.array(sorted(by_hash), dtype=np.int64)
-    jobs = [(tag, p) for tag, paths in digests.items() for p in paths]
+    jobs = [(tag, p, e) for tag, paths in digests.items() for p, e in paths.items()]
     with ThreadPoolExecutor(max_workers=8) as pool:
-        found = pool.map(lambda j: (j[0], _holds(st, j[1], hashes)), jobs)
+        found = pool.map(lambda j: (j[0], _holds(st, j[1], j[2], hashes)), jobs)
         for tag, hit in found:
+            if hit is None:
+                if unreadable is not None:
+                    unreadable.add(tag)
+                continue
             for x in hashes[hit]:
                 for h in by_hash[int(x)]:
                     out[h].add(tag)

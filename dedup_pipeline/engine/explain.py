@@ -375,8 +375,10 @@ def _local_files(st: Storage, name: str, tag: str, rec: commits.CommitRecord) ->
 
 def _arrow_read(st: Storage, path: str, cols: list[str]) -> pa.Table:
     """Columns of one committed output file, read by pyarrow (the rejected lines)."""
-    with st.fs.open(path, "rb") as fh:
-        return pq.read_table(fh, columns=cols)
+    if st.local:  # pyarrow's own file I/O: no Python file layer
+        return pq.read_table(path, columns=cols, use_threads=False)
+    with st.fs.open(path, "rb") as fh:  # one file per thread of the caller's pool
+        return pq.read_table(fh, columns=cols, use_threads=False)
 
 
 def _schema(ds: DatasetConfig, name: str) -> T.StructType:

@@ -23,6 +23,7 @@ import hashlib
 import uuid
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -73,10 +74,15 @@ def write_digest(frame: DataFrame, target_uri: str) -> None:
      .parquet(target_uri))
 
 
+def _open(st: Storage, path: str) -> Any:
+    """A file for pyarrow: natively where local (no Python file layer), else through fsspec."""
+    return pa.OSFile(path, "rb") if st.local else st.fs.open(path, "rb")
+
+
 def _footer(st: Storage, path: str, size: int) -> bytes:
     """The Parquet footer of `path` (metadata + its length + magic): what the row-group
     statistics live in."""
-    with st.fs.open(path, "rb") as fh:
+    with _open(st, path) as fh:
         fh.seek(max(0, size - 8))
         tail = fh.read(8)
         n = int.from_bytes(tail[:4], "little") if len(tail) == 8 else 0
@@ -132,7 +138,7 @@ def _read_holds(st: Storage, path: str, entry: DigestFileEntry | None, hashes: n
     if entry is not None and entry.footer_sha256 is not None and hashlib.sha256(
             _footer(st, path, entry.size)).hexdigest() != entry.footer_sha256:
         raise ValueError(f"{path}: footer differs from its commit record")
-    with st.fs.open(path, "rb") as fh:
+    with _open(st, path) as fh:
         pf = pq.ParquetFile(fh, page_checksum_verification=True)
         md = pf.metadata
         groups = []
@@ -145,8 +151,10 @@ def _read_holds(st: Storage, path: str, entry: DigestFileEntry | None, hashes: n
                 groups.append(i)
         if not groups:
             return np.zeros(len(hashes), dtype=bool)
-        values = pf.read_row_groups(groups, columns=[KEY_HASH]).column(0).to_numpy()
-    return np.isin(hashes, values)
+        values = np.sort(pf.read_row_groups(groups, columns=[KEY_HASH], use_threads=False)
+                         .column(0).to_numpy())  # sorted already, but a sort of few is cheap
+    at = np.minimum(np.searchsorted(values, hashes), max(len(values) - 1, 0))
+    return (values[at] == hashes) if len(values) else np.zeros(len(hashes), dtype=bool)
 
 
 def hours_holding(st: Storage, digests: Mapping[str, Mapping[str, DigestFileEntry | None]],

@@ -1,29 +1,28 @@
 """`dedup-pipeline explain` of one key against a full scan of the four outputs, side by side.
 
 Builds a history with the benchmark's generator (`dedup_pipeline.sample.generate`) and loads it
-(`bloom`: with the Parquet bloom filters on the key columns every load writes). `plain` is a copy of
-that warehouse whose typed output files are rewritten by pyarrow without bloom filters (same
-rows, same file names). The first `--load-hours` hours are also loaded into a third output with
-bloom filters off, alternating with the `bloom` loads of the same hours, for the load cost of the
-filters. Then, interleaved over `--repeat` rounds in one warm Spark session, it times:
+(every load writes Parquet bloom filters on the key columns and the hour's key digest,
+`engine/keydigest.py`). The first `--load-hours` hours are also loaded into a second output with
+the key digest off, alternating with the main loads of the same hours, for the digest's load
+cost. Then, interleaved over `--repeat` rounds in one warm Spark session, it times:
 
 - `full scan`: every row of unique, duplicates, expired and rejected of every committed hour
   read and filtered for the key (Parquet filter pushdown off: what a person does with Spark
-  without the levers), on `bloom`;
-- `explain`: `explain_key` on `bloom` (two passes, pushdown to row-group statistics and bloom
-  filters);
-- `explain, no bloom`: the same on `plain` (row-group statistics only);
-- `explain, no pushdown`: on `bloom` with Parquet filter pushdown off (column pruning only).
+  without the levers);
+- `explain`: `explain_key` (the key digests name the hours, then rows of only those hours);
+- `explain, no key digest`: two passes over every hour, pushdown to row-group statistics and
+  bloom filters (the design before the digest);
+- `explain, no digest, no bloom`: the same with parquet-mr's bloom filter use off (row-group
+  statistics only).
 
-And it reports the load time with and without bloom filters (medians of the alternating first
-hours, from their commit records' stage timings) and their footprint (bytes of the three typed
-outputs of those hours). The key is one with a natural duplicate in a later
-hour, from the middle of the history.
+And it reports the load time with and without the digest (medians of the alternating first
+hours, from their commit records' stage timings) and its footprint (bytes of the digest against
+the four outputs of those hours). The key is one with a natural duplicate in a later hour, from
+the middle of the history.
 
     python -m benchmarks.explain                 # 48 hours x 5,000 rows (~10 min, busy machine)
     python -m benchmarks.explain --full          # the target scale: 720 hours x 100,000 rows
-    python -m benchmarks.explain --hours 720 --rows-per-hour 1000
-    python -m benchmarks.explain --hours 24 --rows-per-hour 50000 --replicate 10   # 240 hours
+    python -m benchmarks.explain --hours 24 --rows-per-hour 100000 --replicate 30   # 720 hours
 """
 
 from __future__ import annotations
@@ -35,15 +34,17 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import yaml
 
 from dedup_pipeline.config import DatasetConfig, load_config
-from dedup_pipeline.engine import outputs
-from dedup_pipeline.engine.commits import committed_tags, read_commit
+from dedup_pipeline.engine import explain, keydigest, outputs
+from dedup_pipeline.engine.commits import committed_tags, read_commit, write_commit
 from dedup_pipeline.engine.explain import committed_history, explain_key, output_files
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.session import SparkSettings, get_session
@@ -71,15 +72,65 @@ def _bytes(ds: DatasetConfig, names: tuple[str, ...], first_hours: int) -> int:
                for p in (Path(ds.output) / n / f"load_hour={t}").glob("*.parquet"))
 
 
-def _copy_without_bloom(src: Path, dst: Path) -> None:
-    """The warehouse again, its typed outputs' files rewritten by pyarrow (no bloom filters)."""
-    shutil.rmtree(dst, ignore_errors=True)
-    shutil.copytree(src, dst)
-    for name in (outputs.UNIQUE, outputs.DUPLICATES, outputs.EXPIRED):
-        for f in (dst / name).rglob("*.parquet"):
-            table = pq.read_table(f)
-            pq.write_table(table, f, coerce_timestamps="us")
-            (f.parent / f".{f.name}.crc").unlink(missing_ok=True)  # Hadoop's checksum sidecar
+def _digests(spark: object, ds: DatasetConfig, first_hours: int) -> None:
+    """Key digests for committed hours without one (a history loaded before digests): rebuilt
+    from the outputs for the first `first_hours` hours, copied for their replicas."""
+    st = Storage(ds.output)
+    tags = sorted(committed_tags(st))
+    span = first_hours
+    for i, t in enumerate(tags):
+        rec = read_commit(st, t)
+        if rec is None or rec.key_digest is not None:
+            continue
+        if i < span:
+            rec = keydigest.rebuild(spark, ds, st, rec)
+        else:
+            src = tags[i % span]
+            shutil.copytree(Path(ds.output) / keydigest.DIGEST / f"load_hour={src}",
+                            Path(ds.output) / keydigest.DIGEST / f"load_hour={t}",
+                            dirs_exist_ok=True)
+            rec = rec.with_(key_digest=read_commit(st, src).key_digest)
+        write_commit(st, rec)
+
+
+def _only_in_loaded_hours(spark: object, ds: DatasetConfig, key: str, span: int) -> int:
+    """Remove the key's rows from the replicas (hours after the first `span`): their typed
+    output files and key digests rewritten by pyarrow without it (those files lose their bloom
+    filters), their records' sizes updated. A replicated history repeats every key in every copy;
+    this gives the benchmark's key the few hours a key has in a real history. Returns the number
+    of hours changed."""
+    st = Storage(ds.output)
+    tags = sorted(committed_tags(st))
+    [typed] = explain.type_keys(spark, ds, [{"event_id": key}])
+    records = {t: read_commit(st, t) for t in tags[span:]}
+    digests = {t: p for t, r in records.items() if (p := keydigest.usable(st, t, r))}
+    holding = sorted(keydigest.hours_holding(st, digests, [typed.h1])[typed.h1])
+    h = keydigest.hash_of(typed.h1)
+    for t in holding:
+        rec = records[t]
+        files = {}
+        for name in (outputs.UNIQUE, outputs.DUPLICATES, outputs.EXPIRED):
+            entries = []
+            for f in rec.output_files[name]:
+                path = Path(ds.output) / name / f"load_hour={t}" / f.name
+                table = pq.read_table(path)
+                kept = table.filter(pc.field("event_id") != key)
+                if kept.num_rows != table.num_rows:
+                    pq.write_table(kept, path, coerce_timestamps="us")
+                    (path.parent / f".{f.name}.crc").unlink(missing_ok=True)
+                entries.append(type(f)(f.name, path.stat().st_size))
+            files[name] = tuple(entries)
+        for f in rec.key_digest:
+            path = Path(ds.output) / keydigest.DIGEST / f"load_hour={t}" / f.name
+            table = pq.read_table(path)
+            pq.write_table(table.filter(pc.field(keydigest.KEY_HASH) != h), path,
+                           use_dictionary=False, data_page_version="2.0", row_group_size=4096,
+                           column_encoding={keydigest.KEY_HASH: "DELTA_BINARY_PACKED"},
+                           write_page_checksum=True)
+            (path.parent / f".{f.name}.crc").unlink(missing_ok=True)
+        write_commit(st, rec.with_(output_files={**rec.output_files, **files},
+                                   key_digest=keydigest.entries(st, t)))
+    return len(holding)
 
 
 def _replicate(out: Path, times: int) -> None:
@@ -95,8 +146,9 @@ def _replicate(out: Path, times: int) -> None:
             target = commits_dir / f"load_hour={new}.json"
             if target.exists():
                 continue
-            for name in outputs.OUTPUTS:
-                shutil.copytree(out / name / f"load_hour={t}", out / name / f"load_hour={new}")
+            for name in (*outputs.OUTPUTS, keydigest.DIGEST):
+                if (out / name / f"load_hour={t}").exists():
+                    shutil.copytree(out / name / f"load_hour={t}", out / name / f"load_hour={new}")
             rec = json.loads((commits_dir / f"load_hour={t}.json").read_text())
             rec.update(load_hour=new, partition_key=to_key(parse_key(new)), index_files=[])
             target.write_text(json.dumps(rec))
@@ -135,14 +187,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true", help="720 hours x 100,000 rows (a quiet machine)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--load-hours", type=int, default=8,
-                    help="hours also loaded without bloom filters, for their load cost")
+                    help="hours also loaded without the key digest, for its load cost")
     ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--replicate", type=int, default=1,
                     help="copy the loaded hours N-1 more times under later hours (a long history "
                          "without loading it)")
     ap.add_argument("--reuse", action="store_true",
-                    help="measure the history an earlier run loaded into --dir (no loads)")
+                    help="measure the history an earlier run loaded into --dir (no loads; "
+                         "digests rebuilt where missing)")
+    ap.add_argument("--key-in-copies", action="store_true",
+                    help="with --replicate: leave the key in every copy of its hours (by "
+                         "default its rows are removed from the copies, as a real history has "
+                         "a key in a few hours)")
     args = ap.parse_args(argv)
     hours, rows = (720, 100_000) if args.full else (args.hours, args.rows_per_hour)
     root = Path(args.dir or tempfile.mkdtemp(prefix="explain_bench_"))
@@ -151,36 +208,44 @@ def main(argv: list[str] | None = None) -> int:
         if not args.reuse:
             print(f"generating {hours} hours x {rows} rows in {root}", flush=True)
             generate_landing(root, hours=hours, rows_per_hour=rows, seed=7, start=start)
-        bloom = load_config(_config(root, "bloom")).datasets[0]
-        plain = load_config(_config(root, "plain")).datasets[0]
+        main_ds = load_config(_config(root, "bloom")).datasets[0]
+        no_digest = load_config(_config(root, "no_digest_loads")).datasets[0]
         spark = get_session(SparkSettings("local[2]", None, CONF))
         spark.sparkContext.setLogLevel("ERROR")
-        no_bloom = load_config(_config(root, "no_bloom_loads")).datasets[0]
-        keys = [to_key(parse_key(start) + i * HOUR) for i in range(hours)]
-        if args.reuse:  # a history an earlier run of this benchmark loaded into --dir
-            keys = []
+        keys = [] if args.reuse else [to_key(parse_key(start) + i * HOUR) for i in range(hours)]
         for i, k in enumerate(keys):
-            order = [("bloom", bloom), ("plain", no_bloom)] if i < args.load_hours else \
-                [("bloom", bloom)]
+            order = [("digest", main_ds), ("no digest", no_digest)] if i < args.load_hours else \
+                [("digest", main_ds)]
             if i % 2:
                 order.reverse()  # alternate who goes first (page cache, JIT)
             for label, ds in order:
-                outputs.BLOOM_FILTERS = label == "bloom"
+                keydigest.ENABLED = label == "digest"
                 load_hours(spark, ds, [k])
             if (i + 1) % 24 == 0 or i + 1 == hours:
                 print(f"  loaded {i + 1}/{hours} hours", flush=True)
-        outputs.BLOOM_FILTERS = True
-        loaded = sorted(committed_tags(Storage(bloom.output)))
-        key = _pick_key(bloom, loaded[:hours])  # among the loaded hours, not their copies
+        keydigest.ENABLED = True
+        loaded = sorted(committed_tags(Storage(main_ds.output)))
+        key = _pick_key(main_ds, loaded[:hours])  # among the loaded hours, not their copies
+        if args.reuse:  # a history loaded before digests: rebuild theirs, copy to the replicas
+            t0 = time.perf_counter()
+            _digests(spark, main_ds, hours)
+            print(f"digests written where missing in {time.perf_counter() - t0:.1f} s", flush=True)
+        elif args.replicate > 1:
+            _replicate(Path(main_ds.output), args.replicate)
         if args.replicate > 1:
-            _replicate(Path(bloom.output), args.replicate)
             hours *= args.replicate
-            print(f"history replicated to {hours} hours", flush=True)
-        _copy_without_bloom(Path(bloom.output), Path(plain.output))
-        print(f"key: event_id={key}", flush=True)
+            if args.key_in_copies:
+                print("the key is in every copy of its hours", flush=True)
+            else:
+                n = _only_in_loaded_hours(spark, main_ds, key, hours // args.replicate)
+                print(f"the key's rows removed from {n} copied hours (it is in the loaded "
+                      "hours only)", flush=True)
+        print(f"key: event_id={key}; {len(committed_tags(Storage(main_ds.output)))} committed "
+              "hours", flush=True)
+        jvm_conf = spark.sparkContext._jsc.hadoopConfiguration()  # noqa: SLF001
 
         def full_scan() -> int:
-            st = Storage(bloom.output)
+            st = Storage(main_ds.output)
             hist = committed_history(st, None, None)
             n = 0
             spark.conf.set("spark.sql.parquet.filterPushdown", "false")
@@ -196,21 +261,26 @@ def main(argv: list[str] | None = None) -> int:
                 spark.conf.set("spark.sql.parquet.filterPushdown", "true")
             return n
 
-        def no_pushdown() -> object:
-            spark.conf.set("spark.sql.parquet.filterPushdown", "false")
+        def without(digest: bool, bloom: bool) -> object:
+            explain.USE_DIGEST = digest
+            jvm_conf.set("parquet.filter.bloom.enabled", "true" if bloom else "false")
             try:
-                return explain_key(spark, bloom, {"event_id": key})
+                return explain_key(spark, main_ds, {"event_id": key})
             finally:
-                spark.conf.set("spark.sql.parquet.filterPushdown", "true")
+                explain.USE_DIGEST = True
+                jvm_conf.set("parquet.filter.bloom.enabled", "true")
 
         cases: dict[str, Callable[[], object]] = {
             "full scan (4 outputs)": full_scan,
-            "explain": lambda: explain_key(spark, bloom, {"event_id": key}),
-            "explain, no bloom": lambda: explain_key(spark, plain, {"event_id": key}),
-            "explain, no pushdown": no_pushdown,
+            "explain": lambda: explain_key(spark, main_ds, {"event_id": key}),
+            "explain, no key digest": lambda: without(False, True),
+            "explain, no digest, no bloom": lambda: without(False, False),
         }
-        ex = explain_key(spark, bloom, {"event_id": key})  # warm-up, and the story printed
+        ex = explain_key(spark, main_ds, {"event_id": key})  # warm-up, and the story printed
         print("\n".join(ex.lines()))
+        same = without(False, True)
+        assert [asdict(o) for o in same.occurrences] == [asdict(o) for o in ex.occurrences], \
+            "explain with and without the key digest differ"
         times: dict[str, list[float]] = {c: [] for c in cases}
         for _ in range(args.repeat):
             for name, f in cases.items():
@@ -220,19 +290,45 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{hours} hours x {rows} rows; medians of {args.repeat} interleaved rounds "
               "(warm session)")
         for c, m in med.items():
-            print(f"  {c:<24} {m:7.2f} s   {full / m:6.1f}x faster than the full scan"
-                  if c != "full scan (4 outputs)" else f"  {c:<24} {m:7.2f} s")
-        n = args.load_hours
-        lb, lp = (statistics.median(_load_seconds(d, n, "total")) for d in (bloom, no_bloom))
-        wb, wp = (statistics.median(_load_seconds(d, n, "write_outputs")) for d in (bloom, no_bloom))
-        typed = (outputs.UNIQUE, outputs.DUPLICATES, outputs.EXPIRED)
-        bb_part = _bytes(bloom, typed, args.load_hours)
-        bp_part = _bytes(no_bloom, typed, args.load_hours)
-        print(f"  load, median per hour over the first {args.load_hours} hours, alternating: "
-              f"with bloom filters {lb:.2f} s, without {lp:.2f} s ({100 * (lb / lp - 1):+.1f}%); "
-              f"its write_outputs stage {wb:.2f} s vs {wp:.2f} s")
-        print(f"  unique+duplicates+expired bytes of those hours: with bloom filters "
-              f"{bb_part:,}, without {bp_part:,} ({100 * (bb_part / bp_part - 1):+.1f}%)")
+            print(f"  {c:<30} {m:7.2f} s   {full / m:6.1f}x faster than the full scan"
+                  if c != "full scan (4 outputs)" else f"  {c:<30} {m:7.2f} s")
+        # where the time of one explain goes (each step alone, warm)
+        st = Storage(main_ds.output)
+        steps: dict[str, Callable[[], object]] = {}
+        hist = committed_history(st, None, None)
+        typed = {0: explain.type_keys(spark, main_ds, [{"event_id": key}])[0]}
+        steps["type the key (Spark)"] = lambda: explain.type_keys(spark, main_ds,
+                                                                  [{"event_id": key}])
+        steps["read the commit records"] = lambda: committed_history(st, None, None)
+        steps["index entries (Spark)"] = lambda: explain._index_entries(  # noqa: SLF001
+            spark, main_ds, st, typed, set(hist.all_committed))
+        steps["rejected lines (pyarrow)"] = lambda: explain._find_rejected(  # noqa: SLF001
+            spark, main_ds, st, hist, typed)
+        steps["digests + rows (Spark)"] = lambda: explain._find_rows(  # noqa: SLF001
+            spark, main_ds, st, hist, typed, {})
+        held = {t: p for t in hist.records if (p := keydigest.usable(st, t, hist.records[t]))}
+        steps["the digests alone (pyarrow)"] = lambda: keydigest.hours_holding(
+            st, held, [typed[0].h1])
+        print("  one explain, step by step:")
+        for name, f in steps.items():
+            t0 = time.perf_counter()
+            f()
+            print(f"    {name:<30} {time.perf_counter() - t0:6.2f} s")
+        print(f"    hours whose digest holds the key: "
+              f"{sorted(keydigest.hours_holding(st, held, [typed[0].h1])[typed[0].h1])}")
+        n = min(args.load_hours, len(loaded))
+        if n and not args.reuse:
+            ld, ln = (statistics.median(_load_seconds(d, n, "total")) for d in (main_ds, no_digest))
+            wd, wn = (statistics.median(_load_seconds(d, n, "write_outputs"))
+                      for d in (main_ds, no_digest))
+            print(f"  load, median per hour over the first {n} hours, alternating: with the key "
+                  f"digest {ld:.2f} s, without {ln:.2f} s ({100 * (ld / ln - 1):+.1f}%); its "
+                  f"write_outputs stage {wd:.2f} s vs {wn:.2f} s")
+        n = min(args.load_hours or len(loaded), len(loaded))
+        out_bytes = _bytes(main_ds, outputs.OUTPUTS, n)
+        dig_bytes = _bytes(main_ds, (keydigest.DIGEST,), n)
+        print(f"  bytes of the first {n} hours: four outputs {out_bytes:,}, key digest "
+              f"{dig_bytes:,} (+{100 * dig_bytes / out_bytes:.1f}%)")
     finally:
         if not args.keep and not args.dir:
             shutil.rmtree(root, ignore_errors=True)

@@ -48,6 +48,10 @@ def test_the_record_holds_every_figure_the_load_reports(spark: SparkSession,
                                 and f.size == Path(f.path).stat().st_size for f in r.inputs)
     assert [(r.rows_in, r.unique, r.duplicates, r.rejected) for r in results[1:]] == [
         (5, 2, 1, 1)] * 3
+    for r in results:  # the key digest it wrote, by name and size (engine/keydigest.py)
+        assert r.key_digest and all(
+            (Path(ds.output) / "_keys" / f"load_hour={r.load_hour}" / f.name).stat().st_size
+            == f.size for f in r.key_digest)
 
 
 def test_records_of_earlier_versions_read_and_keep_their_fields(tmp_path: Path) -> None:
@@ -68,7 +72,8 @@ def test_records_of_earlier_versions_read_and_keep_their_fields(tmp_path: Path) 
     st.write_json_atomic(commit_path(st, TAG), old)
     rec = read_commit(st, TAG)
     assert rec is not None
-    assert (rec.check_figures, rec.index_format, rec.output_files) == ({}, 1, None)
+    assert (rec.check_figures, rec.index_format, rec.output_files, rec.key_digest) == (
+        {}, 1, None, None)
     assert rec.index_files[0].rows is None and rec.index_files[0].sha256 is None
     assert rec.inputs is not None and rec.inputs[0].size == 10
     assert rec.inputs[0].sha256 is None  # inputs without a content hash (before 2026-11-27)

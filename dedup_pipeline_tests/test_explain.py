@@ -332,6 +332,60 @@ def test_outputs_carry_bloom_filters_on_the_key_columns(odd: Path) -> None:
         assert bloom == set(ds.key), (name, bloom)
 
 
+def test_key_digests_name_the_hours_of_a_key_and_a_lost_one_costs_only_time(
+        spark, odd: Path) -> None:
+    from dedup_pipeline.engine import commits, keydigest
+
+    ds = load_config(odd).datasets[0]
+    st = Storage(ds.output)
+    h0, h1 = "2026-11-01-00", "2026-11-01-01"
+    recs = {t: commits.read_commit(st, t) for t in (h0, h1)}
+    digests = {t: keydigest.usable(st, t, r) for t, r in recs.items()}
+    assert all(digests.values()), "every committed hour lists a usable key digest"
+    k1 = {"user_id": WEIRD, "n": "4711", "ts": "2026-11-01T00:15:00.5Z", "d": "2026-11-01"}
+    k2 = {"user_id": "日本", "n": "-1", "ts": "2026-11-01T00:00:00Z", "d": "1999-12-31"}
+    never = {"user_id": "x", "n": "1", "ts": "2026-11-01T00:00:00Z", "d": "2026-11-01"}
+    typed = explain.type_keys(spark, ds, [k1, k2, never])
+    held = keydigest.hours_holding(st, digests, [k.h1 for k in typed])
+    assert held == {typed[0].h1: {h0, h1}, typed[1].h1: {h1}, typed[2].h1: set()}
+
+    def story(key: dict) -> list[tuple[str, str, str]]:
+        return [(o.load_hour, o.output, o.rule) for o in explain.explain_key(spark, ds, key)
+                .occurrences]
+
+    before = {0: story(k1), 1: story(k2)}
+    assert before[1] == [(h1, "unique", "first_seen")]
+    # a flipped bit in a digest's page (its CRC catches it) and in the other's footer (the
+    # record's footer hash catches it), sizes unchanged: those hours are searched in their
+    # outputs instead; a lost digest likewise
+    import pyarrow.parquet as pq
+
+    [f0], [f1] = digests[h0], digests[h1]
+    chunk = pq.ParquetFile(f0).metadata.row_group(0).column(0)
+    for f, at in ((f0, chunk.data_page_offset + chunk.total_compressed_size - 1),
+                  (f1, Path(f1).stat().st_size - 20)):
+        data = bytearray(Path(f).read_bytes())
+        data[at] ^= 0x10
+        Path(f).write_bytes(bytes(data))
+    assert all(keydigest.usable(st, t, recs[t]) == digests[t] for t in (h0, h1))
+    unreadable: set[str] = set()
+    assert keydigest.hours_holding(st, digests, [typed[0].h1], unreadable) == {
+        typed[0].h1: set()}
+    assert unreadable == {h0, h1}
+    assert {0: story(k1), 1: story(k2)} == before
+    Path(f1).unlink()
+    assert keydigest.usable(st, h1, recs[h1]) is None
+    assert {0: story(k1), 1: story(k2)} == before
+    # rebuilt from the committed outputs: the same hours again
+    for t in (h0, h1):
+        commits.write_commit(st, keydigest.rebuild(spark, ds, st, recs[t]))
+    recs = {t: commits.read_commit(st, t) for t in (h0, h1)}
+    digests = {t: keydigest.usable(st, t, r) for t, r in recs.items()}
+    assert all(digests.values())
+    assert keydigest.hours_holding(st, digests, [k.h1 for k in typed]) == held
+    assert {0: story(k1), 1: story(k2)} == before
+
+
 def test_dagster_explain_job_shows_a_table(spark, odd: Path) -> None:
     from dedup_pipeline.defs.definitions import build_definitions
 

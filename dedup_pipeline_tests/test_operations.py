@@ -31,6 +31,7 @@ from dedup_pipeline.defs.names import (
 )
 from dedup_pipeline.defs.recovery import build_recovery_sensor, run_failure_summary
 from dedup_pipeline.defs.runner import run_range
+from dedup_pipeline.engine.explain import explain_key
 from dedup_pipeline.engine.index.health import IndexDamagedError, check_index
 from dedup_pipeline.engine.load import FAULT_ENV
 from dedup_pipeline.engine.storage import Storage
@@ -117,6 +118,7 @@ def test_checks_pass_on_a_clean_hour(spark, site) -> None:
 @pytest.mark.parametrize(("fault", "check"), [
     ("lose_row:unique", "conservation"),
     ("dup_row:unique", "unique_keys"),
+    ("stale_row:unique", "unique_keys"),
     ("lose_row:index", "index_agrees"),
 ])
 def test_blocking_check_failure_commits_nothing_and_stops_downstream(
@@ -149,6 +151,23 @@ def test_blocking_check_failure_commits_nothing_and_stops_downstream(
         # the hour is clean to rerun
         assert dg.materialize([load, report], partition_key=HOURS[1], instance=inst,
                               resources={"spark": defs.resources["spark"]}).success
+    if check == "conservation":  # counts: no key to name
+        assert "sample_keys" not in ev.metadata
+        return
+    # the keys that break the rule, and the command that explains the first (design.md, "Explaining a key")
+    sample = ev.metadata["sample_keys"].value
+    assert ev.metadata["explain"].value == (
+        "dedup-pipeline explain --config '<config file>' --dataset clicks "
+        f"--key event_id={sample[0]['event_id']}")
+    if fault == "stale_row:unique":  # a replay of hour 0 written as unique: a key hour 0 kept
+        assert len(sample) == 1 and sample[0]["event_id"] in {"e0-0", "e0-1"}
+        home = "2026-11-01-00"
+    else:  # a key of hour 1 twice in unique, or missing from the index
+        assert len(sample) == 1 and sample[0]["event_id"] in {f"e1-{i}" for i in range(4)}
+        home = "2026-11-01-01"
+    ex = explain_key(spark, ds, sample[0])
+    assert (home, "unique", "first_seen") in {(o.load_hour, o.output, o.rule)
+                                              for o in ex.occurrences}
 
 
 def test_warn_checks_flag_thresholds_without_failing(spark, tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.defs import checks, names, runs
-from dedup_pipeline.defs.explain import key_sampler
+from dedup_pipeline.defs.explain import key_sampler, sample_metadata
 from dedup_pipeline.defs.names import INDEX, RAW
 from dedup_pipeline.defs.partitions import hourly_partitions
 from dedup_pipeline.defs.resources import SparkResource
@@ -210,7 +210,9 @@ def _failed_check(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str,
     target = _latest_materialization(
         context.instance, names.asset_key(ds.name, CHECKS_ASSET[err.check]), pk)
     return checks.as_event(
-        ds, checks.Evaluation(err.check, False, {"error": str(err), **err.figures}), pk, target)
+        ds, checks.Evaluation(err.check, False, {"error": str(err), **err.figures,
+                                                 **sample_metadata(ds, err.sample_keys)}),
+        pk, target)
 
 
 def _restate(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str

@@ -97,10 +97,16 @@ def key_sampler(spark: Any, ds: DatasetConfig, partition_key: str
             keys = sample_keys(spark, ds, to_tag(parse_key(partition_key)), conflicts_only)
         except Exception as e:  # noqa: BLE001 - a sample is a convenience, never a failed load
             return {"sample_keys_error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-        if not keys:
-            return {}
-        config = os.environ.get("DEDUP_CONFIG", "<config file>")
-        return {"sample_keys": dg.MetadataValue.json(keys),
-                "explain": dg.MetadataValue.text(explain_command(ds, keys[0], config))}
+        return sample_metadata(ds, keys)
 
     return sample
+
+
+def sample_metadata(ds: DatasetConfig, keys: list[dict[str, str | None]]) -> dict[str, Any]:
+    """Check metadata for sample keys: the keys and the explain command for the first ({} for
+    none)."""
+    if not keys:
+        return {}
+    config = os.environ.get("DEDUP_CONFIG", "<config file>")
+    return {"sample_keys": dg.MetadataValue.json(keys),
+            "explain": dg.MetadataValue.text(explain_command(ds, keys[0], config))}

@@ -31,16 +31,22 @@ CONSERVATION, UNIQUE_KEYS, INDEX_AGREES = "conservation", "unique_keys", "index_
 
 
 class LoadCheckError(UserError, RuntimeError):
-    """A load's written files break a correctness rule; nothing was committed."""
+    """A load's written files break a correctness rule; nothing was committed.
+
+    `sample_keys`: up to 10 keys that break it (as `explain --key` texts), where the check can
+    name keys (unique_keys, index_agrees), read from the written files before they are removed.
+    """
 
     stage = "a blocking asset check"
     fix = ("the failing hour committed nothing; open the check's evaluation for its figures. This "
            "means a bug or corrupted files, not bad input: do not rerun blindly")
 
-    def __init__(self, check: str, message: str, figures: dict[str, Any]):
+    def __init__(self, check: str, message: str, figures: dict[str, Any],
+                 sample_keys: list[dict[str, str | None]] | None = None):
         super().__init__(message)
         self.check = check
         self.figures = figures
+        self.sample_keys = sample_keys or []
 
 
 @dataclass
@@ -119,16 +125,37 @@ def check_unique_and_index(
     fig.unique_in_live_index = in_live
     fig.index_rows = n
     fig.checksum = {"xor_h1": u["x1"], "xor_h2": u["x2"]}
+    # on a failure, the keys that break the rule (read only then, before the files are removed)
+    with_digests = uniq.select(*ds.key, h1.alias(H1), h2.alias(H2))
     if u["distinct"] != u["n"]:
+        twice = with_digests.groupBy(*ds.key).count().filter(F.col("count") > 1)
         raise LoadCheckError(UNIQUE_KEYS, f"{label}: unique holds {u['n']} rows but only "
                              f"{u['distinct']} distinct keys; nothing was committed",
-                             {"rows": u["n"], "distinct_keys": u["distinct"]})
+                             {"rows": u["n"], "distinct_keys": u["distinct"]},
+                             _samples(ds, twice))
     if in_live:
+        assert candidates is not None
+        known = F.broadcast(candidates.select(*keys).distinct())
         raise LoadCheckError(UNIQUE_KEYS, f"{label}: {in_live} unique key(s) are already in the "
                              "live index of earlier loads; nothing was committed",
-                             {"unique_in_live_index": in_live})
+                             {"unique_in_live_index": in_live},
+                             _samples(ds, with_digests.join(known, on=keys, how="left_semi")))
     if n != u["n"] or (x1, x2) != (u["x1"], u["x2"]):
+        missing = with_digests
+        if entries:
+            indexed = spark.read.parquet(*entries).select(H1, H2)
+            missing = with_digests.join(indexed, on=[H1, H2], how="left_anti")
         raise LoadCheckError(INDEX_AGREES, f"{label}: the index files of this load ({n} entries) "
                              f"do not match its unique rows ({u['n']}); nothing was committed",
-                             {"index_rows": n, "unique_rows": u["n"]})
+                             {"index_rows": n, "unique_rows": u["n"]}, _samples(ds, missing))
     return fig
+
+
+def _samples(ds: DatasetConfig, df: DataFrame) -> list[dict[str, str | None]]:
+    """Up to 10 keys of `df` for a failed check; a failure to read them never hides the check."""
+    from dedup_pipeline.engine.explain import key_texts  # explain reads commit records: no cycle
+
+    try:
+        return key_texts(ds, df)
+    except Exception:  # noqa: BLE001 - the check's own failure is what the user must see
+        return []

@@ -88,6 +88,22 @@ def rate(part: int, whole: int) -> float:
 
 
 @dataclass(frozen=True)
+class DigestFileEntry:
+    """One file of an hour's key digest (engine/keydigest.py): its pages carry CRCs, and the
+    SHA-256 of its footer covers the row-group statistics a lookup prunes by."""
+
+    name: str
+    size: int
+    footer_sha256: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "size": self.size}
+        if self.footer_sha256 is not None:
+            out["footer_sha256"] = self.footer_sha256
+        return out
+
+
+@dataclass(frozen=True)
 class CommitRecord:
     """Everything one load of an hour did and vouches for; also what `run_load` returns.
 
@@ -129,6 +145,8 @@ class CommitRecord:
     # the dataset contract version the hour was loaded under (engine/contract.py); None: loaded
     # before contracts were recorded
     contract_version: int | None = None
+    # the hour's key digest files (engine/keydigest.py); None: loaded before key digests
+    key_digest: tuple[DigestFileEntry, ...] | None = None
     # fields this version does not know (a newer version's, an operator's note): kept on rewrite
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -175,6 +193,8 @@ class CommitRecord:
                              for f in self.inputs]
         if self.output_files is not None:
             out["output_files"] = {k: [f.to_json() for f in v] for k, v in self.output_files.items()}
+        if self.key_digest is not None:
+            out["key_digest"] = [f.to_json() for f in self.key_digest]
         return out
 
     @classmethod
@@ -198,12 +218,16 @@ class CommitRecord:
             index_files=tuple(IndexFileEntry.from_json(f) for f in rec.get("index_files") or ()),
             output_files=None if files is None else {
                 k: tuple(OutputFileEntry(f["name"], f.get("size")) for f in v) for k, v in files.items()},
+            key_digest=None if rec.get("key_digest") is None else tuple(
+                DigestFileEntry(f["name"], f["size"], f.get("footer_sha256"))
+                for f in rec["key_digest"]),
             extra={k: v for k, v in rec.items() if k not in known},
         )
         return cls(**values)
 
 
-_OMIT_IF_NONE = {"committed_at", "index_checksum", "inputs", "output_files", "contract_version"}
+_OMIT_IF_NONE = {"committed_at", "index_checksum", "inputs", "output_files", "contract_version",
+                 "key_digest"}
 
 
 class RecordProblem(ValueError):
@@ -275,6 +299,11 @@ def validate_record(rec: Any, tag: str) -> str | None:
                                         and (x.get("size") is None or _is_count(x["size"]))
                                         for x in v) for v in outs.values()):
         return "field 'output_files' is malformed"
+    digest = rec.get("key_digest", [])
+    if not isinstance(digest, list) or not all(
+            isinstance(x, dict) and isinstance(x.get("name"), str) and _is_count(x.get("size"))
+            and isinstance(x.get("footer_sha256", ""), str) for x in digest):
+        return "field 'key_digest' is malformed"
     inputs = rec.get("inputs", [])
     if not isinstance(inputs, list) or not all(
             isinstance(f, dict) and isinstance(f.get("path"), str) and _is_count(f.get("size"))

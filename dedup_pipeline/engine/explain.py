@@ -14,11 +14,14 @@ running the rules again.
   value of the key (as given, or JSON- / CSV-escaped).
 - The index state is the entries of committed loads with the key's digest.
 
-Speed (a point lookup must not scan every output row): the outputs are read in two passes, first
-only the key columns (Parquet column pruning; the equality is pushed down to row-group statistics
-and, where the load wrote them, bloom filters), then whole rows of only the hours that hold the
-key. Without expiry, a key with an index entry has no unique, duplicate or expired row before that
-entry's load (its first record would have been unique), so those outputs are read from that hour on.
+Speed (a point lookup must not scan every output row): each committed hour's key digest
+(`engine/keydigest.py`, listed in its commit record) names the hours that can hold the key, so
+whole rows are read of only those hours (one Spark job; bloom filters and row-group statistics
+prune within them). An hour without a usable digest is searched in two passes as before: its key
+columns first, then rows. Rejected `_raw` lines are read by pyarrow. Without expiry, a key with an
+index entry has no unique, duplicate or expired row before that entry's load (its first record
+would have been unique), so those outputs are read from that hour on. Every output file is read
+in `_read` (Spark) or `_arrow_read` (pyarrow), nowhere else.
 """
 
 from __future__ import annotations
@@ -30,12 +33,15 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits
+from dedup_pipeline.engine import commits, keydigest
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns
 from dedup_pipeline.engine.index import layout, live, store
 from dedup_pipeline.engine.index.health import check_index
@@ -360,6 +366,21 @@ def output_files(st: Storage, name: str, tag: str, rec: commits.CommitRecord) ->
         else []
 
 
+def _local_files(st: Storage, name: str, tag: str, rec: commits.CommitRecord) -> list[str]:
+    """`output_files` as paths of the storage's own file system (for pyarrow)."""
+    if rec.output_files is not None:
+        return [st.path(*partition(name, tag), f.name) for f in rec.output_files.get(name, ())]
+    return st.list_files(st.path(*partition(name, tag)), ".parquet")
+
+
+def _arrow_read(st: Storage, path: str, cols: list[str]) -> pa.Table:
+    """Columns of one committed output file, read by pyarrow (the rejected lines)."""
+    if st.local:  # pyarrow's own file I/O: no Python file layer
+        return pq.read_table(path, columns=cols, use_threads=False)
+    with st.fs.open(path, "rb") as fh:  # one file per thread of the caller's pool
+        return pq.read_table(fh, columns=cols, use_threads=False)
+
+
 def _schema(ds: DatasetConfig, name: str) -> T.StructType:
     return T.StructType([*[T.StructField(c, SPARK_TYPES[t]) for c, t in columns(ds, name)],
                          T.StructField(LOAD_HOUR, T.StringType())])
@@ -409,6 +430,9 @@ def _from_canonical(col: Column, typ: str) -> Column:
     return col
 
 
+# Consult the hours' key digests (the benchmark turns it off to measure what it buys).
+USE_DIGEST = True
+
 # Up to this many keys are also given to the Parquet reader as literals (pushed down); more (a
 # test explaining every key of a corpus) only join, as one expression per key would grow the plan.
 PUSHDOWN_KEYS = 32
@@ -449,7 +473,19 @@ def _find_rows(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: Histor
         return found
     lo = min(since.get(i, "") for i in keys)
     hours = [t for t in hist.records if t >= lo]
-    # pass 1: only the key columns of every hour's files, to learn which hours hold the keys
+    where: dict[str, set[str]] = {}
+    # pass 0: the hours' key digests name the hours that can hold the keys (engine/keydigest.py)
+    digests = {t: paths for t in hours
+               if (paths := keydigest.usable(st, t, hist.records[t]))} if USE_DIGEST else {}
+    if digests:
+        unreadable: set[str] = set()
+        held = keydigest.hours_holding(st, digests, [k.h1 for k in keys.values()
+                                                     if k.h1 is not None], unreadable)
+        tags = set().union(*held.values())
+        for name in (UNIQUE, DUPLICATES, EXPIRED):
+            where[name] = set(tags)
+        hours = [t for t in hours if t not in digests or t in unreadable]
+    # pass 1: only the key columns of every other hour's files, to learn which hours hold them
     probes = []
     for name in (UNIQUE, DUPLICATES, EXPIRED):
         files = [f for t in hours for f in output_files(st, name, t, hist.records[t])]
@@ -457,18 +493,18 @@ def _find_rows(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: Histor
             probes.append(_match(spark, ds, _read(spark, ds, st, name, files)
                                  .select(*ds.key, LOAD_HOUR), keys)
                           .select(F.lit(name).alias("_name"), LOAD_HOUR))
-    if not probes:
-        return found
-    union = probes[0]
-    for p in probes[1:]:
-        union = union.unionByName(p)
-    where: dict[str, set[str]] = {}
-    for r in union.collect():
-        where.setdefault(r["_name"], set()).add(r[LOAD_HOUR])
+    if probes:
+        union = probes[0]
+        for p in probes[1:]:
+            union = union.unionByName(p)
+        for r in union.collect():
+            where.setdefault(r["_name"], set()).add(r[LOAD_HOUR])
     # pass 2: whole rows of only the hours that hold them, every output in one job
     parts = []
     for name, tags in sorted(where.items()):
         files = [f for t in sorted(tags) for f in output_files(st, name, t, hist.records[t])]
+        if not files:
+            continue
         parts.append(_match(spark, ds, _read(spark, ds, st, name, files), keys)
                      .select(F.lit(name).alias("_name"), *_row_select(ds, name)))
     if not parts:  # the key is in none of the hours searched
@@ -486,21 +522,34 @@ def _find_rows(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: Histor
 
 def _find_rejected(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: History,
                    keys: dict[int, Key]) -> dict[int, list[dict]]:
+    """Rejected rows whose `_raw` holds every non-null key value. Only the small `_raw` column of
+    each hour is read, by pyarrow in parallel (a Spark job over every hour's file costs seconds
+    of per-file planning on a long history)."""
     found: dict[int, list[dict]] = {i: [] for i in keys}
     needles = {i: k.needles() for i, k in keys.items()}
     flat = sorted({n for ns in needles.values() for group in ns for n in group})
-    files = [f for t in hist.records for f in output_files(st, REJECTED, t, hist.records[t])]
+    files = [(t, f) for t in hist.records for f in _local_files(st, REJECTED, t, hist.records[t])]
     if not files or not flat:
         return found
-    df = _read(spark, ds, st, REJECTED, files)
-    hit = F.exists(F.array(*[F.lit(n) for n in flat]), lambda n: F.col(RAW).contains(n))
-    rows = df.filter(F.col(RAW).isNotNull() & hit) \
-        .select(LOAD_HOUR, SOURCE_FILE, REASON, RAW).collect()
+
+    def scan(item: tuple[str, str]) -> list[dict]:
+        tag, path = item
+        table = _arrow_read(st, path, [SOURCE_FILE, REASON, RAW])
+        raw = table.column(RAW)
+        hit = None
+        for n in flat:
+            m = pc.match_substring(raw, n)
+            hit = m if hit is None else pc.or_(hit, m)
+        rows = table.filter(pc.fill_null(hit, False)).to_pylist()
+        return [{LOAD_HOUR: tag, **r} for r in rows]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        rows = [r for part in pool.map(scan, files) for r in part]
     for r in rows:
         raw = r[RAW]
         for i, groups in needles.items():
             if groups and all(any(n in raw for n in g) for g in groups):
-                found[i].append(r.asDict())
+                found[i].append(r)
     return found
 
 
@@ -848,10 +897,15 @@ def sample_keys(spark: SparkSession, ds: DatasetConfig, tag: str, conflicts_only
     df = _read(spark, ds, st, DUPLICATES, files)
     if conflicts_only:
         df = df.filter(F.col(KIND) == F.lit("conflict"))
+    return key_texts(ds, df, limit)
+
+
+def key_texts(ds: DatasetConfig, df: DataFrame, limit: int = 10) -> list[dict[str, str | None]]:
+    """Up to `limit` distinct keys of `df` (smallest first), as `--key` texts (None: null)."""
     schema = ds.source.schema
     rows = (df.select(*[_canonical(F.col(k), schema[k]).alias(k) for k in ds.key])
             .distinct().orderBy(*ds.key).limit(limit).collect())
-    return [{k: _key_text(ds, k, r[k]) for k in ds.key} for r in rows]
+    return [{k: None if r[k] is None else _key_text(ds, k, r[k]) for k in ds.key} for r in rows]
 
 
 def _key_text(ds: DatasetConfig, col: str, value: Any) -> str:

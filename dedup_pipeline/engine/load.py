@@ -38,7 +38,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import checks, commits, contract
+from dedup_pipeline.engine import checks, commits, contract, keydigest
 from dedup_pipeline.engine.classify import candidates, classify
 from dedup_pipeline.engine.commits import (
     CommitRecord,
@@ -115,12 +115,15 @@ def _fault(point: str) -> None:
         os._exit(137)
 
 
-def _sabotage(df: DataFrame, what: str) -> DataFrame:
-    """Fault injection for the check tests: lose one row, or swap one for a copy of another."""
+def _sabotage(df: DataFrame, what: str, stale: DataFrame | None = None) -> DataFrame:
+    """Fault injection for the check tests: lose one row, swap one for a copy of another, or
+    (`stale_row`) swap one for a row of `stale` (a duplicate of a key an earlier load kept)."""
     fault = os.environ.get(FAULT_ENV, "")
-    if fault not in (f"lose_row:{what}", f"dup_row:{what}"):
+    if fault not in (f"lose_row:{what}", f"dup_row:{what}", f"stale_row:{what}"):
         return df
     n = df.count()
+    if fault == f"stale_row:{what}" and stale is not None and n > 0:
+        return df.limit(n - 1).unionByName(stale.select(*df.columns).limit(1))
     if fault == f"lose_row:{what}" and n > 0:
         return df.limit(n - 1)
     if fault == f"dup_row:{what}" and n > 1:
@@ -192,6 +195,7 @@ def _forget_outputs(st: Storage, tag: str) -> None:
     """Remove everything an uncommitted attempt of `tag` wrote (after a failed check)."""
     for name in OUTPUTS:
         st.remove(st.path(*partition(name, tag)))
+    st.remove(st.path(*keydigest.parts(tag)))
     store.clear_load(st, tag)
 
 
@@ -254,6 +258,7 @@ class Written:
 
     out_files: dict[str, list[str]]  # per output: the Parquet files its partition holds
     staged: str
+    digest: tuple[commits.OutputFileEntry, ...] | None = None  # the key digest's files
 
 
 @dataclass(frozen=True)
@@ -398,26 +403,39 @@ def write(ds: DatasetConfig, p: Prepared, c: Classified) -> Written:
 
     def write_output(name: str) -> str:
         tmp = f"{run_tmp}/{name}"
-        out_df = _sabotage(select_output(c.frame, ds, name), name)
+        out_df = _sabotage(select_output(c.frame, ds, name), name,
+                           select_output(c.frame, ds, DUPLICATES) if name == UNIQUE else None)
         (out_df.coalesce(n_files).write.mode("overwrite")
          .option("maxRecordsPerFile", ROWS_PER_FILE)
          .options(**write_options(ds, name, p.batch.rows_in))
          .parquet(st.to_uri(tmp)))
         return tmp
 
+    def write_digest() -> str:  # the key digest of the typed outputs (engine/keydigest.py)
+        tmp = f"{run_tmp}/{keydigest.DIGEST}"
+        keydigest.write_digest(c.frame.filter(F.col(OUT) != REJECTED), st.to_uri(tmp))
+        return tmp
+
     entries = _sabotage(c.frame.filter(F.col(OUT) == UNIQUE), "index")
-    with ThreadPoolExecutor(max_workers=len(OUTPUTS) + 1) as pool:
+    with ThreadPoolExecutor(max_workers=len(OUTPUTS) + 2) as pool:
         written = {name: pool.submit(write_output, name) for name in OUTPUTS}
         staging = pool.submit(store.stage_entries, ds, st, entries, tag, n_files)
+        digesting = pool.submit(write_digest) if keydigest.ENABLED else None
         for name in OUTPUTS:
             target = st.path(*partition(name, tag))
             st.replace_dir(written[name].result(), target)
             out_files[name] = st.list_files(target, ".parquet")
             _fault(f"after_output:{name}")
+        digest = None
+        if digesting is not None:
+            st.replace_dir(digesting.result(), st.path(*keydigest.parts(tag)))
+            digest = keydigest.entries(st, tag)
+        elif st.exists(st.path(*keydigest.parts(tag))):  # an earlier attempt's: not this load's
+            st.remove(st.path(*keydigest.parts(tag)))
         staged = staging.result()
     st.remove(run_tmp)
     _fault("after_outputs")
-    return Written(out_files, staged)
+    return Written(out_files, staged, digest)
 
 
 def verify_written(spark: SparkSession, ds: DatasetConfig, p: Prepared, c: Classified,
@@ -445,6 +463,8 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
     st, tag = p.st, p.tag
     for name in OUTPUTS:
         st.sync_tree(st.path(*partition(name, tag)))
+    if w.digest is not None:
+        st.sync_tree(st.path(*keydigest.parts(tag)))
     for n in v.slices:
         st.sync_tree(st.path(layout.INDEX, layout.load_rel(n, tag)))
     record = CommitRecord(
@@ -478,6 +498,7 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
         output_files={name: tuple(OutputFileEntry(p_.rsplit("/", 1)[1], int(st.fs.info(p_)["size"]))
                                   for p_ in files) for name, files in w.out_files.items()},
         contract_version=p.contract.version,
+        key_digest=w.digest,
     )
     contract.record(st, p.contract)  # a new version first: the record names it
     _fault("after_contract")

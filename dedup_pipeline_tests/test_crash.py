@@ -24,7 +24,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
-import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
@@ -33,6 +32,7 @@ from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline_tests.conftest import (
     CLICKS_SCHEMA,
     dataset_raw,
+    output_table,
     pipeline_config,
     source_raw,
     write_hour,
@@ -89,8 +89,8 @@ def snapshot(ds: DatasetConfig) -> dict[str, Any]:
     root = Path(ds.output)
     for name in OUTPUTS:
         for tag in TAGS:
-            p = root / name / f"load_hour={tag}"
-            out[f"{name}/{tag}"] = _rows(pq.read_table(p)) if p.exists() else None
+            t = output_table(ds, name, tag)
+            out[f"{name}/{tag}"] = _rows(t) if t is not None else None
     # the index as any reader sees it: hidden and _-prefixed paths (staging) are not part of it
     idx = pads.dataset(root / "index", format="parquet", partitioning="hive").to_table()
     out["index"] = _rows(idx)

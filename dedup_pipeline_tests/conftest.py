@@ -169,3 +169,30 @@ def output_table(ds: DatasetConfig, output: str, tag: str) -> Any:
         files = [f for f in DeltaTable(str(table)).file_uris() if f.startswith(f"{part}/")]
         return pq.read_table(files) if files else None
     return pq.read_table(part) if part.exists() else None
+
+
+def table_readers(ds: DatasetConfig, output: str, column: str) -> dict[str, Any]:
+    """The values of `column` (with `load_hour`) that each reader of output `output` sees, as a
+    Counter of (load_hour, value): deltalake/pyarrow, DuckDB over the table's Arrow dataset, Polars
+    (its own Delta reader), and a plain Hive-partitioned directory read (pyarrow.dataset)."""
+    from collections import Counter
+
+    import duckdb
+    import polars as pl
+    import pyarrow.dataset as pads
+    from deltalake import DeltaTable
+
+    uri = str(Path(ds.output) / output)
+    dt = DeltaTable(uri)
+    arrow = dt.to_pyarrow_table(columns=["load_hour", column]).to_pylist()
+    data = dt.to_pyarrow_dataset()  # noqa: F841 - DuckDB reads it by its variable name
+    duck = duckdb.sql(f'select load_hour, "{column}" from data').fetchall()
+    polars = pl.read_delta(uri).select("load_hour", column).rows()
+    plain = pads.dataset(uri, format="parquet", partitioning="hive",
+                         exclude_invalid_files=True).to_table(columns=["load_hour", column])
+    return {
+        "deltalake": Counter((r["load_hour"], r[column]) for r in arrow),
+        "duckdb": Counter(tuple(r) for r in duck),
+        "polars": Counter(tuple(r) for r in polars),
+        "directory": Counter((str(r["load_hour"]), r[column]) for r in plain.to_pylist()),
+    }

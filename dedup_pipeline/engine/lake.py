@@ -209,25 +209,29 @@ def record_files(st: Storage, name: str, rec: commits.CommitRecord | None) -> di
 
 def publish_hour(st: Storage, ds: DatasetConfig, name: str, tag: str,
                  rec: commits.CommitRecord | None, dt: DeltaTable | None = None,
-                 have: dict[str, int] | None = None) -> Published:
+                 have: dict[str, int] | None = None, trust_token: bool = True) -> Published:
     """Make table `name` hold exactly the files `rec` lists for hour `tag` (none without a record),
-    in one Delta commit carrying the hour's token; no commit if the token is current or the files
-    already agree (a token that lags is then committed alone, so the next check is O(1))."""
+    in one Delta commit carrying the hour's token; no commit if the token is current
+    (`trust_token`; `verify --repair` compares the files regardless) or the files already agree
+    (a token that lags is then committed alone, so the next check is O(1))."""
     uri = table_uri(st, name)
     if dt is None:
         dt = open_table(st, name)
     token = record_token(rec) if rec is not None else None
     current = dt.transaction_version(app_id(tag)) if dt is not None else None
-    if dt is not None and token is not None and current == token:
+    if dt is not None and token is not None and current == token and trust_token:
         return Published(name, uri, dt.version(), len(record_files(st, name, rec)), False)
     if have is None:
         have = files_by_hour(dt).get(tag, {}) if dt is not None else {}
     want = record_files(st, name, rec)
-    if rec is None and not have:
-        return Published(name, uri, dt.version() if dt is not None else -1, 0, False)
-    # the token only goes up: a record with a lower one (a clock set back) commits above it
+    agree = set(want) == set(have)
+    if (rec is None and not have) or (
+            agree and dt is not None and current is not None and token is not None
+            and current >= token):
+        return Published(name, uri, dt.version() if dt is not None else -1, len(want), False)
+    # the token never goes down: a record with a lower one (a clock set back) commits above it
     version = token if token is not None else 0
-    if current is not None and version <= current:
+    if current is not None and version < current:
         version = current + 1
     target = arrow_schema(ds, name)
     schema = _evolve(dt, target) if dt is not None else target
@@ -289,9 +293,12 @@ def tables_missing(st: Storage) -> list[str]:
 
 
 def roll_forward(st: Storage, ds: DatasetConfig, tags: Iterable[str] | None = None,
-                 say: Say | None = None) -> list[tuple[str, Published]]:
+                 say: Say | None = None, *, trust_tokens: bool = True,
+                 ) -> list[tuple[str, Published]]:
     """Bring every table to the commit records for `tags` (None: every hour a record or a table
-    has); returns the (hour, table) commits made. Pending marks of the hours done are removed."""
+    has); returns the (hour, table) commits made. Pending marks of the hours done are removed.
+    `trust_tokens=False` compares every hour's files even where its token is current (a table
+    changed behind the product's back: `verify --repair`)."""
     say = say or (lambda _m: None)
     tables = {n: open_table(st, n) for n in OUTPUTS}
     held = {n: files_by_hour(dt) if dt is not None else {} for n, dt in tables.items()}
@@ -305,7 +312,8 @@ def roll_forward(st: Storage, ds: DatasetConfig, tags: Iterable[str] | None = No
             say(f"{ds.name} {key_of(tag)}: tables not rolled forward: {e}")
             continue  # stays pending: the record's own problem is reported where it is read
         for name in OUTPUTS:
-            pub = publish_hour(st, ds, name, tag, rec, tables[name], held[name].get(tag, {}))
+            pub = publish_hour(st, ds, name, tag, rec, tables[name], held[name].get(tag, {}),
+                               trust_tokens)
             if pub.committed:
                 if tables[name] is None:
                     tables[name] = open_table(st, name)

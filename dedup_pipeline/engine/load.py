@@ -278,6 +278,8 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     check_landing_root(ds)
     st = Storage(ds.output)
     first = check_index(st, ds)  # O(live): the records' summary, not every record
+    # the tables first catch up with the records (a publish a crash cut short)
+    lake.repair_pending(st, ds, say)
     assert first.state is not None
     # the dataset contract, before anything is written: a breaking config change stops here
     verdict = contract.check(st, ds, partition_key, first.state.committed)
@@ -286,9 +288,7 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     watch = RecordsWatch(st, ensure_healthy(spark, ds, st, say, rerun=tag, damage=first))
     commits.check_later_hours(ds, hour, first.state.committed, run_tags | {tag},
                               set(first.bad_records))
-    # the tables first catch up with the records (a publish a crash cut short); a rerun's hour is
-    # then marked: its tables keep the old record's files until the new one is published
-    lake.repair_pending(st, ds, say)
+    # a rerun's hour is marked: its tables keep the old record's files until the new publish
     if tag in first.state.committed:
         lake.mark_pending(st, ds, tag)
     health = _forget_attempt(spark, ds, st, tag, watch, say)

@@ -230,3 +230,21 @@ def test_parquet_format_keeps_plain_directories(spark: SparkSession, base: dict[
     assert not (tmp_path / "plain" / "unique" / "_delta_log").exists()
     got = pq.read_table(tmp_path / "plain" / "unique" / f"load_hour={T0}").column("rid").to_pylist()
     assert Counter(got) == Counter({"a": 1, "b": 1})
+
+
+def test_the_upkeep_job_checkpoints_every_table_under_the_lock(base: dict[str, Any]) -> None:
+    import dagster as dg
+
+    from dedup_pipeline.defs.upkeep import build_upkeep
+
+    ds = _copy(base, "upkeep")
+    job, schedule = build_upkeep(ds)
+    assert schedule.cron_schedule == "15 3 * * *"
+    with dg.instance_for_test() as inst:
+        res = job.execute_in_process(instance=inst, run_config={"ops": {
+            "clicks_vacuum_tables": {"config": {"retention_hours": 1}}}})
+    assert res.success
+    for name in OUTPUTS:
+        assert list((Path(ds.output) / name / "_delta_log").glob("*.checkpoint.parquet")), name
+    assert not (Path(ds.output) / "_lock").exists()
+    assert _rids(ds, "unique")["deltalake"] == UNIQUE

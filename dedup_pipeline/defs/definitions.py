@@ -20,6 +20,7 @@ from dedup_pipeline.defs.recovery import (
 from dedup_pipeline.defs.resources import SparkResource
 from dedup_pipeline.defs.schedules import build_hourly_schedule, build_reconcile_schedule
 from dedup_pipeline.defs.sensors import build_landing_sensor
+from dedup_pipeline.defs.upkeep import build_upkeep
 
 # A sensor that targets asset jobs (the landing sensor: load job and input-check job) is rebuilt
 # when the Definitions resolve, and Dagster 1.13 then passes `owners` itself and warns that the
@@ -47,6 +48,10 @@ def build_definitions(cfg: PipelineConfig) -> dg.Definitions:
         sensors.append(build_landing_sensor(ds, d.job))
         schedules += [build_hourly_schedule(ds, d.job), build_reconcile_schedule(ds, d.job.name)]
         asset_checks.append(build_input_check(ds))
+        if ds.output_format == "delta":
+            upkeep, upkeep_schedule = build_upkeep(ds)
+            jobs.append(upkeep)
+            schedules.append(upkeep_schedule)
     return dg.Definitions(
         assets=assets,
         jobs=jobs,

@@ -197,6 +197,9 @@ def _forget_outputs(st: Storage, tag: str, files: dict[str, list[str]] | None = 
         else:
             for f in files.get(name, []):
                 st.remove(f)
+            part = st.path(*partition(name, tag))
+            if not st.list_names(part):  # no earlier version's files: no partition either
+                st.remove(part)
     store.clear_load(st, tag)
 
 

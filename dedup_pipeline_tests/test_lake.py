@@ -248,3 +248,20 @@ def test_the_upkeep_job_checkpoints_every_table_under_the_lock(base: dict[str, A
         assert list((Path(ds.output) / name / "_delta_log").glob("*.checkpoint.parquet")), name
     assert not (Path(ds.output) / "_lock").exists()
     assert _rids(ds, "unique")["deltalake"] == UNIQUE
+
+
+def test_vacuum_command_refuses_a_retention_below_one_hour_and_checkpoints(
+        base: dict[str, Any]) -> None:
+    from click.testing import CliRunner
+
+    from dedup_pipeline.cli import main
+
+    ds = _copy(base, "vacuum_cli")
+    cfg = str(base["root"] / "vacuum_cli.yaml")
+    r = CliRunner().invoke(main, ["vacuum", "--config", cfg, "--retention-hours", "0"])
+    assert r.exit_code == 2 and "0 is not in the range x>=1" in r.output
+    r = CliRunner().invoke(main, ["vacuum", "--config", cfg])
+    assert r.exit_code == 0, r.output
+    for name in OUTPUTS:
+        assert f"clicks: {name}: 0 replaced file(s) deleted, checkpoint at version" in r.output
+    assert _rids(ds, "unique")["deltalake"] == UNIQUE

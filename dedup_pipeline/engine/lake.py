@@ -40,6 +40,7 @@ from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import (
     AddAction,
     CommitProperties,
+    PostCommitHookProperties,
     RemoveAction,
     Transaction,
     create_table_with_add_actions,
@@ -57,6 +58,9 @@ APP = "dedup_pipeline"
 DELTA_LOG = "_delta_log"
 MIN_RETENTION_HOURS = 1  # a vacuum never deletes a file removed from a table less than this ago
 DEFAULT_RETENTION_HOURS = 24
+# After each commit delta-rs writes a checkpoint every 100 commits (kept: opens stay fast) and, by
+# default, lists the whole log to delete expired entries (dropped: `vacuum` does it, on schedule)
+_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 FAULT_ENV = "DEDUP_FAULT"
 
 Say = Callable[[str], None]
@@ -98,6 +102,9 @@ def app_id(tag: str) -> str:
 def table_uri(st: Storage, name: str) -> str:
     """The URI delta-rs opens for output `name` (``s3a://`` is Hadoop's spelling of ``s3://``)."""
     uri = st.to_uri(st.path(name))
+    if uri.startswith("memory://"):
+        raise LakeError(f"{uri}: delta-rs cannot open fsspec's memory:// file system; set "
+                        "output_format: parquet for an in-memory output")
     return "s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri
 
 
@@ -215,6 +222,7 @@ def publish_hour(st: Storage, ds: DatasetConfig, name: str, tag: str,
     (`trust_token`; `verify --repair` compares the files regardless) or the files already agree
     (a token that lags is then committed alone, so the next check is O(1))."""
     uri = table_uri(st, name)
+    reused = dt is not None  # the caller's table object: kept current after a commit
     if dt is None:
         dt = open_table(st, name)
     token = record_token(rec) if rec is not None else None
@@ -251,13 +259,18 @@ def publish_hour(st: Storage, ds: DatasetConfig, name: str, tag: str,
                              custom_metadata={"dedup_pipeline.load_hour": key_of(tag)})
     if dt is None:
         create_table_with_add_actions(uri, Schema.from_arrow(schema), adds, mode="error",
-                                      partition_by=[PART], commit_properties=props)
-        dt = DeltaTable(uri)
-    else:
-        dt.create_write_transaction([*removes, *adds], "append", Schema.from_arrow(schema),
-                                    partition_by=[PART], commit_properties=props)
+                                      partition_by=[PART], commit_properties=props,
+                                      post_commithook_properties=_HOOKS)
+        return Published(name, uri, 0, len(want), True)
+    before = dt.version()
+    dt.create_write_transaction([*removes, *adds], "append", Schema.from_arrow(schema),
+                                partition_by=[PART], commit_properties=props,
+                                post_commithook_properties=_HOOKS)
+    if reused:
         dt.update_incremental()
-    return Published(name, uri, dt.version(), len(want), True)
+        return Published(name, uri, dt.version(), len(want), True)
+    # one writer per dataset (the lock): the commit is the version after the one it read
+    return Published(name, uri, before + 1, len(want), True)
 
 
 def _mark(st: Storage, tag: str) -> None:
@@ -311,9 +324,13 @@ def roll_forward(st: Storage, ds: DatasetConfig, tags: Iterable[str] | None = No
         except commits.CommitRecordError as e:
             say(f"{ds.name} {key_of(tag)}: tables not rolled forward: {e}")
             continue  # stays pending: the record's own problem is reported where it is read
-        for name in OUTPUTS:
-            pub = publish_hour(st, ds, name, tag, rec, tables[name], held[name].get(tag, {}),
-                               trust_tokens)
+        try:
+            pubs = [publish_hour(st, ds, name, tag, rec, tables[name], held[name].get(tag, {}),
+                                 trust_tokens) for name in OUTPUTS]
+        except LakeError as e:  # stays pending; a rerun of the hour writes files that publish
+            say(f"{ds.name} {key_of(tag)}: tables not rolled forward: {e}")
+            continue
+        for name, pub in zip(OUTPUTS, pubs, strict=True):
             if pub.committed:
                 if tables[name] is None:
                     tables[name] = open_table(st, name)

@@ -8,11 +8,14 @@
     parsed once (cached) and rows in and the batch's max expiry value are taken in one pass;
  2. `classify_batch`: L_H, X_H; only the live index slices of committed loads before H are read;
     the batch is classified (cached), all counts in one pass;
- 3. `write`: each output partition is written to a temp dir and swapped in atomically; the index
+ 3. `write`: each output partition is written to a temp dir and swapped in atomically (with Delta
+    tables: its files are moved in beside the files a table version may still list); the index
     entries are staged;
  4. `verify_written`: conservation on the written footers, then the staged entries are moved in
     place, then unique keys and index agreement on the written files (SPEC D4);
- 5. `commit`: the commit record is written (atomic rename) - only now is H loaded;
+ 5. `commit`: the commit record is written (atomic rename) - only now is H loaded; then
+    `publish`: one Delta commit per output table (engine/lake.py; rolled forward by the next load
+    if a crash cuts it short);
  6. `housekeep`: retention deletes index slices below X_{H - lag}; compaction merges slices'
     per-load directories (neither changes any later result); the record is rewritten with their
     figures.

@@ -378,6 +378,13 @@ def drop_unpublished(st: Storage, ds: DatasetConfig, tag: str) -> int:
     return gone
 
 
+def replaced_files(st: Storage, name: str) -> set[str]:
+    """Files (relative to the table) a table version removed that `vacuum` has not deleted yet:
+    the files of a rerun hour's previous version, which readers of older versions still read."""
+    dt = open_table(st, name)
+    return (_tombstones(dt) or set()) if dt is not None else set()
+
+
 def _tombstones(dt: DeltaTable) -> set[str] | None:
     """Files removed from the table that a vacuum has not deleted yet (older versions read them);
     None if they cannot be listed (then nothing is deleted)."""

@@ -138,12 +138,12 @@ def _hour(tag: str) -> str:
 
 
 def _scan(st: Storage, name: str, rep: VerifyReport,
-          records: dict[str, commits.CommitRecord | None], beside: bool = False) -> _Output:
+          records: dict[str, commits.CommitRecord | None],
+          replaced: frozenset[str] = frozenset()) -> _Output:
     """List an output directory file by file; report what no load writes; read the footers.
 
-    `beside` (Delta tables): a file the hour's record does not list is a replaced version a table
-    version may still read (removed by `vacuum`) or the leftover of a crashed attempt (removed by
-    the hour's next load); no reader of the table sees it, so it is skipped, not a violation."""
+    `replaced` (Delta tables): files (relative to the output) a rerun's table commit removed,
+    kept for readers of older table versions until `vacuum`: skipped, not violations."""
     out = _Output()
     base = st.path(name)
     try:
@@ -174,7 +174,7 @@ def _scan(st: Storage, name: str, rep: VerifyReport,
                                       "partition (no load writes it; remove it)")
                 rep.bad_hours.add(tag)
                 continue
-            if listed is not None and fname not in listed and beside:
+            if listed is not None and fname not in listed and f"{entry}/{fname}" in replaced:
                 continue
             if listed is not None and fname not in listed:
                 rep.violations.append(f"{_hour(tag)}: {where} is not among the files the hour's "
@@ -309,7 +309,8 @@ def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
     hist = contract.read_history(st, committed[-1] if committed else None)
     records = _check_records(st, ds, rep, committed)
     ds_of = _contract_terms(ds, hist, records, rep)
-    scans = {name: _scan(st, name, rep, records, lake.enabled(ds)) for name in OUTPUTS}
+    scans = {name: _scan(st, name, rep, records, frozenset(lake.replaced_files(st, name))
+                         if lake.enabled(ds) else frozenset()) for name in OUTPUTS}
     _check_index(st, ds, rep)
     if lake.enabled(ds):  # each table's files for every hour are its commit record's
         rep.violations.extend(lake.drift(st, records))

@@ -80,14 +80,6 @@ def _unique_sources(st: Storage, targets: list[str],
             rec = None
         problem = None
         listed = (rec.output_files or {}).get(UNIQUE) if rec is not None else None
-        if held is not None and rec is not None:  # read through the table
-            in_table = sorted(held.get(tag, {}))
-            if set(in_table) != set(lake.record_files(st, UNIQUE, rec)):
-                raise IndexDamagedError(
-                    f"cannot rebuild the index entries of hour {key_of(tag)}: the unique table "
-                    f"({lake.table_uri(st, UNIQUE)}) does not hold the files its commit record "
-                    "lists. Roll the table forward first: dedup-pipeline verify --repair")
-            listed = tuple(commits.OutputFileEntry(p.rsplit("/", 1)[1]) for p in in_table)
         if not st.exists(part):
             problem = f"its unique partition {part} is missing"
         elif listed is not None:
@@ -103,6 +95,14 @@ def _unique_sources(st: Storage, targets: list[str],
                 f"are not all there to rebuild from. Rerun that hour (dedup-pipeline run --from "
                 f"{key_of(tag)} --to {key_of(tag)}); if it was never loaded (a copied commit "
                 f"record), delete {commits.commit_path(st, tag)}")
+        if held is not None and rec is not None:  # read through the table: the record's files
+            in_table = sorted(held.get(tag, {}))
+            if set(in_table) != set(lake.record_files(st, UNIQUE, rec)):
+                raise IndexDamagedError(
+                    f"cannot rebuild the index entries of hour {key_of(tag)}: the unique table "
+                    f"({lake.table_uri(st, UNIQUE)}) does not hold the files its commit record "
+                    "lists. Roll the table forward first: dedup-pipeline verify --repair")
+            out[tag] = [st.read_path(UNIQUE, p) for p in in_table]
         if not out[tag]:
             del out[tag]  # an hour with no unique rows
     return out

@@ -272,8 +272,12 @@ def _check_contract(ds: DatasetConfig, first: str) -> None:
 @main.command()
 @click.option("--config", "config", required=True, type=click.Path(dir_okay=False))
 @click.option("--dataset", default=None)
-def verify(config: str, dataset: str | None) -> None:
-    """Recheck conservation and uniqueness of everything loaded, from the files alone."""
+@click.option("--repair", is_flag=True,
+              help="first roll each output's Delta table forward to the commit records "
+              "(under the dataset lock), then verify")
+def verify(config: str, dataset: str | None, repair: bool) -> None:
+    """Recheck conservation and uniqueness of everything loaded, from the files alone; with Delta
+    outputs, also that each table holds exactly the files of every hour's commit record."""
     cfg = _load(config)
     names = [dataset] if dataset else [d.name for d in cfg.datasets]
     from dedup_pipeline.engine.session import SparkSettings, get_session
@@ -287,6 +291,8 @@ def verify(config: str, dataset: str | None) -> None:
             ds = cfg.dataset(name)
         except ConfigError as e:
             _fail(str(e))
+        if repair:
+            _repair_tables(ds)
         try:
             rep = verify_dataset(spark, ds)
         except ContractError as e:
@@ -307,6 +313,57 @@ def verify(config: str, dataset: str | None) -> None:
                    f"{rep.rows_out} rows out: {status}")
         failed |= not rep.ok
     sys.exit(1 if failed else 0)
+
+
+def _repair_tables(ds: DatasetConfig) -> None:
+    """Roll `ds`'s output tables forward to its commit records, under the dataset lock."""
+    from dedup_pipeline.engine import lake
+    from dedup_pipeline.engine.storage import DatasetLockedError, Lock, Storage
+
+    if not lake.enabled(ds):
+        click.echo(f"{ds.name}: output_format is parquet: no tables to repair")
+        return
+    st = Storage(ds.output)
+    try:
+        with Lock(st, "dedup-pipeline verify --repair"):
+            made = lake.roll_forward(st, ds, None, click.echo, trust_tokens=False)
+    except (DatasetLockedError, lake.LakeError) as e:
+        _fail(str(e))
+    click.echo(f"{ds.name}: {len(made)} table commit(s) rolled the tables forward"
+               if made else f"{ds.name}: every table already agrees with the commit records")
+
+
+@main.command()
+@click.option("--config", "config", required=True, type=click.Path(dir_okay=False))
+@click.option("--dataset", default=None)
+@click.option("--retention-hours", default=24, show_default=True, type=click.IntRange(1),
+              help="files a rerun removed from a table longer ago than this are deleted "
+              "(readers of older table versions need them until then); at least 1")
+def vacuum(config: str, dataset: str | None, retention_hours: int) -> None:
+    """Upkeep of the output tables: delete replaced files past the retention (never a full
+    vacuum), checkpoint the Delta log and clean up old log entries."""
+    from dedup_pipeline.engine import lake
+    from dedup_pipeline.engine.storage import DatasetLockedError, Lock, Storage
+
+    cfg = _load(config)
+    for name in [dataset] if dataset else [d.name for d in cfg.datasets]:
+        try:
+            ds = cfg.dataset(name)
+        except ConfigError as e:
+            _fail(str(e))
+        if not lake.enabled(ds):
+            click.echo(f"{ds.name}: output_format is parquet: nothing to vacuum")
+            continue
+        st = Storage(ds.output)
+        try:
+            with Lock(st, "dedup-pipeline vacuum"):
+                lake.roll_forward(st, ds, lake.pending(st), click.echo)
+                done = lake.vacuum(st, retention_hours)
+        except DatasetLockedError as e:
+            _fail(str(e))
+        for u in done:
+            click.echo(f"{ds.name}: {u.output}: {u.deleted} replaced file(s) deleted, "
+                       f"checkpoint at version {u.version}")
 
 
 @main.command()

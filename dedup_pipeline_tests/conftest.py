@@ -181,10 +181,62 @@ def write_hour(ds: DatasetConfig, hour: str, rows: list[Any], name: str = "part-
 
 def read_output(spark: SparkSession, ds: DatasetConfig, output: str,
                 hour: str | None = None) -> list[dict[str, Any]]:
-    """Rows of one output (optionally one load hour) as dicts."""
-    base = Path(ds.output) / output
-    if hour is not None:
-        base = base / f"load_hour={hour[:13]}"
+    """Rows of one output (optionally one load hour) as dicts: through its Delta table where it
+    is one (the files of the current version; a rerun's replaced files stay on disk until a
+    vacuum), else its directory."""
+    table = Path(ds.output) / output
+    base = table if hour is None else table / f"load_hour={hour[:13]}"
     if not base.exists():
         return []
+    if (table / "_delta_log").is_dir():
+        from deltalake import DeltaTable
+
+        prefix = f"{base}/"
+        files = [f for f in DeltaTable(str(table)).file_uris() if f.startswith(prefix)]
+        if not files:
+            return []
+        reader = spark.read if hour is not None else spark.read.option("basePath", str(table))
+        return [r.asDict() for r in reader.parquet(*files).collect()]
     return [r.asDict() for r in spark.read.parquet(str(base)).collect()]
+
+
+def output_table(ds: DatasetConfig, output: str, tag: str) -> Any:
+    """One hour of one output as a pyarrow Table, as a reader sees it: through the Delta table
+    where the output is one, else the partition directory; None where the hour is not there."""
+    import pyarrow.parquet as pq
+
+    table = Path(ds.output) / output
+    part = table / f"load_hour={tag}"
+    if (table / "_delta_log").is_dir():
+        from deltalake import DeltaTable
+
+        files = [f for f in DeltaTable(str(table)).file_uris() if f.startswith(f"{part}/")]
+        return pq.read_table(files) if files else None
+    return pq.read_table(part) if part.exists() else None
+
+
+def table_readers(ds: DatasetConfig, output: str, column: str) -> dict[str, Any]:
+    """The values of `column` (with `load_hour`) that each reader of output `output` sees, as a
+    Counter of (load_hour, value): deltalake/pyarrow, DuckDB over the table's Arrow dataset, Polars
+    (its own Delta reader), and a plain Hive-partitioned directory read (pyarrow.dataset)."""
+    from collections import Counter
+
+    import duckdb
+    import polars as pl
+    import pyarrow.dataset as pads
+    from deltalake import DeltaTable
+
+    uri = str(Path(ds.output) / output)
+    dt = DeltaTable(uri)
+    arrow = dt.to_pyarrow_table(columns=["load_hour", column]).to_pylist()
+    data = dt.to_pyarrow_dataset()  # noqa: F841 - DuckDB reads it by its variable name
+    duck = duckdb.sql(f'select load_hour, "{column}" from data').fetchall()
+    polars = pl.read_delta(uri).select("load_hour", column).rows()
+    plain = pads.dataset(uri, format="parquet", partitioning="hive",
+                         exclude_invalid_files=True).to_table(columns=["load_hour", column])
+    return {
+        "deltalake": Counter((r["load_hour"], r[column]) for r in arrow),
+        "duckdb": Counter(tuple(r) for r in duck),
+        "polars": Counter(tuple(r) for r in polars),
+        "directory": Counter((str(r["load_hour"]), r[column]) for r in plain.to_pylist()),
+    }

@@ -109,6 +109,7 @@ CASES: list[tuple[str, dict[str, Any], str, Any, str]] = [
     ("landing", base(), "landing", {"marker": None, "grace": "5m", "watch_hours": 2}, "free"),
     ("checks", base(), "checks", {"max_duplicate_rate": 0.9, "max_index_keys": 10}, "free"),
     ("on_damaged_index", base(), "on_damaged_index", "rebuild", "free"),
+    ("output_format", base(), "output_format", "parquet", "free"),
 ]
 
 

@@ -32,7 +32,14 @@ from dedup_pipeline.engine.migrate import MigrationRefusedError, migrate
 from dedup_pipeline.engine.rebuild import rebuild_index
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.engine.verify import verify_dataset
-from dedup_pipeline_tests.conftest import CLICKS_SCHEMA, dataset_raw, pipeline_config, source_raw, write_hour
+from dedup_pipeline_tests.conftest import (
+    CLICKS_SCHEMA,
+    dataset_raw,
+    output_table,
+    pipeline_config,
+    source_raw,
+    write_hour,
+)
 from dedup_pipeline_tests.reference import Reference, _Entry
 
 H = [f"2026-11-01-0{i}:00" for i in range(4)]
@@ -70,8 +77,8 @@ def _where(ds: DatasetConfig, hour: str) -> dict[str, Any]:
     """rid -> output (and kind, first hour for duplicates) of one loaded hour."""
     out: dict[str, Any] = {}
     for name in ("unique", "duplicates", "expired", "rejected"):
-        p = Path(ds.output) / name / f"load_hour={hour[:13]}"
-        for r in pq.read_table(p).to_pylist() if p.exists() else []:
+        t = output_table(ds, name, hour[:13])
+        for r in t.to_pylist() if t is not None else []:
             out[r.get("rid")] = (name, r["_duplicate_kind"], r["_first_load_hour"][:13]) \
                 if name == "duplicates" else name
     return out
@@ -147,8 +154,7 @@ def test_breaking_change_is_refused_before_anything_is_written_and_a_new_column_
     assert any("rerun of an hour loaded under contract v1; it is reloaded under contract v2" in m
                for m in said)
     assert _record(ds, H[1]).contract_version == 2
-    assert "country" in pq.read_schema(next((unique / f"load_hour={H[1][:13]}").glob("*.parquet"))
-                                       ).names
+    assert "country" in output_table(ds, "unique", H[1][:13]).schema.names
 
     rep = verify_dataset(spark, evolved)
     assert rep.ok, rep.violations

@@ -24,17 +24,20 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
-import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine import commits, lake
 from dedup_pipeline.engine.load import load_hours
+from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline_tests.conftest import (
     CLICKS_SCHEMA,
     dataset_raw,
+    output_table,
     pipeline_config,
     source_raw,
+    table_readers,
     write_hour,
 )
 
@@ -45,6 +48,7 @@ OUTPUTS = ("unique", "duplicates", "expired", "rejected")
 HOURS = ["2026-11-01-00:00", "2026-11-01-01:00", "2026-11-01-02:00"]
 TAGS = [h[:13] for h in HOURS]
 LAST = HOURS[-1]
+NEXT = "2026-11-01-03:00"  # loaded only by the tests of a crash while publishing: "the next run"
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -89,8 +93,8 @@ def snapshot(ds: DatasetConfig) -> dict[str, Any]:
     root = Path(ds.output)
     for name in OUTPUTS:
         for tag in TAGS:
-            p = root / name / f"load_hour={tag}"
-            out[f"{name}/{tag}"] = _rows(pq.read_table(p)) if p.exists() else None
+            t = output_table(ds, name, tag)
+            out[f"{name}/{tag}"] = _rows(t) if t is not None else None
     # the index as any reader sees it: hidden and _-prefixed paths (staging) are not part of it
     idx = pads.dataset(root / "index", format="parquet", partitioning="hive").to_table()
     out["index"] = _rows(idx)
@@ -128,6 +132,7 @@ def crash_env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> 
         _ev("m", "k8", "2026-11-01T02:40:00Z"),
         '{"event_id": null, "rid": "n"}',
     ], name="part-1.jsonl")
+    write_hour(clean, NEXT, [_ev("o", "k9", "2026-11-01T03:00:00Z")])
     load_hours(spark, clean, HOURS[:2])
     shutil.copytree(clean.output, root / "base01")
     load_hours(spark, clean, [LAST])
@@ -173,10 +178,55 @@ def test_crash_then_rerun_equals_clean_run(spark: SparkSession, crash_env: dict[
     if point == "after_output:unique":  # the crash really was mid-way through the outputs
         assert (Path(ds.output) / "unique" / f"load_hour={TAGS[-1]}").exists()
         assert not (Path(ds.output) / "duplicates" / f"load_hour={TAGS[-1]}").exists()
+    # what the dead run wrote is on disk but in no table: a half-written hour is invisible to
+    # the tables' readers, a crashed rerun leaves the hour's previous version in place
+    uniq = table_readers(ds, "unique", "rid")
+    shown = TAGS if base == "base012" else TAGS[:-1]
+    want = Counter((t, json.loads(r)["rid"]) for t in shown
+                   for r in crash_env["clean"][f"unique/{t}"].elements())
+    for reader in ("deltalake", "duckdb", "polars"):
+        assert uniq[reader] == want, reader
+    if point in ("after_outputs", "after_index_staged"):
+        assert uniq["directory"] - want  # a plain directory read sees the dead run's rows
 
     (result,) = load_hours(spark, ds, [LAST])  # the rerun (takes over the dead run's lock)
     assert result.rows_in == 8
     assert snapshot(ds) == crash_env["clean"]
+
+
+PUBLISH_POINTS = ["before_publish", *[f"after_publish:{o}" for o in OUTPUTS]]
+
+
+@pytest.mark.parametrize("point", PUBLISH_POINTS)
+def test_crash_while_publishing_is_rolled_forward_by_the_next_load(
+        spark: SparkSession, crash_env: dict[str, Any], point: str) -> None:
+    """Killed after the commit record, with 0-4 of the 4 tables published: the hour is committed
+    (the record is the truth); the next load rolls every table forward to the records."""
+    ds = _prepare(crash_env, f"publish_{point.replace(':', '_')}", "base01")
+    env = {**os.environ, "DEDUP_FAULT": point, "PYSPARK_PYTHON": sys.executable,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, str(crash_env["script"]), str(_config_path(ds, crash_env["root"])), LAST],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 137, proc.stdout[-2000:] + proc.stderr[-4000:]
+    st = Storage(ds.output)
+    assert (Path(ds.output) / "_commits" / f"load_hour={TAGS[-1]}.json").exists()
+    done = 0 if point == "before_publish" else OUTPUTS.index(point.split(":")[1]) + 1
+    for i, name in enumerate(OUTPUTS):  # the crash really left the tables split
+        dt = lake.open_table(st, name)
+        assert dt is not None
+        assert (TAGS[-1] in lake.files_by_hour(dt)) == (i < done), name
+    assert lake.pending(st) == [TAGS[-1]]
+
+    load_hours(spark, ds, [NEXT])  # the next run
+
+    snap = snapshot(ds)
+    for name in OUTPUTS:
+        for tag in TAGS:
+            assert snap[f"{name}/{tag}"] == crash_env["clean"][f"{name}/{tag}"], (name, tag)
+    records = {t: commits.read_commit(st, t) for t in commits.committed_tags(st)}
+    assert lake.drift(st, records) == []
+    assert lake.pending(st) == []
 
 
 def test_rerun_after_success_is_identical(spark: SparkSession, crash_env: dict[str, Any]) -> None:

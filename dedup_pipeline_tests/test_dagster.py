@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import pyarrow.dataset as pads
 import pytest
 
 from dedup_pipeline.config import PipelineConfig
@@ -123,8 +124,11 @@ def test_names_are_spelled_once_here_as_the_ui_and_deploy_files_see_them(landing
     for sensor in ("clicks_landing_sensor", "clicks_index_recovery_sensor",
                    "dedup_run_failure_summary"):
         defs.resolve_sensor_def(sensor)
-    for schedule in ("clicks_hourly_schedule", "clicks_reconcile_schedule"):
+    for schedule in ("clicks_hourly_schedule", "clicks_reconcile_schedule",
+                     "clicks_table_upkeep_schedule"):
         defs.resolve_schedule_def(schedule)
+    upkeep = defs.resolve_job_def("clicks_table_upkeep")
+    assert {n.name: n.definition.pool for n in upkeep.nodes} == {"clicks_vacuum_tables": "dedup_clicks"}
     assert {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()} == {
         "clicks/raw_batch", "clicks/unique", "clicks/duplicates", "clicks/expired",
         "clicks/rejected", "clicks/index"}
@@ -151,6 +155,14 @@ def test_single_hour_materialization_metadata(spark, landing) -> None:
             asset_key("clicks", "unique")).asset_materialization.metadata
         assert md["dagster/row_count"].value == len(unique) == 2
         assert md["rows_in"].value == 4 and md["rejected"].value == 1
+        # where a downstream asset reads the hour: the Delta table, a version, the hour's files
+        from deltalake import DeltaTable
+
+        dt = DeltaTable(md["table_path"].value, version=md["delta_version"].value)
+        in_hour = pads.field("load_hour") == "2026-11-01-00"  # the partition filter
+        assert dt.to_pyarrow_dataset().count_rows(filter=in_hour) == 2
+        files = list(dt.to_pyarrow_dataset().get_fragments(filter=in_hour))
+        assert md["table_files"].value == len(files) >= 1
 
 
 def test_ranged_run_is_one_run_in_order_with_per_partition_figures(spark, landing) -> None:

@@ -46,8 +46,15 @@ def _snapshot(out: Path) -> dict[str, bytes]:
 
 
 def _ids(out: Path, name: str, hour: str) -> set[str]:
+    """Keys of one hour of one output, as a reader of the table sees them."""
     part = out / name / f"load_hour={hour[:13]}"
-    return {r["event_id"] for f in part.glob("*.parquet") for r in pq.read_table(f).to_pylist()}
+    if (out / name / "_delta_log").is_dir():
+        from deltalake import DeltaTable
+
+        files = [f for f in DeltaTable(str(out / name)).file_uris() if f.startswith(f"{part}/")]
+    else:
+        files = [str(f) for f in part.glob("*.parquet")]
+    return {r["event_id"] for f in files for r in pq.read_table(f).to_pylist()}
 
 
 def _refused(res: dg.ExecuteInProcessResult, first: str, last: str) -> str:

@@ -24,7 +24,7 @@ import dedup_pipeline.engine.load as load_mod
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.commits import LaterHoursLoadedError, LoadOrderError
 from dedup_pipeline.engine.load import LoadResult, load_hours
-from dedup_pipeline_tests.conftest import dataset_config, source_raw, write_hour
+from dedup_pipeline_tests.conftest import dataset_config, output_table, source_raw, write_hour
 
 OUTPUTS = ("unique", "duplicates", "expired", "rejected")
 BASE_SCHEMA = {"event_id": "string", "user_id": "string", "event_time": "timestamp",
@@ -59,10 +59,9 @@ def make_ds(tmp: Path, schema_extra: dict[str, str] | None = None, fmt: str = "j
 def read(ds: DatasetConfig, output: str, hour: str) -> list[dict[str, Any]]:
     """Rows of one output partition, read with pyarrow (L1: no Spark needed); timestamps as epoch
     microseconds, so no time-zone conversion can blur a one-microsecond boundary."""
-    p = Path(ds.output) / output / f"load_hour={hour[:13]}"
-    if not p.exists():
+    table = output_table(ds, output, hour[:13])
+    if table is None:
         return []
-    table = pq.read_table(p)
     for i, f in enumerate(table.schema):
         if pa.types.is_timestamp(f.type):
             micros = table.column(i).cast(pa.timestamp("us", tz=f.type.tz)).cast(pa.int64())

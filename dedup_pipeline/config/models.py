@@ -237,6 +237,9 @@ class DatasetConfig(_Model):
     landing: Annotated[LandingConfig, Section] = LandingConfig()
     checks: Annotated[ChecksConfig, Section] = ChecksConfig()
     on_damaged_index: Literal["fail", "rebuild"] = "fail"
+    # delta: each output is a Delta table over its Parquet files (engine/lake.py), readers see
+    # committed hours only; parquet: plain Hive-partitioned Parquet directories
+    output_format: Literal["delta", "parquet"] = "delta"
     _config_file: str = PrivateAttr(BUILTIN_DEMO)  # the file it came from (set by PipelineConfig)
 
     @property

@@ -149,6 +149,22 @@ def hour_metadata(ds: DatasetConfig, r: LoadResult) -> dict[str, Any]:
     return md
 
 
+def table_metadata(ds: DatasetConfig, name: str, tag: str) -> dict[str, Any]:
+    """Where a downstream asset reads output `name`'s hour `tag`: the Delta table's path, a table
+    version holding the hour as committed (the latest), and the hour's file count in it."""
+    from dedup_pipeline.engine import lake
+    from dedup_pipeline.engine.storage import Storage
+
+    if name == INDEX or not lake.enabled(ds):
+        return {}
+    st = Storage(ds.output)
+    found = lake.hour_files(st, name, tag)
+    if found is None:
+        return {}
+    return {"table_path": dg.MetadataValue.path(lake.table_uri(st, name)),
+            "delta_version": found[0], "table_files": found[1]}
+
+
 def _row_count(r: LoadResult, name: str) -> int:
     return r.index_rows_written if name == INDEX else int(getattr(r, name))
 
@@ -192,7 +208,8 @@ def _hour_events(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: lis
     for key in keys:
         yield dg.AssetMaterialization(
             asset_key=key, partition=pk,
-            metadata={"dagster/row_count": _row_count(r, key.path[-1]), **md})
+            metadata={"dagster/row_count": _row_count(r, key.path[-1]), **md,
+                      **table_metadata(ds, key.path[-1], r.load_hour)})
     yield from _evaluations(context.instance, ds, pk, _evaluate(ds, r, session))
 
 
@@ -337,7 +354,8 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
                                       metadata={"rows": r.rows_in, "files": r.files_in})
             for key in keys:
                 yield dg.MaterializeResult(asset_key=key, metadata={
-                    "dagster/row_count": _row_count(r, key.path[-1]), **hour_metadata(ds, r)})
+                    "dagster/row_count": _row_count(r, key.path[-1]), **hour_metadata(ds, r),
+                    **table_metadata(ds, key.path[-1], r.load_hour)})
             yield from (checks.as_result(ds, e) for e in _evaluate(ds, r, session))
         else:
             # A ranged step's output stamps the same metadata on every partition of the range, so

@@ -21,6 +21,7 @@ from dedup_pipeline.defs.recovery import (
 from dedup_pipeline.defs.resources import SparkResource
 from dedup_pipeline.defs.schedules import build_hourly_schedule, build_reconcile_schedule
 from dedup_pipeline.defs.sensors import build_landing_sensor
+from dedup_pipeline.defs.upkeep import build_upkeep
 
 # A sensor that targets asset jobs (the landing sensor: load job and input-check job) is rebuilt
 # when the Definitions resolve, and Dagster 1.13 then passes `owners` itself and warns that the
@@ -32,15 +33,22 @@ warnings.filterwarnings("ignore", message=r"Parameter `owners` of initializer `S
 
 def build_dataset_definitions(ds: DatasetConfig) -> dg.Definitions:
     """Everything of one dataset: its assets and input check, its load, rebuild, migrate and
-    explain jobs, its landing and recovery sensors, its hourly and reconcile schedules."""
+    explain jobs, its landing and recovery sensors, its hourly and reconcile schedules, and (for
+    Delta outputs) its table upkeep job and schedule."""
     d = build_dataset_defs(ds)
     rebuild = build_rebuild_job(ds)
+    jobs = [d.job, rebuild, build_migrate_job(ds), build_explain_job(ds)]
+    schedules = [build_hourly_schedule(ds, d.job), build_reconcile_schedule(ds, d.job.name)]
+    if ds.output_format == "delta":
+        upkeep, upkeep_schedule = build_upkeep(ds)
+        jobs.append(upkeep)
+        schedules.append(upkeep_schedule)
     return dg.Definitions(
         assets=[d.raw, d.load],
         asset_checks=[build_input_check(ds)],
-        jobs=[d.job, rebuild, build_migrate_job(ds), build_explain_job(ds)],
+        jobs=jobs,
         sensors=[build_recovery_sensor(ds, rebuild), build_landing_sensor(ds, d.job)],
-        schedules=[build_hourly_schedule(ds, d.job), build_reconcile_schedule(ds, d.job.name)],
+        schedules=schedules,
     )
 
 

@@ -50,6 +50,10 @@ landing_sensor_name: PerDataset = "{}_landing_sensor".format
 recovery_sensor_name: PerDataset = "{}_index_recovery_sensor".format
 hourly_schedule_name: PerDataset = "{}_hourly_schedule".format
 reconcile_schedule_name: PerDataset = "{}_reconcile_schedule".format
+# the output Delta tables' upkeep (defs/upkeep.py): vacuum with retention, checkpoint, log clean-up
+upkeep_job_name: PerDataset = "{}_table_upkeep".format
+upkeep_op_name: PerDataset = "{}_vacuum_tables".format
+upkeep_schedule_name: PerDataset = "{}_table_upkeep_schedule".format
 # The pool of every step that writes the dataset (load, index rebuild, migration): with a limit of 1
 # (deploy/dagster.yaml) runs of one dataset queue instead of failing on its lock.
 pool_name: PerDataset = "dedup_{}".format

@@ -18,13 +18,15 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.digest import H1, H2, digest_columns
 from dedup_pipeline.engine.index.layout import INDEX, is_slice_dir, load_dir
 from dedup_pipeline.engine.index.store import match_columns
-from dedup_pipeline.engine.outputs import OUTPUTS, UNIQUE, partition
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.outputs import OUTPUTS, UNIQUE, columns, partition
+from dedup_pipeline.engine.parse import SPARK_TYPES
+from dedup_pipeline.engine.storage import Storage, glob_escape
 from dedup_pipeline.errors import UserError
 
 CONSERVATION, UNIQUE_KEYS, INDEX_AGREES = "conservation", "unique_keys", "index_agrees"
@@ -66,8 +68,11 @@ class WrittenFigures:
         }
 
 
-def check_conservation(st: Storage, tag: str, rows_in: int, label: str) -> WrittenFigures:
-    fig = WrittenFigures(rows={o: st.parquet_rows(st.path(*partition(o, tag))) for o in OUTPUTS})
+def check_conservation(st: Storage, tag: str, rows_in: int, label: str,
+                       files: dict[str, list[str]] | None = None) -> WrittenFigures:
+    """`files`: per output, the files this load wrote (None: its whole partitions)."""
+    fig = WrittenFigures(rows={o: sum(st.parquet_rows(f) for f in files[o]) if files is not None
+                               else st.parquet_rows(st.path(*partition(o, tag))) for o in OUTPUTS})
     out = sum(fig.rows.values())
     if out != rows_in:
         detail = ", ".join(f"{k} {v}" for k, v in fig.rows.items())
@@ -79,7 +84,7 @@ def check_conservation(st: Storage, tag: str, rows_in: int, label: str) -> Writt
 
 def check_unique_and_index(
     spark: SparkSession, ds: DatasetConfig, st: Storage, tag: str, fig: WrittenFigures,
-    candidates: DataFrame | None, label: str,
+    candidates: DataFrame | None, label: str, unique_files: list[str] | None = None,
 ) -> WrittenFigures:
     """Two independent reads of the written files, submitted together (latency dominates).
 
@@ -88,7 +93,13 @@ def check_unique_and_index(
     is among the candidates: the check joins against them instead of scanning the index again.
     """
     keys = match_columns(ds)
-    uniq = spark.read.parquet(st.read_path(*partition(UNIQUE, tag)))
+    if unique_files is None:
+        uniq = spark.read.parquet(st.read_path(*partition(UNIQUE, tag)))
+    elif unique_files:
+        uniq = spark.read.parquet(*[glob_escape(st.to_uri(f)) for f in unique_files])
+    else:  # no file: the files of an earlier version beside them are not this load's
+        uniq = spark.createDataFrame([], T.StructType([T.StructField(c, SPARK_TYPES[t])
+                                                       for c, t in columns(ds, UNIQUE)]))
     h1, h2 = digest_columns(ds.key, ds.source.schema)
     digests = uniq.select(h1.alias(H1), h2.alias(H2), *ds.key if ds.index.store_keys else [])
     # one row per distinct key with its multiplicity (one shuffle), then one global aggregate;

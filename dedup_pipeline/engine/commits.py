@@ -147,6 +147,10 @@ class CommitRecord:
     contract_version: int | None = None
     # the hour's key digest files (engine/keydigest.py); None: loaded before key digests
     key_digest: tuple[DigestFileEntry, ...] | None = None
+    # the Delta idempotency token of this load's publish (engine/lake.py): microseconds since the
+    # epoch at commit, so a later load of the hour has a larger one; None: before outputs were
+    # published as Delta tables
+    publish_token: int | None = None
     # fields this version does not know (a newer version's, an operator's note): kept on rewrite
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -227,7 +231,7 @@ class CommitRecord:
 
 
 _OMIT_IF_NONE = {"committed_at", "index_checksum", "inputs", "output_files", "contract_version",
-                 "key_digest"}
+                 "key_digest", "publish_token"}
 
 
 class RecordProblem(ValueError):
@@ -238,7 +242,7 @@ class RecordProblem(ValueError):
 _COUNTS = ("rows_in", "unique", "duplicates", "expired", "rejected")
 _OPTIONAL_COUNTS = ("conflicts", "files_in", "index_rows_written", "index_rows_read",
                     "index_bytes_read", "index_files_read", "index_slices_deleted",
-                    "files_written", "index_format", "contract_version")
+                    "files_written", "index_format", "contract_version", "publish_token")
 _FILE_FIELDS: dict[str, tuple[type, ...]] = {"slice": (int,), "name": (str,), "size": (int,)}
 _OPTIONAL_FILE_FIELDS: dict[str, tuple[type, ...]] = {"rows": (int, type(None)),
                                                        "sha256": (str,)}

@@ -106,6 +106,9 @@ FIELDS: dict[str, Rule] = {
     "landing": Rule("free", "when an hour is complete; not how it is deduplicated"),
     "checks": Rule("free", "warning thresholds of the asset checks"),
     "on_damaged_index": Rule("free", "what a load does on index damage"),
+    "output_format": Rule("free", "how the same Parquet files are published: parquet to delta "
+                          "publishes every committed hour at the next load; delta to parquet "
+                          "leaves the Delta log behind (delete `_delta_log` in each output)"),
     "spark": Rule("free", "where and how Spark runs (file-level section)"),
     "index format": Rule("breaking", "a package version with another index layout: migrate "
                          "re-derives the index in it"),

@@ -8,11 +8,14 @@
     parsed once (cached) and rows in and the batch's max expiry value are taken in one pass;
  2. `classify_batch`: L_H, X_H; only the live index slices of committed loads before H are read;
     the batch is classified (cached), all counts in one pass;
- 3. `write`: each output partition is written to a temp dir and swapped in atomically; the index
+ 3. `write`: each output partition is written to a temp dir and swapped in atomically (with Delta
+    tables: its files are moved in beside the files a table version may still list); the index
     entries are staged;
  4. `verify_written`: conservation on the written footers, then the staged entries are moved in
     place, then unique keys and index agreement on the written files (SPEC D4);
- 5. `commit`: the commit record is written (atomic rename) - only now is H loaded;
+ 5. `commit`: the commit record is written (atomic rename) - only now is H loaded; then
+    `publish`: one Delta commit per output table (engine/lake.py; rolled forward by the next load
+    if a crash cuts it short);
  6. `housekeep`: retention deletes index slices below X_{H - lag}; compaction merges slices'
     per-load directories (neither changes any later result); the record is rewritten with their
     figures.
@@ -38,7 +41,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import checks, commits, contract, keydigest
+from dedup_pipeline.engine import checks, commits, contract, keydigest, lake
 from dedup_pipeline.engine.classify import candidates, classify
 from dedup_pipeline.engine.commits import (
     CommitRecord,
@@ -191,10 +194,18 @@ def prepare_batch(spark: SparkSession, ds: DatasetConfig,
     return df.withColumns(cols)  # one call: each withColumn re-analyses the whole plan
 
 
-def _forget_outputs(st: Storage, tag: str) -> None:
-    """Remove everything an uncommitted attempt of `tag` wrote (after a failed check)."""
+def _forget_outputs(st: Storage, tag: str, files: dict[str, list[str]] | None = None) -> None:
+    """Remove everything an uncommitted attempt of `tag` wrote (after a failed check): its
+    partitions, or with Delta tables only its own `files` (earlier versions' stay published)."""
     for name in OUTPUTS:
-        st.remove(st.path(*partition(name, tag)))
+        if files is None:
+            st.remove(st.path(*partition(name, tag)))
+        else:
+            for f in files.get(name, []):
+                st.remove(f)
+            part = st.path(*partition(name, tag))
+            if not st.list_names(part):  # no earlier version's files: no partition either
+                st.remove(part)
     st.remove(st.path(*keydigest.parts(tag)))
     store.clear_load(st, tag)
 
@@ -278,6 +289,8 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     check_landing_root(ds)
     st = Storage(ds.output)
     first = check_index(st, ds)  # O(live): the records' summary, not every record
+    # the tables first catch up with the records (a publish a crash cut short)
+    lake.repair_pending(st, ds, say)
     assert first.state is not None
     # the dataset contract, before anything is written: a breaking config change stops here
     verdict = contract.check(st, ds, partition_key, first.state.committed)
@@ -286,7 +299,11 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     watch = RecordsWatch(st, ensure_healthy(spark, ds, st, say, rerun=tag, damage=first))
     commits.check_later_hours(ds, hour, first.state.committed, run_tags | {tag},
                               set(first.bad_records))
+    # a rerun's hour is marked: its tables keep the old record's files until the new publish
+    if tag in first.state.committed:
+        lake.mark_pending(st, ds, tag)
     health = _forget_attempt(spark, ds, st, tag, watch, say)
+    lake.drop_unpublished(st, ds, tag)
     # the records this check read, for the next check; not H's, whose record is written later
     save_summary(st, health, drop={tag}, commits_mtime=watch.expected)
     assert health.state is not None
@@ -401,6 +418,8 @@ def write(ds: DatasetConfig, p: Prepared, c: Classified) -> Written:
     n_files = max(1, math.ceil(p.batch.rows_in / ROWS_PER_FILE))
     out_files: dict[str, list[str]] = {}
 
+    delta = lake.enabled(ds)
+
     def write_output(name: str) -> str:
         tmp = f"{run_tmp}/{name}"
         out_df = _sabotage(select_output(c.frame, ds, name), name,
@@ -423,8 +442,11 @@ def write(ds: DatasetConfig, p: Prepared, c: Classified) -> Written:
         digesting = pool.submit(write_digest) if keydigest.ENABLED else None
         for name in OUTPUTS:
             target = st.path(*partition(name, tag))
-            st.replace_dir(written[name].result(), target)
-            out_files[name] = st.list_files(target, ".parquet")
+            if delta:  # beside the files a table may still list: its commit swaps them
+                out_files[name] = lake.place_files(st, written[name].result(), target)
+            else:
+                st.replace_dir(written[name].result(), target)
+                out_files[name] = st.list_files(target, ".parquet")
             _fault(f"after_output:{name}")
         digest = None
         if digesting is not None:
@@ -445,14 +467,16 @@ def verify_written(spark: SparkSession, ds: DatasetConfig, p: Prepared, c: Class
     failed check everything this attempt wrote is removed: nothing is committed."""
     st, tag = p.st, p.tag
     label = f"dataset {ds.name!r} hour {p.key}"
+    files = w.out_files if lake.enabled(ds) else None  # beside older versions' files
     try:
-        figures = checks.check_conservation(st, tag, p.batch.rows_in, label)
+        figures = checks.check_conservation(st, tag, p.batch.rows_in, label, files)
         _fault("after_index_staged")
         slices = store.publish_entries(st, w.staged, tag)
         clock.lap("write_index")
-        checks.check_unique_and_index(spark, ds, st, tag, figures, c.candidates, label)
+        checks.check_unique_and_index(spark, ds, st, tag, figures, c.candidates, label,
+                                      files[UNIQUE] if files is not None else None)
     except checks.LoadCheckError:
-        _forget_outputs(st, tag)
+        _forget_outputs(st, tag, files)
         raise
     return Verified(figures, slices)
 
@@ -462,7 +486,11 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
     """Write the commit record, after what it vouches for is on disk (local file systems)."""
     st, tag = p.st, p.tag
     for name in OUTPUTS:
-        st.sync_tree(st.path(*partition(name, tag)))
+        if lake.enabled(ds):
+            for f in w.out_files[name]:
+                st.sync_tree(f)
+        else:
+            st.sync_tree(st.path(*partition(name, tag)))
     if w.digest is not None:
         st.sync_tree(st.path(*keydigest.parts(tag)))
     for n in v.slices:
@@ -499,11 +527,21 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
                                   for p_ in files) for name, files in w.out_files.items()},
         contract_version=p.contract.version,
         key_digest=w.digest,
+        publish_token=lake.new_token() if lake.enabled(ds) else None,
     )
     contract.record(st, p.contract)  # a new version first: the record names it
     _fault("after_contract")
+    lake.mark_pending(st, ds, tag)  # the tables lag the record until `publish`
     p.watch.change(commits.write_commit, st, record)
     return record
+
+
+def publish(ds: DatasetConfig, p: Prepared, record: CommitRecord) -> None:
+    """After the record: each output table gets one Delta commit for H (engine/lake.py). A crash
+    before all four leaves H marked; the next load or `verify --repair` rolls it forward."""
+    if lake.enabled(ds):
+        _fault("before_publish")
+        lake.publish_load(p.st, ds, record)
 
 
 def housekeep(spark: SparkSession, ds: DatasetConfig, p: Prepared, record: CommitRecord,
@@ -601,6 +639,8 @@ def _run_load(spark: SparkSession, ds: DatasetConfig, partition_key: str,
     clock.lap("checks")
     record = commit(ds, p, c, w, v, clock)
     clock.lap("commit")
+    publish(ds, p, record)
+    clock.lap("publish")
     result = housekeep(spark, ds, p, record, clock)
     say(
         f"{ds.name} {partition_key}: in={result.rows_in} unique={result.unique} "

@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, contract
+from dedup_pipeline.engine import commits, contract, lake
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
 from dedup_pipeline.engine.expiry import expiry_value
 from dedup_pipeline.engine.index import compaction, layout, live, store
@@ -58,8 +58,11 @@ def _staged_files(st: Storage, staging: str, tag: str) -> tuple[list[int], list[
     return slices, index_file_manifest(st, tag, slices, root=staging)
 
 
-def _unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
-    """The unique files to rebuild each load's entries from: the ones its commit record lists.
+def _unique_sources(st: Storage, targets: list[str],
+                    ds: DatasetConfig | None = None) -> dict[str, list[str]]:
+    """The unique files to rebuild each load's entries from: the ones its commit record lists;
+    with Delta tables (`ds` given), the ones the unique table holds for the hour, which must be the
+    record's (else `verify --repair` first rolls the table forward).
 
     A rebuild from a damaged unique partition would make the damage look healthy (a removed file's
     keys gone from the index, so later loads would take them for new; a copied file's keys twice),
@@ -67,6 +70,8 @@ def _unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
     without `output_files` (earlier versions) read the partition's directory as it is.
     """
     out: dict[str, list[str]] = {}
+    table = lake.open_table(st, UNIQUE) if ds is not None and lake.enabled(ds) else None
+    held = lake.files_by_hour(table) if table is not None else None
     for tag in targets:
         part = st.path(*partition(UNIQUE, tag))
         try:
@@ -90,6 +95,14 @@ def _unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
                 f"are not all there to rebuild from. Rerun that hour (dedup-pipeline run --from "
                 f"{key_of(tag)} --to {key_of(tag)}); if it was never loaded (a copied commit "
                 f"record), delete {commits.commit_path(st, tag)}")
+        if held is not None and rec is not None:  # read through the table: the record's files
+            in_table = sorted(held.get(tag, {}))
+            if set(in_table) != set(lake.record_files(st, UNIQUE, rec)):
+                raise IndexDamagedError(
+                    f"cannot rebuild the index entries of hour {key_of(tag)}: the unique table "
+                    f"({lake.table_uri(st, UNIQUE)}) does not hold the files its commit record "
+                    "lists. Roll the table forward first: dedup-pipeline verify --repair")
+            out[tag] = [st.read_path(UNIQUE, p) for p in in_table]
         if not out[tag]:
             del out[tag]  # an hour with no unique rows
     return out
@@ -124,7 +137,7 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
     staging = st.path(staging_name)
     st.remove(staging)
     entries = 0
-    sources = _unique_sources(st, targets)
+    sources = _unique_sources(st, targets, ds)
     present = sorted(sources)
     if present:
         # mergeSchema: hours loaded under an evolved contract have more columns (a key of a

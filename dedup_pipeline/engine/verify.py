@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, contract, landing
+from dedup_pipeline.engine import commits, contract, lake, landing
 from dedup_pipeline.engine.expiry import X_COL, expiry_point, expiry_value, is_live, latest_point
 from dedup_pipeline.engine.index import health, layout
 from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, LOAD_HOUR, OUTPUTS, PARTITION, UNIQUE
@@ -138,8 +138,12 @@ def _hour(tag: str) -> str:
 
 
 def _scan(st: Storage, name: str, rep: VerifyReport,
-          records: dict[str, commits.CommitRecord | None]) -> _Output:
-    """List an output directory file by file; report what no load writes; read the footers."""
+          records: dict[str, commits.CommitRecord | None],
+          replaced: frozenset[str] = frozenset()) -> _Output:
+    """List an output directory file by file; report what no load writes; read the footers.
+
+    `replaced` (Delta tables): files (relative to the output) a rerun's table commit removed,
+    kept for readers of older table versions until `vacuum`: skipped, not violations."""
     out = _Output()
     base = st.path(name)
     try:
@@ -169,6 +173,8 @@ def _scan(st: Storage, name: str, rep: VerifyReport,
                 rep.violations.append(f"{_hour(tag)}: unexpected {f['type']} {where} inside a "
                                       "partition (no load writes it; remove it)")
                 rep.bad_hours.add(tag)
+                continue
+            if listed is not None and fname not in listed and f"{entry}/{fname}" in replaced:
                 continue
             if listed is not None and fname not in listed:
                 rep.violations.append(f"{_hour(tag)}: {where} is not among the files the hour's "
@@ -303,8 +309,11 @@ def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
     hist = contract.read_history(st, committed[-1] if committed else None)
     records = _check_records(st, ds, rep, committed)
     ds_of = _contract_terms(ds, hist, records, rep)
-    scans = {name: _scan(st, name, rep, records) for name in OUTPUTS}
+    scans = {name: _scan(st, name, rep, records, frozenset(lake.replaced_files(st, name))
+                         if lake.enabled(ds) else frozenset()) for name in OUTPUTS}
     _check_index(st, ds, rep)
+    if lake.enabled(ds):  # each table's files for every hour are its commit record's
+        rep.violations.extend(lake.drift(st, records))
 
     # Completeness and conservation
     per_hour: dict[str, dict[str, int]] = {}

@@ -1,0 +1,45 @@
+"""Upkeep of the output Delta tables (engine/lake.py), what `dedup-pipeline vacuum` does.
+
+- `{ds}_table_upkeep` job: under the dataset lock (in the dataset's pool, so it queues behind a
+  load), rolls pending hours forward, deletes files reruns replaced more than the retention ago
+  (never a full vacuum), checkpoints each log and cleans up old log entries.
+- `{ds}_table_upkeep_schedule`: daily at 03:15 UTC, running by default (no Spark needed).
+"""
+
+import dagster as dg
+
+from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.defs import names
+from dedup_pipeline.engine import lake
+from dedup_pipeline.engine.storage import Lock, Storage
+
+UPKEEP_CRON = "15 3 * * *"
+
+
+class UpkeepConfig(dg.Config):
+    retention_hours: int = lake.DEFAULT_RETENTION_HOURS
+
+
+def build_upkeep(ds: DatasetConfig) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
+    @dg.op(name=names.upkeep_op_name(ds.name), tags={names.DATASET_TAG: ds.name},
+           pool=names.pool_name(ds.name))
+    def vacuum_tables(context: dg.OpExecutionContext, config: UpkeepConfig) -> None:
+        st = Storage(ds.output)
+        with Lock(st, owner=f"dagster run {context.run.run_id} (table upkeep)"):
+            lake.roll_forward(st, ds, lake.pending(st), context.log.info)
+            done = lake.vacuum(st, config.retention_hours)
+        for u in done:
+            context.log.info(f"{ds.name}: {u.output}: {u.deleted} replaced file(s) deleted, "
+                             f"checkpoint at version {u.version}")
+
+    @dg.job(name=names.upkeep_job_name(ds.name), tags={names.DATASET_TAG: ds.name},
+            description=f"Vacuum (retention, never full), checkpoint and clean up the logs of "
+                        f"{ds.name!r}'s output Delta tables.")
+    def job() -> None:
+        vacuum_tables()
+
+    schedule = dg.ScheduleDefinition(
+        name=names.upkeep_schedule_name(ds.name), job=job, cron_schedule=UPKEEP_CRON,
+        execution_timezone="UTC", default_status=dg.DefaultScheduleStatus.RUNNING,
+        description=f"Daily upkeep of {ds.name!r}'s output tables.")
+    return job, schedule

@@ -1,0 +1,484 @@
+"""Each output as a Delta table over the Parquet files the load wrote (delta-rs; no file rewritten).
+
+The commit record stays the product's truth; the tables are rolled forward to it:
+- a load writes its files under ``<output>/load_hour=<tag>/`` beside any earlier version's (a
+  rerun's new files never replace files a reader may be reading), writes its commit record, then
+  gives each table ONE Delta commit for the hour: adds of the record's files, removes of the files
+  the table held for the hour that the record no longer lists (a rerun's swap);
+- each commit carries an idempotency token (`app_transactions`, app id ``dedup_pipeline:<tag>``
+  in that table's log) whose version is the record's `publish_token` and only goes up, so a
+  repeated publish of the same record is skipped;
+- an hour whose tables may lag its record is marked pending (``_publish/<tag>``) before its record
+  is written (and before a rerun invalidates the old record), and unmarked once its four tables
+  agree. The next load, `verify --repair` and the vacuum job roll pending hours forward: per table,
+  skip if the token is current, else compare the table's files for the hour with the record's,
+  else commit the difference. An hour without a record is removed from the tables.
+- delta-rs accepts add actions for missing files or files of another schema, so each file is
+  opened (its footer: existence, schema, row count for the stats) before it is added;
+- files a rerun removed from a table stay on disk until `vacuum` with a retention (at least
+  `MIN_RETENTION_HOURS`): readers holding an older version keep reading it. The vacuum is never
+  "full": files no table ever listed are deleted only by the next load of their hour, under the
+  dataset lock (a full vacuum could delete the files of a load in progress).
+
+The table schema is the output's contract columns (engine/outputs.py) plus the partition column
+``load_hour``; a column the contract adds (an evolvable change) is a Delta schema change commit.
+Pure Python and delta-rs: no Spark session, no Dagster.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, Schema
+from deltalake.exceptions import TableNotFoundError
+from deltalake.transaction import (
+    AddAction,
+    CommitProperties,
+    PostCommitHookProperties,
+    RemoveAction,
+    Transaction,
+    create_table_with_add_actions,
+)
+
+from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.outputs import LOAD_HOUR, OUTPUTS, columns, partition
+from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.errors import UserError
+from dedup_pipeline.hours import key_of
+
+PART = LOAD_HOUR  # the partition column: in the Delta log and the directory names, not the files
+PENDING = "_publish"  # hours whose tables may lag their commit record
+APP = "dedup_pipeline"
+DELTA_LOG = "_delta_log"
+MIN_RETENTION_HOURS = 1  # a vacuum never deletes a file removed from a table less than this ago
+DEFAULT_RETENTION_HOURS = 24
+# After each commit delta-rs writes a checkpoint every 100 commits (kept: opens stay fast) and, by
+# default, lists the whole log to delete expired entries (dropped: `vacuum` does it, on schedule)
+_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+FAULT_ENV = "DEDUP_FAULT"
+
+Say = Callable[[str], None]
+
+_ARROW = {
+    "string": pa.string(),
+    "long": pa.int64(),
+    "double": pa.float64(),
+    "boolean": pa.bool_(),
+    "timestamp": pa.timestamp("us", tz="UTC"),  # Spark writes TIMESTAMP_MICROS, UTC-adjusted
+    "date": pa.date32(),
+}
+
+
+class LakeError(UserError, RuntimeError):
+    """A file cannot be published to an output table (missing, or not of the table's schema)."""
+
+    stage = "publishing the hour to its output tables (Delta)"
+    fix = ("the hour's commit record is written and the hour is marked for roll-forward; fix the "
+           "file named in the error, then run `dedup-pipeline verify --repair` or the next load of "
+           "{ds}, which publish it again")
+
+
+@dataclass(frozen=True)
+class Published:
+    """One output table after the publish of one hour."""
+
+    output: str
+    uri: str
+    version: int  # the table version that holds the hour as its record says
+    files: int  # the hour's files in that version
+    committed: bool  # False: the table already agreed (token current, or the same files)
+
+
+def enabled(ds: DatasetConfig) -> bool:
+    return ds.output_format == "delta"
+
+
+def app_id(tag: str) -> str:
+    """The idempotency token's app id of hour `tag` (one per hour in each table's own log)."""
+    return f"{APP}:{tag}"
+
+
+def table_uri(st: Storage, name: str) -> str:
+    """The URI delta-rs opens for output `name` (``s3a://`` is Hadoop's spelling of ``s3://``)."""
+    uri = st.to_uri(st.path(name))
+    if uri.startswith("memory://"):
+        raise LakeError(f"{uri}: delta-rs cannot open fsspec's memory:// file system; set "
+                        "output_format: parquet for an in-memory output")
+    return "s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri
+
+
+def new_token(previous: int | None = None) -> int:
+    """A publish token for a load committing now: microseconds since the epoch, above `previous`."""
+    now = time.time_ns() // 1000
+    return now if previous is None or now > previous else previous + 1
+
+
+def record_token(rec: commits.CommitRecord) -> int:
+    """The token a record publishes with; for records before tokens, from their commit time."""
+    if rec.publish_token is not None:
+        return rec.publish_token
+    if rec.committed_at:
+        at = datetime.strptime(rec.committed_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        return int(at.timestamp()) * 1_000_000
+    return 1
+
+
+def _fault(point: str) -> None:
+    import os
+
+    if os.environ.get(FAULT_ENV) == point:
+        os._exit(137)
+
+
+# -- the schema ------------------------------------------------------------------------------------
+
+def arrow_schema(ds: DatasetConfig, name: str) -> pa.Schema:
+    """Output `name`'s table schema: its contract columns (all nullable), then ``load_hour``."""
+    return pa.schema([pa.field(c, _ARROW[t]) for c, t in columns(ds, name)]
+                     + [pa.field(PART, pa.string())])
+
+
+def _schema_of(dt: DeltaTable) -> pa.Schema:
+    return pa.schema(dt.schema().to_arrow())
+
+
+def _check_file(st: Storage, path: str, table: pa.Schema) -> int:
+    """Rows of Parquet file `path` after checking it exists and its columns are the table's
+    (a subset by name, each of the table's type: an hour loaded under an earlier contract lacks a
+    column added since)."""
+    try:
+        with st.fs.open(path, "rb") as fh:
+            f = pq.ParquetFile(fh)
+            schema, rows = f.schema_arrow, f.metadata.num_rows
+    except FileNotFoundError:
+        raise LakeError(f"{path} is listed in its hour's commit record but missing; rerun that "
+                        "hour") from None
+    except Exception as e:  # noqa: BLE001 - anything unreadable is named with its cause
+        raise LakeError(f"{path} is not readable Parquet ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:160] if str(e) else ''}); rerun that hour") from e
+    for field in schema:
+        if field.name not in table.names:
+            raise LakeError(f"{path} has column {field.name!r}, which its table does not; the "
+                            "dataset's contract decides the columns (rerun that hour)")
+        want = table.field(field.name).type
+        if field.type != want:
+            raise LakeError(f"{path}: column {field.name!r} is {field.type}, its table's is "
+                            f"{want}; rerun that hour")
+    return rows
+
+
+def _evolve(dt: DeltaTable, want: pa.Schema) -> pa.Schema:
+    """Add the contract's new columns to the table (one schema change commit); the schema now."""
+    have = _schema_of(dt)
+    new = [f for f in want if f.name not in have.names]
+    if new:
+        dt.alter.add_columns(Schema.from_arrow(pa.schema(new)).fields)
+        dt.update_incremental()
+        have = _schema_of(dt)
+    return have
+
+
+# -- reading a table -------------------------------------------------------------------------------
+
+def open_table(st: Storage, name: str, version: int | None = None) -> DeltaTable | None:
+    """Output `name`'s table (at `version`), or None where it is not a Delta table (yet)."""
+    try:
+        return DeltaTable(table_uri(st, name), version=version)
+    except TableNotFoundError:
+        return None
+
+
+def files_by_hour(dt: DeltaTable) -> dict[str, dict[str, int]]:
+    """Per hour (tag), the table's files (paths relative to the table) and their sizes."""
+    acts = pa.table(dt.get_add_actions(flatten=True)).select(
+        ["path", "size_bytes", f"partition.{PART}"]).to_pydict()
+    out: dict[str, dict[str, int]] = {}
+    for path, size, tag in zip(acts["path"], acts["size_bytes"], acts[f"partition.{PART}"],
+                               strict=True):
+        out.setdefault(tag, {})[path] = int(size)
+    return out
+
+
+def record_files(st: Storage, name: str, rec: commits.CommitRecord | None) -> dict[str, int | None]:
+    """The files (relative to the table) and sizes the record vouches for in output `name`; a
+    record before files were listed vouches for its partition directory as it is."""
+    if rec is None:
+        return {}
+    rel = "/".join(partition(name, rec.load_hour)[1:])
+    if rec.output_files is None:
+        return {f"{rel}/{p.rsplit('/', 1)[1]}": s
+                for p, s in st.file_sizes(st.path(*partition(name, rec.load_hour)), ".parquet").items()}
+    return {f"{rel}/{f.name}": f.size for f in rec.output_files.get(name, ())}
+
+
+# -- publishing ------------------------------------------------------------------------------------
+
+def publish_hour(st: Storage, ds: DatasetConfig, name: str, tag: str,
+                 rec: commits.CommitRecord | None, dt: DeltaTable | None = None,
+                 have: dict[str, int] | None = None, trust_token: bool = True) -> Published:
+    """Make table `name` hold exactly the files `rec` lists for hour `tag` (none without a record),
+    in one Delta commit carrying the hour's token; no commit if the token is current
+    (`trust_token`; `verify --repair` compares the files regardless) or the files already agree
+    (a token that lags is then committed alone, so the next check is O(1))."""
+    uri = table_uri(st, name)
+    reused = dt is not None  # the caller's table object: kept current after a commit
+    if dt is None:
+        dt = open_table(st, name)
+    token = record_token(rec) if rec is not None else None
+    current = dt.transaction_version(app_id(tag)) if dt is not None else None
+    if dt is not None and token is not None and current == token and trust_token:
+        return Published(name, uri, dt.version(), len(record_files(st, name, rec)), False)
+    if have is None:
+        have = files_by_hour(dt).get(tag, {}) if dt is not None else {}
+    want = record_files(st, name, rec)
+    agree = set(want) == set(have)
+    if (rec is None and not have) or (
+            agree and dt is not None and current is not None and token is not None
+            and current >= token):
+        return Published(name, uri, dt.version() if dt is not None else -1, len(want), False)
+    # the token never goes down: a record with a lower one (a clock set back) commits above it
+    version = token if token is not None else 0
+    if current is not None and version < current:
+        version = current + 1
+    target = arrow_schema(ds, name)
+    schema = _evolve(dt, target) if dt is not None else target
+    now = int(time.time() * 1000)
+    values = {PART: tag}
+    removes = [RemoveAction(p, True, now, size, values) for p, size in sorted(have.items())
+               if p not in want]
+    adds = []
+    for rel in sorted(set(want) - set(have)):
+        path = st.path(name, rel)
+        rows = _check_file(st, path, schema)
+        size = want[rel]
+        if size is None:
+            size = int(st.fs.info(path)["size"])
+        adds.append(AddAction(rel, size, values, now, True, json.dumps({"numRecords": rows})))
+    props = CommitProperties(app_transactions=[Transaction(app_id(tag), version)],
+                             custom_metadata={"dedup_pipeline.load_hour": key_of(tag)})
+    if dt is None:
+        create_table_with_add_actions(uri, Schema.from_arrow(schema), adds, mode="error",
+                                      partition_by=[PART], commit_properties=props,
+                                      post_commithook_properties=_HOOKS)
+        return Published(name, uri, 0, len(want), True)
+    before = dt.version()
+    dt.create_write_transaction([*removes, *adds], "append", Schema.from_arrow(schema),
+                                partition_by=[PART], commit_properties=props,
+                                post_commithook_properties=_HOOKS)
+    if reused:
+        dt.update_incremental()
+        return Published(name, uri, dt.version(), len(want), True)
+    # one writer per dataset (the lock): the commit is the version after the one it read
+    return Published(name, uri, before + 1, len(want), True)
+
+
+def _mark(st: Storage, tag: str) -> None:
+    st.write_text_atomic(st.path(PENDING, tag), key_of(tag))
+
+
+def _unmark(st: Storage, tag: str) -> None:
+    st.remove(st.path(PENDING, tag))
+
+
+def mark_pending(st: Storage, ds: DatasetConfig, tag: str) -> None:
+    """Before hour `tag`'s record is written or invalidated: its tables may lag it from now on."""
+    if enabled(ds):
+        _mark(st, tag)
+
+
+def pending(st: Storage) -> list[str]:
+    return sorted(n for n in st.list_names(st.path(PENDING)) if commits.is_tag(n))
+
+
+def publish_load(st: Storage, ds: DatasetConfig, rec: commits.CommitRecord) -> dict[str, Published]:
+    """After hour `rec.load_hour`'s record is written: one commit per table, then unmark it."""
+    out = {}
+    for name in OUTPUTS:
+        out[name] = publish_hour(st, ds, name, rec.load_hour, rec)
+        _fault(f"after_publish:{name}")
+    _unmark(st, rec.load_hour)
+    return out
+
+
+def tables_missing(st: Storage) -> list[str]:
+    return [n for n in OUTPUTS if not st.exists(st.path(n, DELTA_LOG))]
+
+
+def roll_forward(st: Storage, ds: DatasetConfig, tags: Iterable[str] | None = None,
+                 say: Say | None = None, *, trust_tokens: bool = True,
+                 ) -> list[tuple[str, Published]]:
+    """Bring every table to the commit records for `tags` (None: every hour a record or a table
+    has); returns the (hour, table) commits made. Pending marks of the hours done are removed.
+    `trust_tokens=False` compares every hour's files even where its token is current (a table
+    changed behind the product's back: `verify --repair`)."""
+    say = say or (lambda _m: None)
+    tables = {n: open_table(st, n) for n in OUTPUTS}
+    held = {n: files_by_hour(dt) if dt is not None else {} for n, dt in tables.items()}
+    committed = commits.committed_tags(st)
+    todo = set(committed) | {t for h in held.values() for t in h} if tags is None else set(tags)
+    made: list[tuple[str, Published]] = []
+    for tag in sorted(todo):
+        try:
+            rec = commits.read_commit(st, tag) if tag in committed else None
+        except commits.CommitRecordError as e:
+            say(f"{ds.name} {key_of(tag)}: tables not rolled forward: {e}")
+            continue  # stays pending: the record's own problem is reported where it is read
+        try:
+            pubs = [publish_hour(st, ds, name, tag, rec, tables[name], held[name].get(tag, {}),
+                                 trust_tokens) for name in OUTPUTS]
+        except LakeError as e:  # stays pending; a rerun of the hour writes files that publish
+            say(f"{ds.name} {key_of(tag)}: tables not rolled forward: {e}")
+            continue
+        for name, pub in zip(OUTPUTS, pubs, strict=True):
+            if pub.committed:
+                if tables[name] is None:
+                    tables[name] = open_table(st, name)
+                made.append((tag, pub))
+                what = "published" if rec is not None else "removed (no commit record)"
+                say(f"{ds.name} {key_of(tag)}: {name} table {what} at version {pub.version}")
+        _unmark(st, tag)
+    return made
+
+
+def repair_pending(st: Storage, ds: DatasetConfig, say: Say | None = None) -> list[tuple[str, Published]]:
+    """At the start of a load: roll forward the hours marked pending (a publish a crash cut
+    short), or every committed hour where a table does not exist yet (the first load in delta
+    mode of a dataset loaded before). O(pending) when nothing is missing."""
+    if not enabled(ds):
+        return []
+    if tables_missing(st) and commits.committed_tags(st):
+        return roll_forward(st, ds, None, say)
+    marked = pending(st)
+    return roll_forward(st, ds, marked, say) if marked else []
+
+
+def drop_unpublished(st: Storage, ds: DatasetConfig, tag: str) -> int:
+    """Delete the files under hour `tag`'s partitions that no table version lists now (what a
+    crashed attempt left). Only under the dataset lock, with the tables rolled forward: no load
+    of the dataset is writing. Files a rerun removed from a table stay for `vacuum`."""
+    if not enabled(ds):
+        return 0
+    gone = 0
+    for name in OUTPUTS:
+        part = st.path(*partition(name, tag))
+        on_disk = st.list_files(part, ".parquet")
+        if not on_disk:
+            continue
+        dt = open_table(st, name)
+        listed = set(files_by_hour(dt).get(tag, {})) if dt is not None else set()
+        tomb = _tombstones(dt) if dt is not None else set()
+        if tomb is None:
+            continue
+        for path in on_disk:
+            rel = path[len(st.path(name)) + 1:]
+            if rel not in listed and rel not in tomb:
+                st.remove(path)
+                gone += 1
+    return gone
+
+
+def replaced_files(st: Storage, name: str) -> set[str]:
+    """Files (relative to the table) a table version removed that `vacuum` has not deleted yet:
+    the files of a rerun hour's previous version, which readers of older versions still read."""
+    dt = open_table(st, name)
+    return (_tombstones(dt) or set()) if dt is not None else set()
+
+
+def _tombstones(dt: DeltaTable) -> set[str] | None:
+    """Files removed from the table that a vacuum has not deleted yet (older versions read them);
+    None if they cannot be listed (then nothing is deleted)."""
+    try:
+        return set(dt.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False))
+    except Exception:  # noqa: BLE001 - a listing problem keeps every file
+        return None
+
+
+def hour_files(st: Storage, name: str, tag: str) -> tuple[int, int] | None:
+    """(table version, files of hour `tag`) of output `name`'s table, or None without a table."""
+    dt = open_table(st, name)
+    if dt is None:
+        return None
+    return dt.version(), len(files_by_hour(dt).get(tag, {}))
+
+
+# -- drift and upkeep ------------------------------------------------------------------------------
+
+def drift(st: Storage, records: dict[str, commits.CommitRecord | None]) -> list[str]:
+    """Where a table's files for an hour differ from the hour's commit record (`records`: the
+    committed hours' records, None for one that does not read), one line each."""
+    out = []
+    for name in OUTPUTS:
+        dt = open_table(st, name)
+        if dt is None:
+            if records:
+                out.append(f"{name}: not a Delta table yet ({st.path(name, DELTA_LOG)} missing); "
+                           "verify --repair publishes every committed hour")
+            continue
+        held = files_by_hour(dt)
+        for tag in sorted(set(held) | set(records)):
+            rec = records.get(tag)
+            if tag in records and rec is None:
+                continue  # an unreadable record is reported as such
+            want = set(record_files(st, name, rec))
+            have = set(held.get(tag, {}))
+            if want == have:
+                continue
+            hour = key_of(tag)
+            if rec is None:
+                out.append(f"{hour}: the {name} table holds {len(have)} file(s) of an hour with no "
+                           "commit record; verify --repair removes them")
+            else:
+                out.append(f"{hour}: the {name} table holds {len(have & want)} of the "
+                           f"{len(want)} file(s) the commit record lists and {len(have - want)} "
+                           "it does not; verify --repair rolls it forward")
+    return out
+
+
+@dataclass(frozen=True)
+class Upkeep:
+    output: str
+    deleted: int  # files removed from the table longer ago than the retention, now deleted
+    version: int
+
+
+def vacuum(st: Storage, retention_hours: int = DEFAULT_RETENTION_HOURS) -> list[Upkeep]:
+    """Per table: delete files removed from it more than `retention_hours` ago (never below
+    `MIN_RETENTION_HOURS`; never a full vacuum), write a checkpoint, and delete log entries older
+    than the table's log retention. Run under the dataset lock."""
+    if retention_hours < MIN_RETENTION_HOURS:
+        raise ValueError(f"vacuum retention {retention_hours} h is below the minimum of "
+                         f"{MIN_RETENTION_HOURS} h: a reader of an older table version could "
+                         "lose its files mid-read; use a retention of at least "
+                         f"{MIN_RETENTION_HOURS} h")
+    out = []
+    for name in OUTPUTS:
+        dt = open_table(st, name)
+        if dt is None:
+            continue
+        deleted = dt.vacuum(retention_hours=retention_hours, dry_run=False,
+                            enforce_retention_duration=False, full=False)
+        dt.update_incremental()
+        dt.create_checkpoint()
+        dt.cleanup_metadata()
+        out.append(Upkeep(name, len(deleted), dt.version()))
+    return out
+
+
+
+def place_files(st: Storage, tmp: str, target: str) -> list[str]:
+    """Move the Parquet files Spark wrote to `tmp` into partition directory `target`, beside any
+    earlier version's (Spark's file names are unique per write); their new paths."""
+    st.makedirs(target)
+    out = []
+    for f in st.list_files(tmp, ".parquet"):
+        dst = f"{target}/{f.rsplit('/', 1)[1]}"
+        st.move(f, dst)
+        out.append(dst)
+    return sorted(out)

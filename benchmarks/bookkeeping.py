@@ -144,7 +144,7 @@ def sensor_tick(ds: DatasetConfig) -> Any:
     """One evaluation of the dataset's recovery sensor, as the daemon runs it."""
     import dagster as dg
 
-    from dedup_pipeline.defs.recovery import build_rebuild_job, build_recovery_sensor
+    from dedup_pipeline.orchestration.recovery import build_rebuild_job, build_recovery_sensor
 
     return build_recovery_sensor(ds, build_rebuild_job(ds))(dg.build_sensor_context())
 

@@ -38,8 +38,8 @@ import dagster as dg
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
-from dedup_pipeline.defs.names import RANGE_END, RANGE_START, recovery_sensor_name
 from dedup_pipeline.hours import HOUR, hour_range, to_key, to_tag
+from dedup_pipeline.orchestration.names import RANGE_END, RANGE_START, recovery_sensor_name
 from dedup_pipeline_tests.daemon_walk import DATASET, Walk
 
 RETRIES = """\

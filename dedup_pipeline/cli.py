@@ -166,8 +166,8 @@ def print_table(results: list[LoadResult]) -> None:
 
 def _run(cfg: PipelineConfig, dataset: str | None, first: str, last: str,
          verbose: bool = False) -> list[LoadResult]:
-    from dedup_pipeline.defs.runner import run_range
     from dedup_pipeline.hours import hour_range
+    from dedup_pipeline.orchestration.runner import run_range
 
     _quiet_dagster()
     ds = cfg.dataset(dataset)
@@ -421,7 +421,7 @@ def explain(config: str, dataset: str | None, pairs: tuple[str, ...], key_json: 
 def rebuild_index_cmd(config: str, dataset: str | None, hours: tuple[str, ...],
                       verbose: bool) -> None:
     """Rebuild the key index from the unique output (reads only unique), through Dagster."""
-    from dedup_pipeline.defs.names import rebuild_job_name, rebuild_op_name
+    from dedup_pipeline.orchestration.names import rebuild_job_name, rebuild_op_name
 
     cfg, ds = _load_dataset(config, dataset)
     click.echo(f"rebuilding the index of {ds.name!r} from {ds.output}/unique")
@@ -446,8 +446,8 @@ def _execute_job(cfg: PipelineConfig, job_name: str, verbose: bool, run_config: 
                  name_run: bool = False) -> None:
     """Run one of the dataset's maintenance jobs in this process (Dagster records it); exit 1
     with its failure summary if it fails."""
-    from dedup_pipeline.defs.definitions import build_definitions
-    from dedup_pipeline.defs.runner import QUIET_LOGGERS, failure_message
+    from dedup_pipeline.orchestration.definitions import build_definitions
+    from dedup_pipeline.orchestration.runner import QUIET_LOGGERS, failure_message
 
     _quiet_dagster()
     job = build_definitions(cfg).resolve_job_def(job_name)
@@ -471,7 +471,7 @@ def migrate(config: str, dataset: str | None, verbose: bool) -> None:
     expiry, index layout, schema): re-derive the index from unique under the new contract, in
     one committed step, through Dagster. Refuses, writing nothing, if unique holds rows that are
     duplicates under the new contract."""
-    from dedup_pipeline.defs.names import migrate_job_name
+    from dedup_pipeline.orchestration.names import migrate_job_name
 
     cfg, ds = _load_dataset(config, dataset)
     _progress_to_stdout()
@@ -515,7 +515,7 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
     the newest hour lands without its _SUCCESS marker and is left for you to load from the UI."""
     import shutil
 
-    from dedup_pipeline.defs.names import WRITTEN
+    from dedup_pipeline.orchestration.names import WRITTEN
     from dedup_pipeline.sample.generate import default_start, generate_landing
 
     root = Path(directory).resolve()

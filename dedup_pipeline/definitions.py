@@ -5,6 +5,6 @@ reads and validates YAML only; Spark starts inside a run.
 """
 
 from dedup_pipeline.config import config_from_env
-from dedup_pipeline.defs.definitions import build_definitions
+from dedup_pipeline.orchestration.definitions import build_definitions
 
 defs = build_definitions(config_from_env())

@@ -1,7 +1,7 @@
 """Errors a user acts on: each class says where a run failed (`stage`) and what to do (`fix`).
 
 Pure Python, below the config and the engine, so every error class can derive from `UserError`.
-The Dagster layer's failure summaries (`defs/runs.py`) look the class up by the name a run's stored
+The Dagster layer's failure summaries (`orchestration/runs.py`) look the class up by the name a run's stored
 error carries and fill in `{ds}`, `{hours}`, `{pool}`, `{rebuild_job}` and `{migrate_job}`; an
 error of no such class (Spark, storage) is infrastructure.
 """

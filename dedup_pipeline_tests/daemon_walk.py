@@ -23,10 +23,15 @@ import yaml
 # tick history has no public API in Dagster 1.13 (the UI reads it through GraphQL)
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
-from dedup_pipeline.defs.landing_checks import CHECK_NAME
-from dedup_pipeline.defs.names import asset_key, input_check_job_name, landing_sensor_name, load_job_name
-from dedup_pipeline.defs.sensors import INPUT_STATE_TAG
 from dedup_pipeline.hours import to_key
+from dedup_pipeline.orchestration.landing_checks import CHECK_NAME
+from dedup_pipeline.orchestration.names import (
+    asset_key,
+    input_check_job_name,
+    landing_sensor_name,
+    load_job_name,
+)
+from dedup_pipeline.orchestration.sensors import INPUT_STATE_TAG
 from dedup_pipeline_tests.spark_services import (
     FAST_JVM,
     REPO,

@@ -257,9 +257,9 @@ def test_the_run_floor_has_the_loads_shape_and_runs_in_an_instance(tmp_path: Pat
 
     from benchmarks import run_floor
     from dedup_pipeline.config import load_config
-    from dedup_pipeline.defs.checks import CHECKS
-    from dedup_pipeline.defs.definitions import build_definitions
-    from dedup_pipeline.defs.names import load_op_name
+    from dedup_pipeline.orchestration.checks import CHECKS
+    from dedup_pipeline.orchestration.definitions import build_definitions
+    from dedup_pipeline.orchestration.names import load_op_name
     from dedup_pipeline.sample.generate import generate_landing
 
     assert {c: a for c, (a, _, _) in CHECKS.items()} == run_floor.CHECKS

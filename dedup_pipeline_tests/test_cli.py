@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.config import load_config
-from dedup_pipeline.defs.names import asset_key
+from dedup_pipeline.orchestration.names import asset_key
 from dedup_pipeline_tests.conftest import dataset_raw, source_raw, write_config, write_hour
 
 ORDERS_SCHEMA = {"order_id": "long", "shop": "string", "ts": "timestamp", "amount": "double"}

@@ -20,7 +20,8 @@ import pytest
 # tick history has no public API in Dagster 1.13 (the UI reads it through GraphQL)
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
-from dedup_pipeline.defs.names import (
+from dedup_pipeline.hours import HOUR, to_key, to_tag
+from dedup_pipeline.orchestration.names import (
     PARTITION,
     RANGE_END,
     RANGE_START,
@@ -28,7 +29,6 @@ from dedup_pipeline.defs.names import (
     landing_sensor_name,
     load_job_name,
 )
-from dedup_pipeline.hours import HOUR, to_key, to_tag
 from dedup_pipeline_tests.conftest import dataset_raw, source_raw, write_config
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,10 +12,10 @@ import pyarrow.dataset as pads
 import pytest
 
 from dedup_pipeline.config import PipelineConfig
-from dedup_pipeline.defs import names
-from dedup_pipeline.defs.definitions import build_definitions
-from dedup_pipeline.defs.names import INDEX, RANGE_END, RANGE_START, RAW, asset_key, load_job_name
-from dedup_pipeline.defs.runner import run_range
+from dedup_pipeline.orchestration import names
+from dedup_pipeline.orchestration.definitions import build_definitions
+from dedup_pipeline.orchestration.names import INDEX, RANGE_END, RANGE_START, RAW, asset_key, load_job_name
+from dedup_pipeline.orchestration.runner import run_range
 from dedup_pipeline_tests.conftest import dataset_raw, pipeline_config, read_output, write_hour
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def test_asset_graph_shape(landing) -> None:
 
 def test_names_are_spelled_once_here_as_the_ui_and_deploy_files_see_them(landing) -> None:
     """Names are an interface (the UI, deploy/dagster.yaml's limits, run configs): the other tests
-    import them from defs/names.py; this one pins their spelling."""
+    import them from orchestration/names.py; this one pins their spelling."""
     defs = build_definitions(landing)
     load = defs.resolve_job_def("clicks_hourly_load")
     rebuild = defs.resolve_job_def("clicks_index_rebuild")

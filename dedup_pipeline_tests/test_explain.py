@@ -387,7 +387,7 @@ def test_key_digests_name_the_hours_of_a_key_and_a_lost_one_costs_only_time(
 
 
 def test_dagster_explain_job_shows_a_table(spark, odd: Path) -> None:
-    from dedup_pipeline.defs.definitions import build_definitions
+    from dedup_pipeline.orchestration.definitions import build_definitions
 
     cfg = load_config(odd)
     job = build_definitions(cfg).resolve_job_def("odd_explain")
@@ -419,8 +419,8 @@ def test_dagster_explain_job_shows_a_table(spark, odd: Path) -> None:
 
 
 def test_failing_conflict_check_shows_sample_keys_and_the_explain_command(spark, tmp_path) -> None:
-    from dedup_pipeline.defs.definitions import build_definitions
-    from dedup_pipeline.defs.names import RANGE_END, RANGE_START, load_job_name
+    from dedup_pipeline.orchestration.definitions import build_definitions
+    from dedup_pipeline.orchestration.names import RANGE_END, RANGE_START, load_job_name
 
     path = write_config(tmp_path, dataset_raw(fingerprint=["url"],
                                               checks={"max_conflict_rate": 0.1}))

@@ -20,8 +20,8 @@ from click.testing import CliRunner
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.config import PipelineConfig, load_config
-from dedup_pipeline.defs.definitions import build_definitions
 from dedup_pipeline.hours import HOUR, to_key
+from dedup_pipeline.orchestration.definitions import build_definitions
 
 REPO = Path(__file__).resolve().parents[1]
 NOW = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)

@@ -19,14 +19,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dedup_pipeline.defs.names import rebuild_op_name
-from dedup_pipeline.defs.recovery import build_rebuild_job, build_recovery_sensor
 from dedup_pipeline.engine.commits import CommitRecordError, read_commit
 from dedup_pipeline.engine.index.health import IndexDamagedError, check_index, checksum_failure
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.rebuild import rebuild_index
 from dedup_pipeline.engine.storage import DatasetLockedError, Lock, Storage
 from dedup_pipeline.engine.verify import verify_dataset
+from dedup_pipeline.orchestration.names import rebuild_op_name
+from dedup_pipeline.orchestration.recovery import build_rebuild_job, build_recovery_sensor
 from dedup_pipeline_tests import lock_worker
 from dedup_pipeline_tests.conftest import dataset_config, read_output, write_hour
 

@@ -235,7 +235,7 @@ def test_parquet_format_keeps_plain_directories(spark: SparkSession, base: dict[
 def test_the_upkeep_job_checkpoints_every_table_under_the_lock(base: dict[str, Any]) -> None:
     import dagster as dg
 
-    from dedup_pipeline.defs.upkeep import build_upkeep
+    from dedup_pipeline.orchestration.upkeep import build_upkeep
 
     ds = _copy(base, "upkeep")
     job, schedule = build_upkeep(ds)

@@ -18,9 +18,13 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.config import PipelineConfig
-from dedup_pipeline.defs import runs
-from dedup_pipeline.defs.definitions import build_definitions
-from dedup_pipeline.defs.names import (
+from dedup_pipeline.engine.explain import explain_key
+from dedup_pipeline.engine.index.health import IndexDamagedError, check_index
+from dedup_pipeline.engine.load import FAULT_ENV
+from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.orchestration import runs
+from dedup_pipeline.orchestration.definitions import build_definitions
+from dedup_pipeline.orchestration.names import (
     RANGE_END,
     RANGE_START,
     RUN_FAILURE_SENSOR,
@@ -29,12 +33,8 @@ from dedup_pipeline.defs.names import (
     rebuild_job_name,
     rebuild_op_name,
 )
-from dedup_pipeline.defs.recovery import build_recovery_sensor, run_failure_summary
-from dedup_pipeline.defs.runner import run_range
-from dedup_pipeline.engine.explain import explain_key
-from dedup_pipeline.engine.index.health import IndexDamagedError, check_index
-from dedup_pipeline.engine.load import FAULT_ENV
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.orchestration.recovery import build_recovery_sensor, run_failure_summary
+from dedup_pipeline.orchestration.runner import run_range
 from dedup_pipeline_tests.conftest import dataset_raw, pipeline_config, read_output, write_hour
 
 REPO = Path(__file__).resolve().parents[1]

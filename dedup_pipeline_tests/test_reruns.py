@@ -18,10 +18,10 @@ from click.testing import CliRunner
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.config import PipelineConfig, load_config
-from dedup_pipeline.defs import runs
-from dedup_pipeline.defs.definitions import build_definitions
-from dedup_pipeline.defs.names import RANGE_END, RANGE_START, load_job_name
-from dedup_pipeline.defs.runner import run_range
+from dedup_pipeline.orchestration import runs
+from dedup_pipeline.orchestration.definitions import build_definitions
+from dedup_pipeline.orchestration.names import RANGE_END, RANGE_START, load_job_name
+from dedup_pipeline.orchestration.runner import run_range
 from dedup_pipeline_tests.conftest import dataset_raw, write_config, write_hour
 
 H = [f"2026-11-01-0{i}:00" for i in range(4)]

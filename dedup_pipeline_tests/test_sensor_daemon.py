@@ -22,9 +22,9 @@ import dagster as dg
 import pytest
 from dagster._core.scheduler.instigation import TickStatus
 
-from dedup_pipeline.defs.names import PARTITION, RANGE_END, RANGE_START
-from dedup_pipeline.defs.runs import hours_of_run
 from dedup_pipeline.hours import HOUR, to_key, to_tag
+from dedup_pipeline.orchestration.names import PARTITION, RANGE_END, RANGE_START
+from dedup_pipeline.orchestration.runs import hours_of_run
 from dedup_pipeline_tests.daemon_walk import Walk
 from dedup_pipeline_tests.spark_services import REPO, VENV_BIN
 from dedup_pipeline_tests.test_service import postgres  # noqa: F401 - the PostgreSQL fixture

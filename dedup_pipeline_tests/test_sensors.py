@@ -15,10 +15,13 @@ import dagster as dg
 import pytest
 
 from dedup_pipeline.config import PipelineConfig
-from dedup_pipeline.defs.assets import build_dataset_defs
-from dedup_pipeline.defs.definitions import build_definitions
-from dedup_pipeline.defs.landing_checks import CHECK_NAME, build_input_check
-from dedup_pipeline.defs.names import (
+from dedup_pipeline.engine import landing
+from dedup_pipeline.engine.commits import CommitRecord
+from dedup_pipeline.hours import parse_key, to_tag
+from dedup_pipeline.orchestration.assets import build_dataset_defs
+from dedup_pipeline.orchestration.definitions import build_definitions
+from dedup_pipeline.orchestration.landing_checks import CHECK_NAME, build_input_check
+from dedup_pipeline.orchestration.names import (
     RANGE_END,
     RANGE_START,
     TRIGGER_TAG,
@@ -28,10 +31,7 @@ from dedup_pipeline.defs.names import (
     load_job_name,
     reconcile_schedule_name,
 )
-from dedup_pipeline.defs.sensors import build_landing_sensor
-from dedup_pipeline.engine import landing
-from dedup_pipeline.engine.commits import CommitRecord
-from dedup_pipeline.hours import parse_key, to_tag
+from dedup_pipeline.orchestration.sensors import build_landing_sensor
 from dedup_pipeline_tests.conftest import dataset_raw, pipeline_config, read_output, write_hour
 
 H = [f"2026-11-01-{h:02d}:00" for h in range(6)]
@@ -167,7 +167,7 @@ def test_landing_sensor_requests_each_complete_hour_once_in_order(spark, tmp_pat
         assert f"hour {H[3]}" in _skip(_tick(defs, inst, cursor))
 
         # a file lands in hour 1 after it was loaded: one run of the input check records the
-        # WARN on 01:00 (a run, not a runless event: see defs/sensors.py); later ticks name it
+        # WARN on 01:00 (a run, not a runless event: see orchestration/sensors.py); later ticks name it
         write_hour(ds, H[1], [_ev(5, 1)], name="part-1.jsonl")
         res = _tick(defs, inst, cursor)
         [check] = _check_runs(res)

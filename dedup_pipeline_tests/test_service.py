@@ -30,8 +30,8 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from dedup_pipeline.defs.names import RANGE_END, RANGE_START, pool_name
 from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
+from dedup_pipeline.orchestration.names import RANGE_END, RANGE_START, pool_name
 from dedup_pipeline.sample.generate import generate_landing
 from dedup_pipeline_tests.conftest import generated_config
 from dedup_pipeline_tests.spark_services import (

@@ -27,8 +27,8 @@ import dagster as dg
 import pytest
 
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
-from dedup_pipeline.defs.landing_checks import CHECK_NAME
 from dedup_pipeline.hours import HOUR, to_key, to_tag
+from dedup_pipeline.orchestration.landing_checks import CHECK_NAME
 from dedup_pipeline_tests.daemon_walk import DATASET, Walk
 from dedup_pipeline_tests.spark_services import (
     LOOPBACK,

@@ -36,7 +36,8 @@ import pytest
 
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
 from dedup_pipeline.config import load_config
-from dedup_pipeline.defs.names import (
+from dedup_pipeline.hours import HOUR, hour_range, parse_key, to_key
+from dedup_pipeline.orchestration.names import (
     PARTITION,
     RANGE_END,
     RANGE_START,
@@ -44,7 +45,6 @@ from dedup_pipeline.defs.names import (
     landing_sensor_name,
     pool_name,
 )
-from dedup_pipeline.hours import HOUR, hour_range, parse_key, to_key
 from dedup_pipeline.sample.generate import default_start, generate_landing
 from dedup_pipeline_tests.reference import Reference
 from dedup_pipeline_tests.spark_services import (

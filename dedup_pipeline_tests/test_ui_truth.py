@@ -18,11 +18,12 @@ import pytest
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionResolvedStatus
 
 from dedup_pipeline.config import PipelineConfig
-from dedup_pipeline.defs import runs
-from dedup_pipeline.defs.assets import build_dataset_defs
-from dedup_pipeline.defs.checks import CHECKS
-from dedup_pipeline.defs.definitions import build_definitions
-from dedup_pipeline.defs.names import (
+from dedup_pipeline.engine.storage import Lock, Storage
+from dedup_pipeline.orchestration import runs
+from dedup_pipeline.orchestration.assets import build_dataset_defs
+from dedup_pipeline.orchestration.checks import CHECKS
+from dedup_pipeline.orchestration.definitions import build_definitions
+from dedup_pipeline.orchestration.names import (
     PARTITION,
     RANGE_END,
     RANGE_START,
@@ -32,11 +33,10 @@ from dedup_pipeline.defs.names import (
     load_job_name,
     rebuild_job_name,
 )
-from dedup_pipeline.defs.partitions import hourly_partitions
-from dedup_pipeline.defs.runner import run_range
-from dedup_pipeline.defs.schedules import build_reconcile_schedule
-from dedup_pipeline.defs.sensors import build_landing_sensor
-from dedup_pipeline.engine.storage import Lock, Storage
+from dedup_pipeline.orchestration.partitions import hourly_partitions
+from dedup_pipeline.orchestration.runner import run_range
+from dedup_pipeline.orchestration.schedules import build_reconcile_schedule
+from dedup_pipeline.orchestration.sensors import build_landing_sensor
 from dedup_pipeline_tests.conftest import write_hour
 from dedup_pipeline_tests.test_dagster import _cfg, _ev
 

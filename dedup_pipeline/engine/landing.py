@@ -1,8 +1,8 @@
 """When is an hour's input complete, and which loaded hours got new input since (SPEC D2, R11).
 
 Pure functions over the landing zone and the dataset's commit records: no Dagster, no Spark. The
-landing sensor and the reconciliation schedule (``defs/sensors.py``, ``defs/schedules.py``) decide
-with these, so the rules are testable with a fixed clock.
+landing sensor and the reconciliation schedule (``orchestration/sensors.py``,
+``orchestration/schedules.py``) decide with these, so the rules are testable with a fixed clock.
 
 Completeness (``landing.marker`` / ``landing.grace``):
 - ``marker: _SUCCESS`` (the default): hour H is complete once the marker file exists in H's

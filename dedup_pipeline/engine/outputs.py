@@ -2,7 +2,7 @@
 
 One home for what a reader of the lake relies on: classification names rows' outputs with these
 names, the load writes exactly these columns in these types, and the Dagster layer shows them as
-the assets' column schemas (`defs/assets.py` only converts them).
+the assets' column schemas (`orchestration/assets.py` only converts them).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ duplicate_rate and conflict_rate on `duplicates`, rejected_rate on `rejected`, a
 thresholds of the dataset's `checks:` section.
 
 Each hour gets its own evaluation event for its partition, whatever the run's size, targeting the
-hour's own materialization (see `defs/assets.py` for why events, not AssetCheckResults).
+hour's own materialization (see `orchestration/assets.py` for why events, not AssetCheckResults).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.defs.names import INDEX, asset_key
 from dedup_pipeline.engine.checks import CONSERVATION, INDEX_AGREES, UNIQUE_KEYS
 from dedup_pipeline.engine.load import LoadResult
 from dedup_pipeline.engine.outputs import DUPLICATES, REJECTED, UNIQUE
+from dedup_pipeline.orchestration.names import INDEX, asset_key
 
 INDEX_SIZE = "index_size"
 DUPLICATE_RATE, CONFLICT_RATE, REJECTED_RATE = "duplicate_rate", "conflict_rate", "rejected_rate"

@@ -9,19 +9,19 @@ import warnings
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig, PipelineConfig
-from dedup_pipeline.defs.assets import build_dataset_defs
-from dedup_pipeline.defs.explain import build_explain_job
-from dedup_pipeline.defs.landing_checks import build_input_check
-from dedup_pipeline.defs.recovery import (
+from dedup_pipeline.orchestration.assets import build_dataset_defs
+from dedup_pipeline.orchestration.explain import build_explain_job
+from dedup_pipeline.orchestration.landing_checks import build_input_check
+from dedup_pipeline.orchestration.recovery import (
     build_migrate_job,
     build_rebuild_job,
     build_recovery_sensor,
     run_failure_summary,
 )
-from dedup_pipeline.defs.resources import SparkResource
-from dedup_pipeline.defs.schedules import build_hourly_schedule, build_reconcile_schedule
-from dedup_pipeline.defs.sensors import build_landing_sensor
-from dedup_pipeline.defs.upkeep import build_upkeep
+from dedup_pipeline.orchestration.resources import SparkResource
+from dedup_pipeline.orchestration.schedules import build_hourly_schedule, build_reconcile_schedule
+from dedup_pipeline.orchestration.sensors import build_landing_sensor
+from dedup_pipeline.orchestration.upkeep import build_upkeep
 
 # A sensor that targets asset jobs (the landing sensor: load job and input-check job) is rebuilt
 # when the Definitions resolve, and Dagster 1.13 then passes `owners` itself and warns that the

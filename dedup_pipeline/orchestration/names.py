@@ -2,10 +2,10 @@
 concurrency pools and run tags.
 
 Why one module: these strings are an interface. The UI shows them, deploy/dagster.yaml's
-concurrency limit matches on the pools, the sensors read the tags back from runs (`defs/runs.py`),
+concurrency limit matches on the pools, the sensors read the tags back from runs (`orchestration/runs.py`),
 and the CLI addresses the rebuild op by name in its run config; a name spelled twice drifts. Every
 per-dataset name starts with the dataset's name. The asset checks' names live with their
-definitions (`defs/checks.py`, `defs/landing_checks.py`): the engine raises three of them.
+definitions (`orchestration/checks.py`, `orchestration/landing_checks.py`): the engine raises three of them.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ PerDataset = Callable[[str], str]
 LOAD_JOB_SUFFIX = "_hourly_load"
 REBUILD_JOB_SUFFIX = "_index_rebuild"
 MIGRATE_JOB_SUFFIX = "_contract_migrate"
-EXPLAIN_JOB_SUFFIX = "_explain"  # `defs/explain.py`: where did key K go, and why
+EXPLAIN_JOB_SUFFIX = "_explain"  # `orchestration/explain.py`: where did key K go, and why
 
 load_job_name: PerDataset = ("{}" + LOAD_JOB_SUFFIX).format
 rebuild_job_name: PerDataset = ("{}" + REBUILD_JOB_SUFFIX).format
@@ -50,7 +50,7 @@ landing_sensor_name: PerDataset = "{}_landing_sensor".format
 recovery_sensor_name: PerDataset = "{}_index_recovery_sensor".format
 hourly_schedule_name: PerDataset = "{}_hourly_schedule".format
 reconcile_schedule_name: PerDataset = "{}_reconcile_schedule".format
-# the output Delta tables' upkeep (defs/upkeep.py): vacuum with retention, checkpoint, log clean-up
+# the output Delta tables' upkeep (orchestration/upkeep.py): vacuum with retention, checkpoint, log clean-up
 upkeep_job_name: PerDataset = "{}_table_upkeep".format
 upkeep_op_name: PerDataset = "{}_vacuum_tables".format
 upkeep_schedule_name: PerDataset = "{}_table_upkeep_schedule".format

@@ -28,11 +28,6 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.defs import checks, names, runs
-from dedup_pipeline.defs.explain import key_sampler, sample_metadata
-from dedup_pipeline.defs.names import INDEX, RAW
-from dedup_pipeline.defs.partitions import hourly_partitions
-from dedup_pipeline.defs.resources import SparkResource
 from dedup_pipeline.engine import commits, landing, outputs
 from dedup_pipeline.engine.checks import LoadCheckError
 from dedup_pipeline.engine.commits import LoadOrderError
@@ -43,6 +38,11 @@ from dedup_pipeline.engine.outputs import OUTPUTS
 from dedup_pipeline.engine.parse import REASON, V
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import parse_key, to_key, to_tag
+from dedup_pipeline.orchestration import checks, names, runs
+from dedup_pipeline.orchestration.explain import key_sampler, sample_metadata
+from dedup_pipeline.orchestration.names import INDEX, RAW
+from dedup_pipeline.orchestration.partitions import hourly_partitions
+from dedup_pipeline.orchestration.resources import SparkResource
 
 PROGRESS_LOGGER = logging.getLogger("dedup_pipeline.progress")
 

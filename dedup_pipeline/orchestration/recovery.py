@@ -19,15 +19,15 @@ import os
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.defs import names, runs
-from dedup_pipeline.defs.assets import PROGRESS_LOGGER
-from dedup_pipeline.defs.resources import SparkResource
 from dedup_pipeline.engine import commits, contract
 from dedup_pipeline.engine.index.health import check_index, scrub
 from dedup_pipeline.engine.migrate import migrate
 from dedup_pipeline.engine.rebuild import rebuild_index
 from dedup_pipeline.engine.storage import Lock, Storage
 from dedup_pipeline.hours import key_of, parse_key, to_tag
+from dedup_pipeline.orchestration import names, runs
+from dedup_pipeline.orchestration.assets import PROGRESS_LOGGER
+from dedup_pipeline.orchestration.resources import SparkResource
 
 RECOVERY_INTERVAL_S = 120
 # Index bytes hashed per sensor tick (a rolling scrub; ~0.3 s per 512 MB from the page cache at

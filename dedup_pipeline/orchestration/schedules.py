@@ -22,17 +22,17 @@ from typing import Any
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.defs.names import (
+from dedup_pipeline.engine import commits, contract, landing
+from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.hours import HOUR, compress_ranges, parse_key, to_key
+from dedup_pipeline.orchestration.names import (
     LATE_HOURS_TAG,
     PARTITION,
     hourly_schedule_name,
     range_tags,
     reconcile_schedule_name,
 )
-from dedup_pipeline.defs.sensors import active_runs, describe_run
-from dedup_pipeline.engine import commits, contract, landing
-from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import HOUR, compress_ranges, parse_key, to_key
+from dedup_pipeline.orchestration.sensors import active_runs, describe_run
 
 RECONCILE_CRON = "30 0 * * *"
 

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 import dagster as dg
 
 from dedup_pipeline.config import PipelineConfig
-from dedup_pipeline.defs import runs
-from dedup_pipeline.defs.definitions import build_definitions
-from dedup_pipeline.defs.names import load_job_name, range_tags
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.load import LoadResult
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
+from dedup_pipeline.orchestration import runs
+from dedup_pipeline.orchestration.definitions import build_definitions
+from dedup_pipeline.orchestration.names import load_job_name, range_tags
 
 # The CLI prints its own progress and a one-line error; Dagster's console log of the run (a
 # step failure's traceback included) is shown with --verbose and is kept in the instance.

@@ -9,9 +9,9 @@
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.defs import names
 from dedup_pipeline.engine import lake
 from dedup_pipeline.engine.storage import Lock, Storage
+from dedup_pipeline.orchestration import names
 
 UPKEEP_CRON = "15 3 * * *"
 

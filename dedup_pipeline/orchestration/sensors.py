@@ -1,11 +1,11 @@
 """The landing sensor (SPEC D2, R10, R11): load every hour whose input is complete, in order, once.
 
 One sensor per dataset, `{ds}_landing_sensor`, on by default (RUNNING); the hourly schedule is the
-documented alternative (``defs/schedules.py``). Each tick:
+documented alternative (``orchestration/schedules.py``). Each tick:
 
 1. If a run of the dataset is queued or running, it requests nothing (two runs of one dataset never
    overlap; the engine's lock would refuse the second anyway). A run counts as the dataset's by
-   what it materializes (`defs/runs.py`), so a run launched from the UI without our tags counts.
+   what it materializes (`orchestration/runs.py`), so a run launched from the UI without our tags counts.
 2. It reads which hours are loaded from the dataset's commit records, not from Dagster, so a wiped
    instance, a CLI load or a manual backfill all count. Loading resumes at the first hour since
    `start` without a commit record.
@@ -45,12 +45,12 @@ from typing import Any, TypeVar
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.defs import runs
-from dedup_pipeline.defs.landing_checks import build_input_check, build_input_check_job
-from dedup_pipeline.defs.names import PARTITION, TRIGGER_TAG, landing_sensor_name, range_tags
 from dedup_pipeline.engine import commits, contract, landing
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import compress_ranges, hour_range, parse_key, to_key, to_tag
+from dedup_pipeline.orchestration import runs
+from dedup_pipeline.orchestration.landing_checks import build_input_check, build_input_check_job
+from dedup_pipeline.orchestration.names import PARTITION, TRIGGER_TAG, landing_sensor_name, range_tags
 
 SENSOR_INTERVAL_S = 30
 INPUT_STATE_TAG = "dedup_pipeline/input_state"  # on a check run: "changed" or "reprocessed"

@@ -17,7 +17,9 @@ import dagster as dg
 import dedup_pipeline.engine.load  # noqa: F401
 import dedup_pipeline.engine.migrate  # noqa: F401
 import dedup_pipeline.engine.session  # noqa: F401
-from dedup_pipeline.defs.names import (
+from dedup_pipeline.engine.errors import infrastructure_cause
+from dedup_pipeline.errors import stage_and_fix
+from dedup_pipeline.orchestration.names import (
     DATASET_TAG,
     LOAD_JOB_SUFFIX,
     MIGRATE_JOB_SUFFIX,
@@ -30,8 +32,6 @@ from dedup_pipeline.defs.names import (
     pool_name,
     rebuild_job_name,
 )
-from dedup_pipeline.engine.errors import infrastructure_cause
-from dedup_pipeline.errors import stage_and_fix
 
 ACTIVE = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
           dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]

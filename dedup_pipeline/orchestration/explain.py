@@ -17,8 +17,6 @@ from typing import Any
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.defs import names
-from dedup_pipeline.defs.resources import SparkResource
 from dedup_pipeline.engine.explain import (
     explain_command,
     explain_key,
@@ -27,6 +25,8 @@ from dedup_pipeline.engine.explain import (
     sample_keys,
 )
 from dedup_pipeline.hours import parse_key, to_tag
+from dedup_pipeline.orchestration import names
+from dedup_pipeline.orchestration.resources import SparkResource
 
 
 def explain_job_name(dataset: str) -> str:

@@ -20,11 +20,11 @@ from typing import Any
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.defs.names import RAW, asset_key, input_check_job_name
-from dedup_pipeline.defs.partitions import hourly_partitions
 from dedup_pipeline.engine import commits, landing
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import compress_ranges, parse_key, to_key, to_tag
+from dedup_pipeline.orchestration.names import RAW, asset_key, input_check_job_name
+from dedup_pipeline.orchestration.partitions import hourly_partitions
 
 CHECK_NAME = "input_unchanged_since_load"
 MAX_LISTED = 20  # files named in the metadata per kind of change

@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
@@ -63,10 +64,11 @@ def _datasets(tmp: Path, expiry: bool) -> tuple[DatasetConfig, DatasetConfig]:
 
 
 def _rows(ds: DatasetConfig) -> dict[str, list[tuple]]:
-    """Every output (all hours, with the hour) and every index entry, as sorted tuples."""
+    """Every output (all hours, with the hour) and every index entry, as sorted tuples. An output
+    is read through its Delta table: after a rerun the replaced files stay on disk until a vacuum."""
     out: dict[str, list[tuple]] = {}
     for name in OUTPUTS:
-        t = pq.read_table(Path(ds.output) / name)
+        t = DeltaTable(str(Path(ds.output) / name)).to_pyarrow_table()
         out[name] = sorted(zip(*[t.column(c).to_pylist() for c in sorted(t.column_names)],
                                strict=True), key=repr)
     files = Storage(ds.output).list_files(str(Path(ds.output) / "index"), ".parquet")

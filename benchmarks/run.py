@@ -54,7 +54,7 @@ from benchmarks import systems, warm
 from benchmarks.probe import Cost, measured, run_process, settle
 from benchmarks.worker import WORKER_CONF, System, Worker, dataset_from_spec
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits
+from dedup_pipeline.engine import commits, lake
 from dedup_pipeline.engine.load import LoadResult, run_load
 from dedup_pipeline.engine.parse import list_input_files
 from dedup_pipeline.engine.session import BASE_CONF, SparkSettings, get_session
@@ -518,8 +518,8 @@ def _same_unique(a_root: Path, b_root: Path, tag: str, columns: list[str]) -> bo
     def rows(root: Path) -> list[tuple]:
         part, cols = root / "unique" / f"load_hour={tag}", [*columns, "_source_file"]
         if (root / "unique" / "_delta_log").is_dir():  # the table's files: a rerun's replaced
-            held = DeltaTable(str(root / "unique")).file_uris()  # ones stay until a vacuum
-            t = pq.read_table([f for f in held if f.startswith(f"{part}/")], columns=cols)
+            held = lake.files_by_hour(DeltaTable(str(root / "unique"))).get(tag, {})  # ones stay
+            t = pq.read_table([str(root / "unique" / f) for f in held], columns=cols)  # to vacuum
         else:
             t = pq.read_table(part, columns=cols)
         return sorted(zip(*[t.column(c).to_pylist() for c in t.column_names], strict=True),

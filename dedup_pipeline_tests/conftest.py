@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import yaml
 from pyspark.sql import SparkSession
@@ -179,6 +180,17 @@ def write_hour(ds: DatasetConfig, hour: str, rows: list[Any], name: str = "part-
     return p
 
 
+def table_files(table: Path, tag: str | None = None) -> list[str]:
+    """The files (absolute paths) of the latest version of the Delta table at `table`, all hours
+    or hour `tag`: from the add actions' relative paths (`file_uris()` percent-encodes the table
+    root, so it does not name a root with spaces or unicode as the file system does)."""
+    from deltalake import DeltaTable
+
+    acts = pa.table(DeltaTable(str(table)).get_add_actions(flatten=True)).to_pydict()
+    return [str(table / rel) for rel, hour in zip(acts["path"], acts["partition.load_hour"],
+                                                  strict=True) if tag is None or hour == tag]
+
+
 def read_output(spark: SparkSession, ds: DatasetConfig, output: str,
                 hour: str | None = None) -> list[dict[str, Any]]:
     """Rows of one output (optionally one load hour) as dicts: through its Delta table where it
@@ -189,10 +201,7 @@ def read_output(spark: SparkSession, ds: DatasetConfig, output: str,
     if not base.exists():
         return []
     if (table / "_delta_log").is_dir():
-        from deltalake import DeltaTable
-
-        prefix = f"{base}/"
-        files = [f for f in DeltaTable(str(table)).file_uris() if f.startswith(prefix)]
+        files = table_files(table, None if hour is None else hour[:13])
         if not files:
             return []
         reader = spark.read if hour is not None else spark.read.option("basePath", str(table))
@@ -208,9 +217,7 @@ def output_table(ds: DatasetConfig, output: str, tag: str) -> Any:
     table = Path(ds.output) / output
     part = table / f"load_hour={tag}"
     if (table / "_delta_log").is_dir():
-        from deltalake import DeltaTable
-
-        files = [f for f in DeltaTable(str(table)).file_uris() if f.startswith(f"{part}/")]
+        files = table_files(table, tag)
         return pq.read_table(files) if files else None
     return pq.read_table(part) if part.exists() else None
 

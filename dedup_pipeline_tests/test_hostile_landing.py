@@ -43,7 +43,7 @@ from dedup_pipeline.engine.rebuild import rebuild_index
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline.hours import parse_key
-from dedup_pipeline_tests.conftest import dataset_config, source_raw
+from dedup_pipeline_tests.conftest import dataset_config, output_table, source_raw
 from dedup_pipeline_tests.reference import OUTPUTS, Reference
 from dedup_pipeline_tests.test_reference import read_engine
 
@@ -159,15 +159,15 @@ def rid_of(row: dict[str, Any]) -> str:
 
 
 def engine_placement(ds: DatasetConfig, tag: str) -> dict[str, tuple[str, str | None]]:
-    root = Path(ds.output)
+    """Where the engine put each record of hour `tag`, as a reader of the tables sees it (a
+    rerun's replaced files stay on disk until a vacuum)."""
     seen: dict[str, tuple[str, str | None]] = {}
     for name in OUTPUTS:
-        part = root / name / f"load_hour={tag}"
-        for f in sorted(part.glob("*.parquet")):
-            for row in pq.read_table(f).to_pylist():
-                rid = rid_of(row)
-                assert rid not in seen, f"{rid} is in {seen[rid][0]} and in {name}"
-                seen[rid] = (name, row.get("_reject_reason"))
+        table = output_table(ds, name, tag)
+        for row in table.to_pylist() if table is not None else []:
+            rid = rid_of(row)
+            assert rid not in seen, f"{rid} is in {seen[rid][0]} and in {name}"
+            seen[rid] = (name, row.get("_reject_reason"))
     return seen
 
 

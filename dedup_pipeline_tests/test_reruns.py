@@ -22,7 +22,7 @@ from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.definitions import build_definitions
 from dedup_pipeline.orchestration.names import RANGE_END, RANGE_START, load_job_name
 from dedup_pipeline.orchestration.runner import run_range
-from dedup_pipeline_tests.conftest import dataset_raw, write_config, write_hour
+from dedup_pipeline_tests.conftest import dataset_raw, table_files, write_config, write_hour
 
 H = [f"2026-11-01-0{i}:00" for i in range(4)]
 
@@ -49,9 +49,7 @@ def _ids(out: Path, name: str, hour: str) -> set[str]:
     """Keys of one hour of one output, as a reader of the table sees them."""
     part = out / name / f"load_hour={hour[:13]}"
     if (out / name / "_delta_log").is_dir():
-        from deltalake import DeltaTable
-
-        files = [f for f in DeltaTable(str(out / name)).file_uris() if f.startswith(f"{part}/")]
+        files = table_files(out / name, hour[:13])
     else:
         files = [str(f) for f in part.glob("*.parquet")]
     return {r["event_id"] for f in files for r in pq.read_table(f).to_pylist()}

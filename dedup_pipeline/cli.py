@@ -27,13 +27,14 @@ from dedup_pipeline.engine.load import LoadResult
 
 SPARK_NOISE = "Spark is starting (10-20 s the first time)..."
 
-# The demo's DAGSTER_HOME/dagster.yaml (written when there is none): `dagster dev` on it then
+# The demo's DAGSTER_HOME/dagster.yaml (written when there is none): `dg dev` on it then
 # queues a second run of a dataset instead of failing it on the dataset lock (pool dedup_<ds>,
 # one run at a time, as deploy/dagster.yaml), and prints no telemetry notice.
 DEMO_INSTANCE_YAML = """\
-# Written by `dedup-pipeline demo`. Runs wait in a queue; the load and index-rebuild steps use the
-# pool dedup_<dataset>, limited to one RUN at a time, so a UI backfill, a sensor run and a CLI
-# rebuild of one dataset never overlap (SPEC R10). See deploy/dagster.yaml for a service.
+# Written by `dedup-pipeline demo`. Runs wait in a queue; the steps that write a dataset (load,
+# index rebuild, migration, table upkeep) use the pool dedup_<dataset>, limited to one RUN at a
+# time, so a UI backfill, a sensor run and a CLI rebuild of one dataset never overlap (SPEC R10).
+# See deploy/dagster.yaml for a service.
 run_coordinator:
   module: dagster._core.run_coordinator
   class: QueuedRunCoordinator

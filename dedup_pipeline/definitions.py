@@ -1,4 +1,5 @@
-"""The code location: `dagster dev` (pyproject [tool.dg] or workspace.yaml) loads `defs` from here.
+"""The code location: `dg dev` (pyproject [tool.dg]) or `dagster dev -w workspace.yaml` loads `defs`
+from here.
 
 The config comes from DEDUP_CONFIG, or the built-in demo dataset when unset (SPEC C1). Loading
 reads and validates YAML only; Spark starts inside a run.

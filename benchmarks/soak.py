@@ -39,7 +39,12 @@ from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
 from dedup_pipeline.hours import HOUR, hour_range, to_key, to_tag
-from dedup_pipeline.orchestration.names import RANGE_END, RANGE_START, recovery_sensor_name
+from dedup_pipeline.orchestration.names import (
+    PARTITION,
+    RANGE_END,
+    RANGE_START,
+    recovery_sensor_name,
+)
 from dedup_pipeline_tests.daemon_walk import DATASET, Walk
 
 RETRIES = """\
@@ -176,6 +181,8 @@ def soak(root: Path, minutes: float, every: float, log: Any = print) -> Figures:
                     if r.status == dg.DagsterRunStatus.SUCCESS]
             for r in runs:
                 first, end = r.tags.get(RANGE_START), r.tags.get(RANGE_END)
+                if not (first and end):  # a one-hour tick's run: a single partition, no range
+                    first = end = r.tags.get(PARTITION)
                 if first and end:
                     for h in hour_range(first, end):
                         fig.loads_per_hour[to_key(h)] += 1

@@ -458,6 +458,11 @@ def snapshot(output: str | Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in (*OUTPUTS, "index"):
         d = root / name
+        if (d / "_delta_log").is_dir():  # through the table: a rerun's replaced files stay on
+            from deltalake import DeltaTable  # disk until a vacuum
+
+            out[name] = _rows(DeltaTable(str(d)).to_pyarrow_table())
+            continue
         out[name] = _rows(pads.dataset(d, format="parquet", partitioning="hive").to_table()) \
             if d.exists() else None
     commits = {}

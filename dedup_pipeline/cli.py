@@ -344,7 +344,7 @@ def vacuum(config: str, dataset: str | None, retention_hours: int) -> None:
     """Upkeep of the output tables: delete replaced files past the retention (never a full
     vacuum), checkpoint the Delta log and clean up old log entries."""
     from dedup_pipeline.engine import lake
-    from dedup_pipeline.engine.storage import DatasetLockedError, Lock, Storage
+    from dedup_pipeline.engine.storage import DatasetLockedError, Storage
 
     cfg = _load(config)
     for name in [dataset] if dataset else [d.name for d in cfg.datasets]:
@@ -355,16 +355,10 @@ def vacuum(config: str, dataset: str | None, retention_hours: int) -> None:
         if not lake.enabled(ds):
             click.echo(f"{ds.name}: output_format is parquet: nothing to vacuum")
             continue
-        st = Storage(ds.output)
         try:
-            with Lock(st, "dedup-pipeline vacuum"):
-                lake.roll_forward(st, ds, lake.pending(st), click.echo)
-                done = lake.vacuum(st, retention_hours)
+            lake.upkeep(Storage(ds.output), ds, retention_hours, "dedup-pipeline vacuum", click.echo)
         except DatasetLockedError as e:
             _fail(str(e))
-        for u in done:
-            click.echo(f"{ds.name}: {u.output}: {u.deleted} replaced file(s) deleted, "
-                       f"checkpoint at version {u.version}")
 
 
 @main.command()

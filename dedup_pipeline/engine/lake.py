@@ -49,7 +49,7 @@ from deltalake.transaction import (
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.outputs import LOAD_HOUR, OUTPUTS, columns, partition
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.storage import Lock, Storage
 from dedup_pipeline.errors import UserError
 from dedup_pipeline.hours import key_of
 
@@ -470,6 +470,18 @@ def vacuum(st: Storage, retention_hours: int = DEFAULT_RETENTION_HOURS) -> list[
         out.append(Upkeep(name, len(deleted), dt.version()))
     return out
 
+
+def upkeep(st: Storage, ds: DatasetConfig, retention_hours: int, owner: str,
+           say: Say) -> list[Upkeep]:
+    """The table upkeep of `ds` (the `vacuum` command and the upkeep job): under the dataset lock,
+    roll pending hours forward, then `vacuum`; says one line per table."""
+    with Lock(st, owner):
+        roll_forward(st, ds, pending(st), say)
+        done = vacuum(st, retention_hours)
+    for u in done:
+        say(f"{ds.name}: {u.output}: {u.deleted} replaced file(s) deleted, "
+            f"checkpoint at version {u.version}")
+    return done
 
 
 def place_files(st: Storage, tmp: str, target: str) -> list[str]:

@@ -10,7 +10,7 @@ import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import lake
-from dedup_pipeline.engine.storage import Lock, Storage
+from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.orchestration import names
 
 UPKEEP_CRON = "15 3 * * *"
@@ -24,13 +24,8 @@ def build_upkeep(ds: DatasetConfig) -> tuple[dg.JobDefinition, dg.ScheduleDefini
     @dg.op(name=names.upkeep_op_name(ds.name), tags={names.DATASET_TAG: ds.name},
            pool=names.pool_name(ds.name))
     def vacuum_tables(context: dg.OpExecutionContext, config: UpkeepConfig) -> None:
-        st = Storage(ds.output)
-        with Lock(st, owner=f"dagster run {context.run.run_id} (table upkeep)"):
-            lake.roll_forward(st, ds, lake.pending(st), context.log.info)
-            done = lake.vacuum(st, config.retention_hours)
-        for u in done:
-            context.log.info(f"{ds.name}: {u.output}: {u.deleted} replaced file(s) deleted, "
-                             f"checkpoint at version {u.version}")
+        lake.upkeep(Storage(ds.output), ds, config.retention_hours,
+                    f"dagster run {context.run.run_id} (table upkeep)", context.log.info)
 
     @dg.job(name=names.upkeep_job_name(ds.name), tags={names.DATASET_TAG: ds.name},
             description=f"Vacuum (retention, never full), checkpoint and clean up the logs of "

@@ -161,16 +161,23 @@ POINTS = [
 ]
 
 
-@pytest.mark.parametrize(("point", "base"), POINTS, ids=[p for p, _ in POINTS])
-def test_crash_then_rerun_equals_clean_run(spark: SparkSession, crash_env: dict[str, Any],
-                                           point: str, base: str) -> None:
-    ds = _prepare(crash_env, f"crash_{point.replace(':', '_')}", base)
+def _killed_at(crash_env: dict[str, Any], ds: DatasetConfig, point: str
+               ) -> subprocess.CompletedProcess[str]:
+    """Load the last hour of `ds` in a process that SIGKILLs itself at fault `point`."""
     env = {**os.environ, "DEDUP_FAULT": point, "PYSPARK_PYTHON": sys.executable,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run(
         [sys.executable, str(crash_env["script"]), str(_config_path(ds, crash_env["root"])), LAST],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 137, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+@pytest.mark.parametrize(("point", "base"), POINTS, ids=[p for p, _ in POINTS])
+def test_crash_then_rerun_equals_clean_run(spark: SparkSession, crash_env: dict[str, Any],
+                                           point: str, base: str) -> None:
+    ds = _prepare(crash_env, f"crash_{point.replace(':', '_')}", base)
+    proc = _killed_at(crash_env, ds, point)
     assert "LOADED" not in proc.stdout
     commits = Path(ds.output) / "_commits"
     assert not (commits / f"load_hour={TAGS[-1]}.json").exists()
@@ -203,12 +210,7 @@ def test_crash_while_publishing_is_rolled_forward_by_the_next_load(
     """Killed after the commit record, with 0-4 of the 4 tables published: the hour is committed
     (the record is the truth); the next load rolls every table forward to the records."""
     ds = _prepare(crash_env, f"publish_{point.replace(':', '_')}", "base01")
-    env = {**os.environ, "DEDUP_FAULT": point, "PYSPARK_PYTHON": sys.executable,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(
-        [sys.executable, str(crash_env["script"]), str(_config_path(ds, crash_env["root"])), LAST],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 137, proc.stdout[-2000:] + proc.stderr[-4000:]
+    _killed_at(crash_env, ds, point)
     st = Storage(ds.output)
     assert (Path(ds.output) / "_commits" / f"load_hour={TAGS[-1]}.json").exists()
     done = 0 if point == "before_publish" else OUTPUTS.index(point.split(":")[1]) + 1

@@ -193,6 +193,51 @@ def test_stale_crc_on_a_file_without_a_recorded_hash_is_index_damage(spark, tmp_
     assert check_index(Storage(ds.output), ds).ok
 
 
+def _delete_index_once_read(ds, monkeypatch) -> None:
+    """Delete the whole index right after a load planned its read of it (before Spark runs the
+    read): the index removed under a running load, as a person or a cleanup job would."""
+    from dedup_pipeline.engine.index import store
+
+    read = store.read_live
+    done: list[bool] = []
+
+    def read_then_delete(*args: object, **kwargs: object):
+        frame = read(*args, **kwargs)
+        if not done:
+            done.append(True)
+            shutil.rmtree(Path(ds.output, "index"))
+        return frame
+
+    monkeypatch.setattr(store, "read_live", read_then_delete)
+
+
+def test_index_deleted_under_a_running_load_is_index_damage(spark, tmp_path: Path,
+                                                            monkeypatch) -> None:
+    """A file gone between the load's listing and Spark's read fails the load as index damage
+    (named, with the rebuild hint; nothing committed), or with `on_damaged_index: rebuild` the load
+    rebuilds and is redone, with the results the rules give."""
+    ds = _site(tmp_path)
+    load_hours(spark, ds, H[:2])
+    _delete_index_once_read(ds, monkeypatch)
+    with pytest.raises(IndexDamagedError, match=r"index/slice=.*disappeared while the load read "
+                                                r"it.*rebuild-index"):
+        load_hours(spark, ds, [H[2]])
+    st = Storage(ds.output)
+    assert not st.exists(st.path("_commits", "load_hour=2026-11-01-02.json"))
+    assert set(check_index(st, ds).damaged_loads) == {"2026-11-01-00", "2026-11-01-01"}
+    rebuild_index(spark, ds)
+    load_hours(spark, ds, [H[2]])
+    assert _ids(spark, ds, "duplicates", H[2]) == {f"a{i}" for i in range(10)}
+
+    ds2 = _site(tmp_path / "self_repair", on_damaged_index="rebuild")
+    load_hours(spark, ds2, H[:2])
+    _delete_index_once_read(ds2, monkeypatch)
+    load_hours(spark, ds2, [H[2]])
+    assert _ids(spark, ds2, "duplicates", H[2]) == {f"a{i}" for i in range(10)}
+    assert _ids(spark, ds2, "unique", H[2]) == {"c0"}
+    assert check_index(Storage(ds2.output), ds2).ok
+
+
 def test_a_damaged_commit_record_names_file_hour_and_fix(spark, tmp_path: Path) -> None:
     ds = _site(tmp_path)
     load_hours(spark, ds, H[:2])

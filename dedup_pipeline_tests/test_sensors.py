@@ -29,6 +29,7 @@ from dedup_pipeline.orchestration.names import (
     input_check_job_name,
     landing_sensor_name,
     load_job_name,
+    rebuild_job_name,
     reconcile_schedule_name,
 )
 from dedup_pipeline.orchestration.sensors import build_landing_sensor
@@ -178,6 +179,54 @@ def test_landing_sensor_requests_each_complete_hour_once_in_order(spark, tmp_pat
         msg = _skip(again := _tick(defs, inst, res.cursor))
         assert f"late input for already-loaded hour(s) {H[1]}" in msg and f"Reprocess from {H[1]}" in msg
         assert H[1] in msg and not again.run_requests
+
+
+def test_hours_whose_load_failed_on_index_damage_are_requested_again_after_a_rebuild(
+        spark, tmp_path: Path) -> None:
+    """A load that failed is not retried blindly, but once an index rebuild of the dataset has
+    succeeded after it (the fix an index-damage failure names; the recovery sensor launches it),
+    the hours are requested again: once per rebuild, under a new run key."""
+    cfg = _cfg(tmp_path)
+    ds = cfg.datasets[0]
+    for h in range(3):
+        write_hour(ds, H[h], [_ev(10 * h + 1, h), _ev(1, h)])
+        _marker(cfg, H[h])
+    defs = build_definitions(cfg)
+    with dg.instance_for_test() as inst:
+        res = _tick(defs, inst, None)
+        assert _run(defs, inst, _only_request(res)).success  # hours 0..2
+        write_hour(ds, H[3], [_ev(31, 3), _ev(1, 3)])
+        _marker(cfg, H[3])
+        res = _tick(defs, inst, res.cursor)
+        req = _only_request(res)
+        shutil.rmtree(Path(ds.output) / "index")  # the index deleted before the load reads it
+        failed = _run(defs, inst, req)
+        assert not failed.success
+        msg = _skip(_tick(defs, inst, res.cursor))
+        assert f"hour(s) {H[3]} were requested but are not loaded" in msg
+        assert f"latest load of the dataset is {JOB} run {failed.run_id}" in msg
+        assert "IndexDamagedError" in msg
+        rebuild = defs.resolve_job_def(rebuild_job_name("clicks")).execute_in_process(
+            instance=inst, raise_on_error=False)
+        assert rebuild.success
+        res = _tick(defs, inst, res.cursor)
+        again = _only_request(res)
+        assert again.run_key == f"clicks:{H[3]}..{H[3]}:after:{rebuild.run_id}"
+        assert _requested_hours(again) == (H[3], H[3])
+        assert _run(defs, inst, again).success
+        got = {r["event_id"] for r in read_output(spark, ds, "unique", H[3])}
+        assert got == {"e31"}
+        assert {r["event_id"] for r in read_output(spark, ds, "duplicates", H[3])} == {"e1"}
+        # a second failure with no rebuild after it stays surfaced, not retried
+        write_hour(ds, H[4], [_ev(41, 4)])
+        _marker(cfg, H[4])
+        res = _tick(defs, inst, res.cursor)
+        req = _only_request(res)
+        lock = Path(ds.output) / "_lock"
+        lock.write_text(json.dumps({"host": "elsewhere", "pid": 1, "owner": "other", "since": "x"}))
+        assert not _run(defs, inst, req).success
+        assert "DatasetLockedError" in _skip(_tick(defs, inst, res.cursor))
+        assert "DatasetLockedError" in _skip(_tick(defs, inst, res.cursor))
 
 
 def test_reconcile_reprocessing_equals_a_load_that_had_all_files(spark, tmp_path: Path) -> None:

@@ -56,10 +56,10 @@ from dedup_pipeline.engine.index.health import (
     IndexDamagedError,
     RecordsWatch,
     check_index,
-    checksum_failure,
     content_damage,
     damaged_message,
     index_file_manifest,
+    index_read_failure,
     record_damage,
     save_summary,
 )
@@ -600,24 +600,25 @@ def run_load(
     among them refuses the load (`LaterHoursLoadedError`): reloading an hour leaves every later
     loaded hour stale unless they are reloaded after it, in the same run.
 
-    A Hadoop ChecksumException on an index file (a file written before content hashes were
-    recorded, damaged with a stale ``.crc``) is index damage like any other: it is recorded, and the
-    load fails with the rebuild hint or, with `on_damaged_index: rebuild`, is redone after the
+    A failed read of an index file is index damage like any other: a Hadoop ChecksumException
+    (a file written before content hashes were recorded, damaged with a stale ``.crc``) or a file
+    gone since the load listed it (the index deleted under a running load). It is recorded, and
+    the load fails with the rebuild hint or, with `on_damaged_index: rebuild`, is redone after the
     rebuild (nothing of the failed attempt was committed).
     """
     tags = {to_tag(parse_key(k)) for k in run_hours}
     try:
         return _run_load(spark, ds, partition_key, progress, tags)
-    except Exception as e:  # noqa: BLE001 - only a checksum failure on an index file is handled
-        rel = checksum_failure(e)
-        if rel is None:
+    except Exception as e:  # noqa: BLE001 - only a failed read of an index file is handled
+        bad = index_read_failure(e)
+        if bad is None:
             raise
         st = Storage(ds.output)
-        f = check_index(st, ds).files.get(rel)
-        record_damage(st, {rel: (f.sha256 or "") if f else ""})
+        if bad.kind == "checksum":  # a missing file shows in every check's listing already
+            f = check_index(st, ds).files.get(bad.rel)
+            record_damage(st, {bad.rel: (f.sha256 or "") if f else ""})
         if ds.on_damaged_index != "rebuild":
-            raise IndexDamagedError(damaged_message(
-                ds, f"index/{rel} fails its checksum when read")) from None
+            raise IndexDamagedError(damaged_message(ds, bad.describe())) from None
     return _run_load(spark, ds, partition_key, progress, tags)
 
 

@@ -18,6 +18,7 @@ import dedup_pipeline.engine.load  # noqa: F401
 import dedup_pipeline.engine.migrate  # noqa: F401
 import dedup_pipeline.engine.session  # noqa: F401
 from dedup_pipeline.engine.errors import infrastructure_cause
+from dedup_pipeline.engine.outputs import OUTPUTS
 from dedup_pipeline.errors import stage_and_fix
 from dedup_pipeline.orchestration.names import (
     DATASET_TAG,
@@ -28,6 +29,7 @@ from dedup_pipeline.orchestration.names import (
     RANGE_START,
     REBUILD_JOB_SUFFIX,
     WRITTEN,
+    load_job_name,
     migrate_job_name,
     pool_name,
     rebuild_job_name,
@@ -73,6 +75,42 @@ def latest_run(instance: dg.DagsterInstance, dataset: str) -> dg.DagsterRun | No
         if dataset_of_run(r) == dataset:
             return r
     return None
+
+
+def is_load(run: dg.DagsterRun, dataset: str) -> bool:
+    """A run that loads hours of `dataset`: its load job, or a UI run materializing its outputs."""
+    if run.job_name == load_job_name(dataset):
+        return True
+    return any(len(k.path) == 2 and k.path[0] == dataset and k.path[1] in OUTPUTS
+               for k in (run.asset_selection or ()))
+
+
+@dataclass(frozen=True)
+class LoadHistory:
+    """The newest load run of a dataset, and the successful index rebuild that ran after it."""
+
+    load: dg.DagsterRun | None
+    rebuild_after: dg.DagsterRun | None
+
+    @property
+    def repaired_failure(self) -> bool:
+        """The latest load failed (or was cancelled) and an index rebuild has since succeeded:
+        the fix a failed load on index damage names has been carried out."""
+        return (self.load is not None and self.rebuild_after is not None
+                and self.load.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED))
+
+
+def load_history(instance: dg.DagsterInstance, dataset: str) -> LoadHistory:
+    rebuild: dg.DagsterRun | None = None
+    for r in instance.get_runs(limit=200):  # newest first
+        if dataset_of_run(r) != dataset:
+            continue
+        if r.job_name == rebuild_job_name(dataset):
+            if rebuild is None and r.status == dg.DagsterRunStatus.SUCCESS:
+                rebuild = r
+        elif is_load(r, dataset):
+            return LoadHistory(r, rebuild)
+    return LoadHistory(None, rebuild)
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,13 @@ documented alternative (``orchestration/schedules.py``). Each tick:
    `start` without a commit record.
 3. If the cursor says hours up to X were requested but the first unloaded hour is <= X and nothing
    runs, the requested run failed (or was cancelled): the tick is skipped with a reason naming the
-   hours, the run and its error. It is not retried automatically (a load fails only on an
-   infrastructure or config error, R9; blind retries would hide it); re-executing the run or a CLI
-   `run` that loads those hours unblocks the sensor, since it then sees them committed.
+   hours, the failed load and its error. It is not retried blindly (a load fails only on an
+   infrastructure, config or index error, R9; blind retries would hide it); re-executing the run
+   or a CLI `run` that loads those hours unblocks the sensor, since it then sees them committed.
+   One repair is recognised: an index rebuild of the dataset that succeeded after the failed load
+   (the fix an index-damage failure names; the recovery sensor launches it by itself). Then the
+   hours are requested again, once per such rebuild (its run id is in the run key), so the index
+   deleted under a running load heals without a person.
 4. Otherwise it requests ONE run for the contiguous complete hours from the first unloaded one
    (a ranged run, hours loaded in ascending order in one Spark session; one hour is a
    single-partition run, as the UI's Materialize and the CLI make it), run key
@@ -152,18 +156,23 @@ class TickErrors:
         cur.errors = list(dict.fromkeys(self.causes))
 
 
-def _stalled(instance: dg.DagsterInstance, ds: DatasetConfig, frontier: str, through: str) -> str:
-    last = runs.latest_run(instance, ds.name)
+def _stalled(instance: dg.DagsterInstance, ds: DatasetConfig, frontier: str, through: str,
+             history: runs.LoadHistory | None) -> str:
+    last = history.load if history is not None else None
+    what = "load"
+    if last is None:
+        last, what = runs.latest_run(instance, ds.name), "run"
     if last is not None:
         err = runs.run_error(instance, last.run_id) if last.status != dg.DagsterRunStatus.SUCCESS else None
-        latest = f"the latest run of the dataset is {describe_run(last)}" + (f": {err}" if err else "")
+        latest = f"the latest {what} of the dataset is {describe_run(last)}" + (f": {err}" if err else "")
     else:
         latest = "no run of the dataset is recorded in this instance"
     hours = compress_ranges(hour_range(frontier, through))
     return (f"hour(s) {hours} were requested but are not loaded, and no run of {ds.name!r} is in "
             f"progress; {latest}. Not retried automatically: fix the cause, then re-execute that "
             f"run (or `dedup-pipeline run --from {frontier} --to {through}`); the sensor resumes "
-            f"once the commit records show the hours loaded.")
+            f"once the commit records show the hours loaded (or requests them again once an index "
+            f"rebuild of the dataset has succeeded since that run).")
 
 
 def build_landing_sensor(ds: DatasetConfig, job: Any,
@@ -218,14 +227,27 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
             return dg.SensorResult(skip_reason=skip, cursor=cur.dump())
 
         frontier = landing.first_unloaded(ds, committed)
+        retry = ""  # a run key suffix: the repair that allows requesting failed hours once more
         if cur.requested_through is not None and parse_key(cur.requested_through) >= frontier:
-            hours = compress_ranges(hour_range(to_key(frontier), cur.requested_through))
-            reason = errors.guard(
-                "naming the failed run", lambda: _stalled(context.instance, ds, to_key(frontier),
-                                                          cur.requested_through or ""),
-                f"hour(s) {hours} were requested but are not loaded, and no run of {ds.name!r} is "
-                "in progress. Not retried automatically: re-execute the failed run.")
-            return result(None, reason + late)
+            history = errors.guard("reading the dataset's runs",
+                                   lambda: runs.load_history(context.instance, ds.name), None)
+            if history is not None and history.repaired_failure and history.load is not None \
+                    and history.rebuild_after is not None:
+                retry = f":after:{history.rebuild_after.run_id}"
+                context.log.info(
+                    f"requesting hour(s) from {to_key(frontier)} again: the load "
+                    f"{history.load.run_id} ({history.load.status.value}) was followed by the "
+                    f"successful index rebuild {history.rebuild_after.run_id}")
+            else:
+                hours = compress_ranges(hour_range(to_key(frontier), cur.requested_through))
+                reason = errors.guard(
+                    "naming the failed run",
+                    lambda: _stalled(context.instance, ds, to_key(frontier),
+                                     cur.requested_through or "", history),
+                    f"hour(s) {hours} were requested but are not loaded, and no run of "
+                    f"{ds.name!r} is in progress. Not retried automatically: re-execute the "
+                    "failed run.")
+                return result(None, reason + late)
 
         ready = landing.ready_hours(ds, frontier, now_fn())
         if not ready.hours:
@@ -237,7 +259,7 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
             return result(None, f"not loading {compress_ranges(ready.hours)}: {e}{late}")
         cur.requested_through = last
         trigger = landing_sensor_name(ds.name)
-        run_key = f"{ds.name}:{first}..{last}"
+        run_key = f"{ds.name}:{first}..{last}{retry}"
         if first == last:  # one hour: a single-partition run, as the UI's Materialize of it
             return result(dg.RunRequest(run_key=run_key, job_name=job.name, partition_key=first,
                                         tags={TRIGGER_TAG: trigger}), None)

@@ -24,7 +24,7 @@ One owner per job, as Apex Malhar's dedup operator splits deciding, holding and 
                 `list_compacted`, `covered`
 - `health`      damage and the manifests that detect it: `check_index`, `IndexDamage`,
                 `content_damage`, `scrub`, the damaged marker (`record_damage`),
-                `index_file_manifest`, `checksum_failure`, `IndexDamagedError`; the records'
+                `index_file_manifest`, `index_read_failure`, `IndexDamagedError`; the records'
                 summary ``index/_live.json`` that keeps a check O(live) (`Summary`,
                 `save_summary`, `drop_summary`, `RecordsWatch`)
 

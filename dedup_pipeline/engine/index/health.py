@@ -419,14 +419,42 @@ def damaged_message(ds: DatasetConfig, what: str) -> str:
             "on_damaged_index: rebuild)")
 
 
+@dataclass(frozen=True)
+class IndexReadFailure:
+    """An index file a Spark read failed on: `rel` (path below index/), and `kind`: "checksum"
+    (a Hadoop ChecksumException: other bytes) or "missing" (the file went away after the load
+    listed it, e.g. the index directory deleted under a running load)."""
+
+    rel: str
+    kind: str
+
+    def describe(self) -> str:
+        return (f"index/{self.rel} fails its checksum when read" if self.kind == "checksum" else
+                f"index/{self.rel} disappeared while the load read it")
+
+
+_MISSING_MARKS = ("FILE_NOT_EXIST", "FileNotFoundException")
+
+
+def index_read_failure(error: BaseException) -> IndexReadFailure | None:
+    """The index file a failed Spark read names, if the failure is damage to an index file
+    (checksum mismatch or a file gone since it was listed); None for any other error."""
+    text = str(error)
+    for kind, marks in (("checksum", ("ChecksumException",)), ("missing", _MISSING_MARKS)):
+        at = min((text.index(m) for m in marks if m in text), default=-1)
+        if at < 0:
+            continue
+        m = CHECKSUM_PATH.search(text[at:]) or (CHECKSUM_PATH.search(text) if kind == "checksum"
+                                                 else None)
+        if m:
+            return IndexReadFailure(m.group(1), kind)
+    return None
+
+
 def checksum_failure(error: BaseException) -> str | None:
     """The index file (path below index/) a Hadoop ChecksumException names, if `error` is one."""
-    text = str(error)
-    if "ChecksumException" not in text:
-        return None
-    m = (CHECKSUM_PATH.search(text[text.index("ChecksumException"):])
-         or CHECKSUM_PATH.search(text))
-    return m.group(1) if m else None
+    f = index_read_failure(error)
+    return f.rel if f is not None and f.kind == "checksum" else None
 
 
 class RecordsWatch:

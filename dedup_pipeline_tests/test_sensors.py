@@ -80,9 +80,11 @@ def _schedule_tick(inst: dg.DagsterInstance, schedule: dg.ScheduleDefinition,
 
 
 def _run(defs: dg.Definitions, inst: dg.DagsterInstance, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
-    """Execute a requested run as the daemon would: the load job with the request's tags."""
+    """Execute a requested run as the daemon would: the load job with the request's tags and
+    its run key as Dagster's run-key tag."""
     job = defs.resolve_job_def(request.job_name or JOB)
-    return job.execute_in_process(instance=inst, tags=request.tags, raise_on_error=False,
+    tags = {**request.tags, **({"dagster/run_key": request.run_key} if request.run_key else {})}
+    return job.execute_in_process(instance=inst, tags=tags, raise_on_error=False,
                                   partition_key=request.partition_key)
 
 
@@ -132,11 +134,19 @@ def test_landing_sensor_requests_each_complete_hour_once_in_order(spark, tmp_pat
         # as the daemon would, create the run: while it is not finished the sensor waits for it
         job = defs.resolve_job_def(req.job_name)
         queued = inst.create_run_for_job(job, status=dg.DagsterRunStatus.NOT_STARTED,
-                                         tags={**job.tags, **req.tags})
+                                         tags={**job.tags, **req.tags,
+                                               "dagster/run_key": req.run_key or ""})
         assert f"run {queued.run_id} (hours {H[0]}..{H[1]}), NOT_STARTED" in _skip(_tick(defs, inst, cursor))
+        # the same tick again while the run exists: nothing is requested twice
+        assert "waiting for" in _skip(_tick(defs, inst, cursor))
         inst.delete_run(queued.run_id)
-        # the same tick again (no run launched): nothing is requested twice
-        assert "were requested but are not loaded" in _skip(_tick(defs, inst, cursor))
+        # the run deleted before it ran (from the UI): its hours are requested again
+        res = _tick(defs, inst, cursor)
+        req = _only_request(res)
+        assert req.run_key.startswith(f"clicks:{H[0]}..{H[1]}:again:")
+        assert _requested_hours(req) == (H[0], H[1])
+        assert _only_request(_tick(defs, inst, cursor)).run_key == req.run_key  # a repeated tick
+        cursor = res.cursor
         assert _run(defs, inst, req).success
 
         # hour 2 has data but no marker: wait for it, naming the hour; a restarted daemon

@@ -37,6 +37,7 @@ from dedup_pipeline.orchestration.names import (
 
 ACTIVE = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
           dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+RUN_KEY_TAG = "dagster/run_key"  # set by Dagster on a run a sensor requested
 JOB_SUFFIXES = (LOAD_JOB_SUFFIX, REBUILD_JOB_SUFFIX, MIGRATE_JOB_SUFFIX)
 
 
@@ -75,6 +76,12 @@ def latest_run(instance: dg.DagsterInstance, dataset: str) -> dg.DagsterRun | No
         if dataset_of_run(r) == dataset:
             return r
     return None
+
+
+def run_with_key(instance: dg.DagsterInstance, run_key: str) -> dg.DagsterRun | None:
+    """The run a sensor requested under `run_key`, if it still exists (Dagster's run-key tag)."""
+    found = instance.get_runs(filters=dg.RunsFilter(tags={RUN_KEY_TAG: run_key}), limit=1)
+    return found[0] if found else None
 
 
 def is_load(run: dg.DagsterRun, dataset: str) -> bool:

@@ -17,7 +17,8 @@ documented alternative (``orchestration/schedules.py``). Each tick:
    One repair is recognised: an index rebuild of the dataset that succeeded after the failed load
    (the fix an index-damage failure names; the recovery sensor launches it by itself). Then the
    hours are requested again, once per such rebuild (its run id is in the run key), so the index
-   deleted under a running load heals without a person.
+   deleted under a running load heals without a person. A requested run that no longer exists
+   (deleted from the UI before it ran) is requested again, under a run key derived from its own.
 4. Otherwise it requests ONE run for the contiguous complete hours from the first unloaded one
    (a ranged run, hours loaded in ascending order in one Spark session; one hour is a
    single-partition run, as the UI's Materialize and the CLI make it), run key
@@ -40,6 +41,7 @@ causes already logged), not on every tick.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,6 +84,7 @@ class LandingCursor:
     reported: dict[str, str] = field(default_factory=dict)
     check_runs: int = 0
     errors: list[str] = field(default_factory=list)
+    run_key: str | None = None  # of the last load requested: is that run still there?
 
     @classmethod
     def parse(cls, text: str | None) -> LandingCursor:
@@ -89,12 +92,14 @@ class LandingCursor:
             return cls()
         raw = json.loads(text)
         return cls(raw.get("requested_through"), dict(raw.get("reported") or {}),
-                   int(raw.get("check_runs") or 0), list(raw.get("errors") or []))
+                   int(raw.get("check_runs") or 0), list(raw.get("errors") or []),
+                   raw.get("run_key"))
 
     def dump(self) -> str:
         return json.dumps({"requested_through": self.requested_through,
                            "reported": dict(sorted(self.reported.items())),
-                           "check_runs": self.check_runs, "errors": self.errors}, sort_keys=True)
+                           "check_runs": self.check_runs, "errors": self.errors,
+                           "run_key": self.run_key}, sort_keys=True)
 
 
 def late_input_requests(ds: DatasetConfig, changes: list[landing.InputChange], committed: set[str],
@@ -228,7 +233,15 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
 
         frontier = landing.first_unloaded(ds, committed)
         retry = ""  # a run key suffix: the repair that allows requesting failed hours once more
-        if cur.requested_through is not None and parse_key(cur.requested_through) >= frontier:
+        waiting = cur.requested_through is not None and parse_key(cur.requested_through) >= frontier
+        if waiting and cur.run_key is not None and not errors.guard(
+                "looking up the requested run",
+                lambda: runs.run_with_key(context.instance, cur.run_key or ""), True):
+            # deleted before it loaded anything: request the hours again, under a key derived
+            # from the gone one (deterministic for a repeated tick; no clash with an older run)
+            retry = ":again:" + hashlib.sha256(cur.run_key.encode()).hexdigest()[:8]
+            context.log.info(f"the requested run {cur.run_key} is gone; requesting its hours again")
+        elif waiting:
             history = errors.guard("reading the dataset's runs",
                                    lambda: runs.load_history(context.instance, ds.name), None)
             if history is not None and history.repaired_failure and history.load is not None \
@@ -259,7 +272,7 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
             return result(None, f"not loading {compress_ranges(ready.hours)}: {e}{late}")
         cur.requested_through = last
         trigger = landing_sensor_name(ds.name)
-        run_key = f"{ds.name}:{first}..{last}{retry}"
+        run_key = cur.run_key = f"{ds.name}:{first}..{last}{retry}"
         if first == last:  # one hour: a single-partition run, as the UI's Materialize of it
             return result(dg.RunRequest(run_key=run_key, job_name=job.name, partition_key=first,
                                         tags={TRIGGER_TAG: trigger}), None)

@@ -128,11 +128,13 @@ def kill_run(inst: dg.DagsterInstance, run_id: str) -> list[int]:
     return killed
 
 
-def soak(root: Path, minutes: float, every: float, log: Any = print) -> Figures:
+def soak(root: Path, minutes: float, every: float, log: Any = print,
+         check_every: float = 30) -> Figures:
     n_hours = max(4, int(minutes * 60 // every) + 1)
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     start = now - (n_hours + 1) * HOUR  # every hour landed is a complete (past) hour
-    w = Walk(root, start_hour=start, extra_config={"on_damaged_index": "rebuild"})
+    w = Walk(root, start_hour=start, extra_config={"on_damaged_index": "rebuild"},
+             check_every=check_every)
     (w.home / "dagster.yaml").write_text(DEMO_INSTANCE_YAML + RETRIES)
     with dg.DagsterInstance.from_config(str(w.home)):
         pass  # create the storages before the daemon's processes race to
@@ -175,7 +177,8 @@ def soak(root: Path, minutes: float, every: float, log: Any = print) -> Figures:
             last = to_tag(hours[-1])
             w.wait("the last hour to load", lambda: last in w.committed(),
                    timeout=max(900, every * 4))
-            time.sleep(45)  # a few more ticks after the end: quiet ones must skip with a reason
+            # a few more ticks after the end: quiet ones must skip with a reason
+            time.sleep(max(15.0, 1.5 * check_every))
             fig.hours_committed = len(w.committed())
             runs = [r for r in w.load_runs(inst, by_sensor=False)
                     if r.status == dg.DagsterRunStatus.SUCCESS]
@@ -222,11 +225,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=30)
     ap.add_argument("--every", type=float, default=120, help="seconds between new hours")
+    ap.add_argument("--check-every", type=float, default=30,
+                    help="the landing sensor's interval, seconds (landing.check_every)")
     ap.add_argument("--dir", default=None, help="work directory (default: a temp dir, kept)")
     args = ap.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="dedup-soak-"))
     print(f"soak in {root}: {args.minutes:g} min, a new hour every {args.every:g} s")
-    fig = soak(root, args.minutes, args.every)
+    fig = soak(root, args.minutes, args.every, check_every=args.check_every)
     print(fig.report())
     return 0 if fig.ok() else 1
 

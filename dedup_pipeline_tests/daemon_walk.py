@@ -55,6 +55,7 @@ class Walk:
     start_hour: datetime
     pg: dict[str, str] | None = None  # DAGSTER_PG_* settings; None: SQLite in DAGSTER_HOME
     extra_config: dict[str, Any] = field(default_factory=dict)
+    check_every: float = 30  # the landing sensor's interval, seconds (`landing.check_every`)
     daemon: Service | None = None
 
     def __post_init__(self) -> None:
@@ -71,7 +72,8 @@ class Walk:
         self.output = self.root / "warehouse"
         ds = {"name": DATASET, "start": to_key(self.start_hour),
               "source": {"path": str(self.landing), "format": "jsonl", "schema": SCHEMA},
-              "key": ["event_id"], "output": str(self.output), **self.extra_config}
+              "key": ["event_id"], "output": str(self.output),
+              "landing": {"check_every": f"{self.check_every:g}s"}, **self.extra_config}
         self.config = self.root / "dedup.yaml"
         self.config.write_text(yaml.safe_dump({"datasets": [ds]}, sort_keys=False))
         self.env = clean_env(

@@ -74,7 +74,7 @@ def test_daemon_landing_sensor_launches_and_completes_a_run(tmp_path: Path, monk
     hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - HOUR  # the last complete hour
     key, tag = to_key(hour), to_tag(hour)
     write_config(tmp_path, dataset_raw(start=key, source=source_raw(
-        schema={"event_id": "string", "event_time": "timestamp"})))
+        schema={"event_id": "string", "event_time": "timestamp"}), landing={"check_every": "5s"}))
     hour_dir = tmp_path / "landing" / f"date={hour:%Y-%m-%d}" / f"hour={hour:%H}"
     hour_dir.mkdir(parents=True)
     rows = [{"event_id": f"e{i % 3}", "event_time": f"{hour:%Y-%m-%dT%H}:0{i}:00Z"} for i in range(5)]

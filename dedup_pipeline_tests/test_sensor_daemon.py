@@ -48,7 +48,7 @@ def walk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Walk]:
         conn.close()
         pg = {**pg, "DAGSTER_PG_DB": db}
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-    w = Walk(tmp_path, start_hour=now - 3 * HOUR, pg=pg)
+    w = Walk(tmp_path, start_hour=now - 3 * HOUR, pg=pg, check_every=5)  # a short walk
     try:
         yield w
     finally:

@@ -350,6 +350,8 @@ def test_defaults_and_hourly_schedule(tmp_path: Path) -> None:
     defs = build_definitions(_cfg(tmp_path, grace="10m"))
     assert defs.resolve_sensor_def(SENSOR).default_status == dg.DefaultSensorStatus.RUNNING
     assert defs.resolve_sensor_def(SENSOR).minimum_interval_seconds == 30
+    often = build_definitions(_cfg(tmp_path / "often", check_every="10s"))
+    assert often.resolve_sensor_def(SENSOR).minimum_interval_seconds == 10
     hourly = defs.resolve_schedule_def(HOURLY)
     reconcile = defs.resolve_schedule_def(RECONCILE)
     assert hourly.default_status == reconcile.default_status == dg.DefaultScheduleStatus.STOPPED

@@ -33,6 +33,7 @@ from typing import Any
 
 import dagster as dg
 import pytest
+import yaml
 
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
 from dedup_pipeline.config import load_config
@@ -199,6 +200,9 @@ def ui_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     with dg.DagsterInstance.from_config(str(home)) as inst:
         assert type(inst.run_coordinator).__name__ == "QueuedRunCoordinator"
     generate_landing(root, hours=len(HOURS), rows_per_hour=ROWS_PER_HOUR, seed=11, start=FIRST)
+    raw = yaml.safe_load((root / "dedup.yaml").read_text())
+    raw["datasets"][0]["landing"] = {"check_every": "5s"}  # the sensor looks often: short waits
+    (root / "dedup.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     markers = {m.parent: m for m in (root / "landing").rglob("_SUCCESS")}
     for m in markers.values():
         m.unlink()  # the sensor waits; each path below decides who loads which hour

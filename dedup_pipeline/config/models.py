@@ -199,6 +199,8 @@ class LandingConfig(_Model):
     marker: str | None = "_SUCCESS"  # file whose presence in the hour's directory closes the hour
     grace_s: Seconds = Field(900.0, alias="grace")  # without a marker: complete this long after
     watch_hours: int = Field(48, ge=0)  # how many loaded hours back to look for late files
+    # how often the landing sensor looks (Dagster's minimum interval between its ticks)
+    check_every_s: Seconds = Field(30.0, alias="check_every", ge=5, le=3600)
 
     @field_validator("marker")
     @classmethod

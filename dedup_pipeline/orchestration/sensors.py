@@ -58,7 +58,6 @@ from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.landing_checks import build_input_check, build_input_check_job
 from dedup_pipeline.orchestration.names import PARTITION, TRIGGER_TAG, landing_sensor_name, range_tags
 
-SENSOR_INTERVAL_S = 30
 INPUT_STATE_TAG = "dedup_pipeline/input_state"  # on a check run: "changed" or "reprocessed"
 T = TypeVar("T")
 
@@ -192,7 +191,7 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
     @dg.sensor(
         name=landing_sensor_name(ds.name),
         jobs=[job, check_job],
-        minimum_interval_seconds=SENSOR_INTERVAL_S,
+        minimum_interval_seconds=round(ds.landing.check_every_s),
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Loads each hour of {ds.name!r} once its input is complete ({marker}), in "
                     "ascending order, never skipping an hour; one ranged run per tick. Files that "

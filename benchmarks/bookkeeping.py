@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 from dedup_pipeline.config import DatasetConfig, parse_config
 from dedup_pipeline.engine import commits
-from dedup_pipeline.engine.commits import CommitRecord, IndexFileEntry
+from dedup_pipeline.engine.commits import CommitRecord
 from dedup_pipeline.engine.index import layout
 from dedup_pipeline.engine.index.health import (
     RecordsWatch,
@@ -46,7 +46,7 @@ from dedup_pipeline.engine.index.health import (
     content_damage,
     save_summary,
 )
-from dedup_pipeline.engine.index.layout import IndexFile
+from dedup_pipeline.engine.index.layout import IndexFile, IndexFileEntry
 from dedup_pipeline.engine.index.live import EarlierLoads, check_retention, live_files
 from dedup_pipeline.engine.storage import Storage, count_requests
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
@@ -91,8 +91,8 @@ def synthesize(root: Path, n: int) -> DatasetConfig:
         v0 = int(hour.timestamp()) * 1_000_000
         n_slice = v0 // HOUR_US
         data = _index_file_bytes(tag, v0)
-        entry = IndexFileEntry(n_slice, "part-00000.snappy.parquet", len(data), 10,
-                               hashlib.sha256(data).hexdigest())
+        entry = IndexFileEntry(slice=n_slice, name="part-00000.snappy.parquet", size=len(data),
+                               rows=10, sha256=hashlib.sha256(data).hexdigest())
         if i >= first_live:
             d = Path(st.path(layout.INDEX, layout.load_rel(n_slice, tag)))
             d.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,7 @@ def _hour(st: Storage, ds: DatasetConfig, i: int) -> CommitRecord:
         d.mkdir(parents=True, exist_ok=True)
         p = d / f"part-00000-{i:06d}-c000.snappy.parquet"
         pq.write_table(table, p)
-        files[name] = (OutputFileEntry(p.name, p.stat().st_size),)
+        files[name] = (OutputFileEntry(name=p.name, size=p.stat().st_size),)
     rec = CommitRecord(dataset=ds.name, partition_key=to_key(parse_key(tag)), load_hour=tag,
                        rows_in=40, unique=10, duplicates=10, expired=10, rejected=10,
                        output_files=files, publish_token=lake.new_token())

@@ -55,7 +55,8 @@ from benchmarks.probe import Cost, measured, run_process, settle
 from benchmarks.worker import WORKER_CONF, System, Worker, dataset_from_spec
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits, lake
-from dedup_pipeline.engine.load import LoadResult, run_load
+from dedup_pipeline.engine.commits import CommitRecord
+from dedup_pipeline.engine.load import run_load
 from dedup_pipeline.engine.parse import list_input_files
 from dedup_pipeline.engine.session import BASE_CONF, SparkSettings, get_session
 from dedup_pipeline.engine.storage import Storage
@@ -163,7 +164,7 @@ class Deployed:
         self.server = warm.start_server(port, logs / "spark-server.log", SERVER_CONF)
         self.env = warm.child_env(SPARK_REMOTE=f"sc://127.0.0.1:{port}", DAGSTER_HOME=str(home))
 
-    def step(self, spark: Any, hour: datetime) -> tuple[float, LoadResult]:
+    def step(self, spark: Any, hour: datetime) -> tuple[float, CommitRecord]:
         """Wall seconds of the run process for `hour` (its landing files in the page cache first,
         as every system's) and the hour's commit record."""
         settle(spark, _inputs(self.ds, hour))
@@ -257,7 +258,7 @@ class Bench:
                 hour = start + i * HOUR
                 key = to_key(hour)
                 ca, extra = pipeline.step(key)
-                ra = LoadResult.from_json(extra["result"], to_tag(hour))
+                ra = CommitRecord.from_json(extra["result"], to_tag(hour))
                 self.record("pipeline", hour, i, ca, **_load_figures(ra))
                 line = f"h{i:>4} {key}: (a) {ca.seconds:5.2f}s"
                 conserved = _conserved(ra)
@@ -315,7 +316,7 @@ class Bench:
             line += f" (g)==(a): {'yes' if same else 'NO'}"
         return line
 
-    def sampled(self, spark: Any, ds: DatasetConfig, hour: datetime, i: int, ra: LoadResult,
+    def sampled(self, spark: Any, ds: DatasetConfig, hour: datetime, i: int, ra: CommitRecord,
                 scratch: Path) -> str:
         """(b), (c), (e) at a measured hour (those in the plan), and the (a) == (b) check."""
         history = str(Path(ds.output) / "unique")
@@ -399,7 +400,7 @@ class Bench:
         for i in range(hours):
             hour = start + i * HOUR
             ca, extra = pipeline.step(to_key(hour))
-            ra = LoadResult.from_json(extra["result"], to_tag(hour))
+            ra = CommitRecord.from_json(extra["result"], to_tag(hour))
             line = f"big h{i:>3}: (a) {ca.seconds:6.2f}s"
             if i >= plan.big_history:
                 self.record("big_pipeline", hour, i, ca, **_load_figures(ra))
@@ -503,13 +504,13 @@ def _inputs(ds: DatasetConfig, hour: datetime) -> list[str]:
     return [f.path for f in list_input_files(ds, hour)]
 
 
-def _load_figures(r: LoadResult) -> dict[str, Any]:
+def _load_figures(r: CommitRecord) -> dict[str, Any]:
     return {"rows_in": r.rows_in, "unique": r.unique, "index_rows_read": r.index_rows_read,
             "index_bytes_read": r.index_bytes_read, "index_files_read": r.index_files_read,
             "files_written": r.files_written, "stages": r.seconds}
 
 
-def _conserved(r: LoadResult) -> bool:
+def _conserved(r: CommitRecord) -> bool:
     return r.rows_in == r.unique + r.duplicates + r.expired + r.rejected
 
 

@@ -21,9 +21,8 @@ from dedup_pipeline.config import (
     PipelineConfig,
     load_config,
 )
-from dedup_pipeline.engine.commits import rate
+from dedup_pipeline.engine.commits import CommitRecord, rate
 from dedup_pipeline.engine.contract import ContractError
-from dedup_pipeline.engine.load import LoadResult
 
 SPARK_NOISE = "Spark is starting (10-20 s the first time)..."
 
@@ -147,7 +146,7 @@ def _progress_to_stdout() -> None:
     logging.getLogger("py4j").setLevel(logging.ERROR)
 
 
-def print_table(results: list[LoadResult]) -> None:
+def print_table(results: list[CommitRecord]) -> None:
     cols = ["hour", "in", "unique", "dups", "conflicts", "expired", "rejected", "dup %", "secs"]
     rows = [[r.partition_key, r.rows_in, r.unique, r.duplicates, r.conflicts, r.expired,
              r.rejected, f"{100 * r.duplicate_rate:.1f}", f"{r.seconds.get('total', 0):.1f}"]
@@ -166,7 +165,7 @@ def print_table(results: list[LoadResult]) -> None:
 
 
 def _run(cfg: PipelineConfig, dataset: str | None, first: str, last: str,
-         verbose: bool = False) -> list[LoadResult]:
+         verbose: bool = False) -> list[CommitRecord]:
     from dedup_pipeline.hours import hour_range
     from dedup_pipeline.orchestration.runner import run_range
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dedup_pipeline.engine.index import layout
 from dedup_pipeline.engine.index.health import checksum_failure
-from dedup_pipeline.engine.index.layout import IndexFile
+from dedup_pipeline.engine.index.layout import IndexFile, IndexFileEntry
 
 
 def test_names_build_and_parse_back() -> None:
@@ -23,9 +23,13 @@ def test_names_build_and_parse_back() -> None:
 
 
 def test_index_file_paths_and_the_checksum_message_agree() -> None:
-    per_load = IndexFile("2026-11-01-05", 7, "part-0.parquet", 10, 1)
-    merged = IndexFile("2026-11-01-01", 7, "part-1.parquet", 10, 1, "compact=2026-11-01-01_2026-11-01-04",
-                       ("2026-11-01-01", "2026-11-01-04"))
+    entry = IndexFileEntry(slice=7, name="part-0.parquet", size=10, rows=1)
+    per_load = entry.at("2026-11-01-05")
+    merged = IndexFile(tag="2026-11-01-01", slice=7, name="part-1.parquet", size=10, rows=1,
+                       dir="compact=2026-11-01-01_2026-11-01-04",
+                       loads=("2026-11-01-01", "2026-11-01-04"))
+    assert isinstance(per_load, IndexFileEntry) and per_load.to_json() == {
+        **entry.to_json(), "tag": "2026-11-01-05", "dir": "", "loads": []}
     assert per_load.rel == "slice=7/load_hour=2026-11-01-05/part-0.parquet"
     assert per_load.holds == ("2026-11-01-05",)
     assert merged.rel == "slice=7/compact=2026-11-01-01_2026-11-01-04/part-1.parquet"

@@ -22,8 +22,8 @@ from pyspark.sql import functions as F
 
 import dedup_pipeline.engine.load as load_mod
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.commits import LaterHoursLoadedError, LoadOrderError
-from dedup_pipeline.engine.load import LoadResult, load_hours
+from dedup_pipeline.engine.commits import CommitRecord, LaterHoursLoadedError, LoadOrderError
+from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline_tests.conftest import dataset_config, output_table, source_raw, write_hour
 
 OUTPUTS = ("unique", "duplicates", "expired", "rejected")
@@ -89,7 +89,7 @@ def rid_of(ds: DatasetConfig, line: str) -> str:
 Outputs = dict[str, list[dict[str, Any]]]
 
 
-def assert_conserved(ds: DatasetConfig, hour: str, result: LoadResult) -> Outputs:
+def assert_conserved(ds: DatasetConfig, hour: str, result: CommitRecord) -> Outputs:
     """R8 from the landing files: every line is in exactly one output, nothing else is."""
     lines = landing_lines(ds, hour)
     outs = {o: read(ds, o, hour) for o in OUTPUTS}

@@ -378,7 +378,8 @@ def test_input_change_kinds(tmp_path: Path, change: str) -> None:
     f0 = write_hour(ds, H[0], [_ev(1, 0)])
     f1 = write_hour(ds, H[0], [_ev(2, 0)], name="part-1.jsonl")
     h0 = parse_key(H[0])
-    record = CommitRecord(ds.name, H[0], to_tag(h0), 0, 0, 0, 0, 0,
+    record = CommitRecord(dataset=ds.name, partition_key=H[0], load_hour=to_tag(h0), rows_in=0,
+                          unique=0, duplicates=0, expired=0, rejected=0,
                           inputs=tuple(landing.list_input_files(ds, h0)))
     assert landing.input_change(ds, h0, record) is None
     if change == "added":

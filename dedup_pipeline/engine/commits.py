@@ -5,24 +5,29 @@ last (atomically), after the outputs and the index, and removed first when H is 
 crash at any point leaves H either fully committed or visibly not loaded. The load order rule reads
 these records, never the Dagster instance, so it holds whichever instance runs the load.
 
-`CommitRecord` is the only way a record is written (`write_commit`) or read (`read_commit`,
-validated); the JSON keeps the field names of every earlier version, and records those versions
-wrote (without hashes, row counts, inputs, output files, index format, check figures) still read.
+`CommitRecord` (a frozen pydantic model, with one entry type per file kind: `IndexFileEntry`,
+`OutputFileEntry`, `InputFile`, `DigestFileEntry`) is the only way a record is written
+(`write_commit`) or read (`read_commit`, validated by the model); the JSON keeps the field names of
+every earlier version, and records those versions wrote (without hashes, row counts, inputs,
+output files, index format, check figures) still read.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
 
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine.index.layout import IndexFileEntry
 from dedup_pipeline.engine.parse import InputFile
+from dedup_pipeline.engine.records import Count, Number, NumberOrNull, Record, optional
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.errors import UserError
 from dedup_pipeline.hours import HOUR, compress_ranges, is_tag, key_of, parse_key, to_key, to_tag
@@ -47,39 +52,11 @@ class CommitRecordError(UserError, RuntimeError):
         )
 
 
-@dataclass(frozen=True)
-class IndexFileEntry:
-    """One index file a load published: what `check_index` compares the disk with."""
-
-    slice: int
-    name: str
-    size: int
-    rows: int | None = None  # None in records written before rows were recorded
-    sha256: str | None = None  # None in records written before content hashes were recorded
-
-    @classmethod
-    def from_json(cls, f: dict[str, Any]) -> IndexFileEntry:
-        """From a validated record's entry, or a manifest entry (`index_file_manifest`)."""
-        return cls(int(f["slice"]), f["name"], int(f["size"]), f.get("rows"), f.get("sha256"))
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"slice": self.slice, "name": self.name, "size": self.size}
-        if self.rows is not None:  # absent, as the versions before it wrote it
-            out["rows"] = self.rows
-        if self.sha256 is not None:
-            out["sha256"] = self.sha256
-        return out
-
-
-@dataclass(frozen=True)
-class OutputFileEntry:
+class OutputFileEntry(Record):
     """One Parquet file of an output partition: the files a rebuild and `verify` trust."""
 
     name: str
-    size: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name} if self.size is None else {"name": self.name, "size": self.size}
+    size: Count | None = optional()
 
 
 def rate(part: int, whole: int) -> float:
@@ -87,72 +64,91 @@ def rate(part: int, whole: int) -> float:
     return part / whole if whole else 0.0
 
 
-@dataclass(frozen=True)
-class DigestFileEntry:
+class DigestFileEntry(Record):
     """One file of an hour's key digest (engine/keydigest.py): its pages carry CRCs, and the
     SHA-256 of its footer covers the row-group statistics a lookup prunes by."""
 
     name: str
-    size: int
-    footer_sha256: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "size": self.size}
-        if self.footer_sha256 is not None:
-            out["footer_sha256"] = self.footer_sha256
-        return out
+    size: Count
+    footer_sha256: str | None = optional()
 
 
-@dataclass(frozen=True)
-class CommitRecord:
+class RecordProblem(ValueError):
+    """What is wrong with a record's JSON (read_commit turns it into a `CommitRecordError`)."""
+
+
+class CommitRecord(Record):
     """Everything one load of an hour did and vouches for; also what `run_load` returns.
 
     The load's figures and the record are one type, so nothing a load reports can be missing from
     its record (`index_slices_deleted` and the housekeeping timings were once set after the record
-    was written). Frozen: a changed record is a new one (`with_`), written again.
+    was written). Frozen: a changed record is a new one (`with_`), written again. The JSON keeps
+    the field names of every earlier version; fields a version added are optional, so the records
+    earlier versions wrote still read (dedup_pipeline_tests/fixtures/records), and fields this
+    version does not know (a newer version's, an operator's note) are kept on rewrite.
     """
 
-    dataset: str
-    partition_key: str
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    dataset: str = ""
+    partition_key: str = Field(default=None, validate_default=True)  # default: the hour's key
     load_hour: str
-    rows_in: int
-    unique: int
-    duplicates: int
-    expired: int
-    rejected: int
-    conflicts: int = 0
-    latest_point: float | None = None  # L_H, a running max (R6); None without expiry
-    expiry_point: float | None = None  # X_H
-    files_in: int = 0
-    index_rows_written: int = 0
-    index_rows_read: int = 0
-    index_bytes_read: int = 0
-    index_files_read: int = 0
+    rows_in: Count
+    unique: Count
+    duplicates: Count
+    expired: Count
+    rejected: Count
+    conflicts: Count = 0
+    latest_point: NumberOrNull = None  # L_H, a running max (R6); None without expiry
+    expiry_point: NumberOrNull = None  # X_H
+    files_in: Count = 0
+    index_rows_written: Count = 0
+    index_rows_read: Count = 0
+    index_bytes_read: Count = 0
+    index_files_read: Count = 0
     index_slices_written: tuple[int, ...] = ()
-    index_slices_deleted: int = 0
-    files_written: int = 0
-    seconds: dict[str, float] = field(default_factory=dict)  # per stage, and "total"
-    check_figures: dict[str, Any] = field(default_factory=dict)
-    committed_at: str | None = None
-    index_checksum: dict[str, Any] | None = None  # XOR of the unique rows' digests
+    index_slices_deleted: Count = 0
+    files_written: Count = 0
+    seconds: dict[str, Number] = Field(default_factory=dict)  # per stage, and "total"
+    check_figures: dict[str, Any] = Field(default_factory=dict)
+    committed_at: str | None = optional()
+    index_checksum: dict[str, Any] | None = optional()  # XOR of the unique rows' digests
     # the landing files read, as they were then (the landing check compares them with now):
-    # path, size, mtime and, since 2026-11-27, the SHA-256 of the content (absent in older
-    # records); None: written before inputs were recorded
-    inputs: tuple[InputFile, ...] | None = None
+    # path, size, mtime and, since 2026-11-27, the SHA-256 of the content; None: written before
+    # inputs were recorded
+    inputs: tuple[InputFile, ...] | None = optional()
     index_files: tuple[IndexFileEntry, ...] = ()
-    index_format: int = 1  # records without one predate index format 2
-    output_files: dict[str, tuple[OutputFileEntry, ...]] | None = None  # None: before files were listed
+    index_format: Count = 1  # records without one predate index format 2
+    output_files: dict[str, tuple[OutputFileEntry, ...]] | None = optional()  # None: before files were listed
     # the dataset contract version the hour was loaded under (engine/contract.py); None: loaded
     # before contracts were recorded
-    contract_version: int | None = None
+    contract_version: Count | None = optional()
     # the hour's key digest files (engine/keydigest.py); None: loaded before key digests
-    key_digest: tuple[DigestFileEntry, ...] | None = None
+    key_digest: tuple[DigestFileEntry, ...] | None = optional()
     # the Delta idempotency token of this load's publish (engine/lake.py): microseconds since the
     # epoch at commit, so a later load of the hour has a larger one; None: before outputs were
     # published as Delta tables
-    publish_token: int | None = None
-    # fields this version does not know (a newer version's, an operator's note): kept on rewrite
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    publish_token: Count | None = optional()
+
+    @field_validator("load_hour")
+    @classmethod
+    def _of_its_hour(cls, v: str, info: ValidationInfo) -> str:
+        """Read as the record of hour `tag` (`read_commit`), it must say that hour."""
+        tag = (info.context or {}).get("tag")
+        if tag is not None and v != tag:
+            raise PydanticCustomError("other_hour", "load_hour is {found}, expected {tag}",
+                                      {"found": repr(v), "tag": repr(tag)})
+        return v
+
+    @field_validator("dataset", "partition_key", "seconds", "check_figures", mode="before")
+    @classmethod
+    def _null_is_unset(cls, v: Any, info: ValidationInfo) -> Any:
+        """Written as null (or absent) by versions that did not fill them in: the record's hour
+        stands for its partition key, and an unnamed dataset for itself."""
+        if v is not None:
+            return v
+        tag = (info.context or {}).get("tag")
+        return {"dataset": "", "partition_key": key_of(tag) if tag else ""}.get(info.field_name, {})
 
     @property
     def duplicate_rate(self) -> float:
@@ -177,144 +173,20 @@ class CommitRecord:
                 for name in ("duplicate_rate", "conflict_rate", "rejected_rate")}
 
     def with_(self, **changes: Any) -> CommitRecord:
-        return replace(self, **changes)
-
-    def to_json(self) -> dict[str, Any]:
-        """The record as stored: the field names of every earlier version; unset optionals left
-        out, as the versions that did not have them wrote it."""
-        out: dict[str, Any] = dict(self.extra)
-        for f in fields(self):
-            if f.name == "extra":
-                continue
-            v = getattr(self, f.name)
-            if v is None and f.name in _OMIT_IF_NONE:
-                continue
-            out[f.name] = v
-        out["index_slices_written"] = list(self.index_slices_written)
-        out["index_files"] = [f.to_json() for f in self.index_files]
-        if self.inputs is not None:  # sha256 only where known, as records before it wrote them
-            out["inputs"] = [{k: v for k, v in asdict(f).items() if v is not None or k != "sha256"}
-                             for f in self.inputs]
-        if self.output_files is not None:
-            out["output_files"] = {k: [f.to_json() for f in v] for k, v in self.output_files.items()}
-        if self.key_digest is not None:
-            out["key_digest"] = [f.to_json() for f in self.key_digest]
-        return out
+        return self.model_copy(update=changes)
 
     @classmethod
-    def from_json(cls, rec: Any, tag: str) -> CommitRecord:
-        """The record of load `tag` from its parsed JSON; `RecordProblem` saying what is wrong."""
-        problem = validate_record(rec, tag)
-        if problem:
-            raise RecordProblem(problem)
-        known = {f.name for f in fields(cls)} - {"extra"}
-        files = rec.get("output_files")
-        values = {k: v for k, v in rec.items() if k in known}
-        values.update(
-            dataset=rec.get("dataset") or "",
-            partition_key=rec.get("partition_key") or key_of(tag),
-            index_slices_written=tuple(rec.get("index_slices_written") or ()),
-            seconds=dict(rec.get("seconds") or {}),
-            check_figures=dict(rec.get("check_figures") or {}),
-            inputs=None if rec.get("inputs") is None else tuple(
-                InputFile(f["path"], int(f["size"]), float(f["mtime"]), f.get("sha256"))
-                for f in rec["inputs"]),
-            index_files=tuple(IndexFileEntry.from_json(f) for f in rec.get("index_files") or ()),
-            output_files=None if files is None else {
-                k: tuple(OutputFileEntry(f["name"], f.get("size")) for f in v) for k, v in files.items()},
-            key_digest=None if rec.get("key_digest") is None else tuple(
-                DigestFileEntry(f["name"], f["size"], f.get("footer_sha256"))
-                for f in rec["key_digest"]),
-            extra={k: v for k, v in rec.items() if k not in known},
-        )
-        return cls(**values)
+    def from_text(cls, text: str | bytes, tag: str) -> CommitRecord:
+        """The record of load `tag` from its JSON; `RecordProblem` saying what is wrong."""
+        try:
+            return cls.read_json(text, {"tag": tag})
+        except ValueError as e:
+            raise RecordProblem(str(e)) from None
 
-
-_OMIT_IF_NONE = {"committed_at", "index_checksum", "inputs", "output_files", "contract_version",
-                 "key_digest", "publish_token"}
-
-
-class RecordProblem(ValueError):
-    """What is wrong with a parsed record (read_commit turns it into a `CommitRecordError`)."""
-
-
-# Fields every commit record has had since the first release, with their JSON types.
-_COUNTS = ("rows_in", "unique", "duplicates", "expired", "rejected")
-_OPTIONAL_COUNTS = ("conflicts", "files_in", "index_rows_written", "index_rows_read",
-                    "index_bytes_read", "index_files_read", "index_slices_deleted",
-                    "files_written", "index_format", "contract_version", "publish_token")
-_FILE_FIELDS: dict[str, tuple[type, ...]] = {"slice": (int,), "name": (str,), "size": (int,)}
-_OPTIONAL_FILE_FIELDS: dict[str, tuple[type, ...]] = {"rows": (int, type(None)),
-                                                       "sha256": (str,)}
-
-
-def _is_count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def validate_record(rec: Any, tag: str) -> str | None:
-    """What is wrong with a parsed commit record of load `tag`, or None if it is well formed."""
-    if not isinstance(rec, dict):
-        return f"not a JSON object but {type(rec).__name__}"
-    if rec.get("load_hour") != tag:
-        return f"load_hour is {rec.get('load_hour')!r}, expected {tag!r}"
-    for k in _COUNTS:
-        v = rec.get(k)
-        if not _is_count(v):
-            return f"field {k!r} is {v!r}, expected a count"
-    for k in _OPTIONAL_COUNTS:  # later fields: absent in earlier versions' records
-        if k in rec and not _is_count(rec[k]):
-            return f"field {k!r} is {rec[k]!r}, expected a count"
-    for k in ("latest_point", "expiry_point"):  # numbers (expiry values), or null
-        v = rec.get(k)
-        if v is not None and not _is_number(v):
-            return f"field {k!r} is {v!r}, expected a number or null"
-    for k in ("dataset", "partition_key", "committed_at"):
-        if rec.get(k) is not None and not isinstance(rec[k], str):
-            return f"field {k!r} is {rec[k]!r}, expected a string"
-    slices = rec.get("index_slices_written", [])
-    if not isinstance(slices, list) or not all(isinstance(n, int) and not isinstance(n, bool)
-                                               for n in slices):
-        return "field 'index_slices_written' is not a list of slice numbers"
-    for k in ("seconds", "check_figures", "index_checksum"):
-        if rec.get(k) is not None and not isinstance(rec[k], dict):
-            return f"field {k!r} is not an object"
-    if not all(_is_number(v) for v in (rec.get("seconds") or {}).values()):
-        return "field 'seconds' holds a value that is not a number"
-    files = rec.get("index_files", [])
-    if not isinstance(files, list):
-        return "field 'index_files' is not a list"
-    for i, f in enumerate(files):
-        if not isinstance(f, dict):
-            return f"index_files[{i}] is not an object"
-        for k, types in _FILE_FIELDS.items():
-            if not isinstance(f.get(k), types) or isinstance(f.get(k), bool):
-                return f"index_files[{i}].{k} is {f.get(k)!r}"
-        for k, types in _OPTIONAL_FILE_FIELDS.items():
-            if k in f and not isinstance(f[k], types):
-                return f"index_files[{i}].{k} is {f[k]!r}"
-    outs = rec.get("output_files", {})
-    if not isinstance(outs, dict) or not all(
-            isinstance(v, list) and all(isinstance(x, dict) and isinstance(x.get("name"), str)
-                                        and (x.get("size") is None or _is_count(x["size"]))
-                                        for x in v) for v in outs.values()):
-        return "field 'output_files' is malformed"
-    digest = rec.get("key_digest", [])
-    if not isinstance(digest, list) or not all(
-            isinstance(x, dict) and isinstance(x.get("name"), str) and _is_count(x.get("size"))
-            and isinstance(x.get("footer_sha256", ""), str) for x in digest):
-        return "field 'key_digest' is malformed"
-    inputs = rec.get("inputs", [])
-    if not isinstance(inputs, list) or not all(
-            isinstance(f, dict) and isinstance(f.get("path"), str) and _is_count(f.get("size"))
-            and _is_number(f.get("mtime")) and isinstance(f.get("sha256", ""), str)
-            for f in inputs):
-        return "field 'inputs' is malformed"
-    return None
+    @classmethod
+    def from_json(cls, doc: Any, tag: str) -> CommitRecord:
+        """The record of load `tag` from its parsed JSON (`to_json`'s); `RecordProblem` if bad."""
+        return cls.from_text(json.dumps(doc), tag)
 
 
 class LoadOrderError(UserError, RuntimeError):
@@ -348,8 +220,8 @@ def committed_tags(st: Storage) -> set[str]:
 def read_commit(st: Storage, tag: str) -> CommitRecord | None:
     """The commit record of load `tag`, validated; None if the hour is not committed.
 
-    Raises `CommitRecordError` (naming the file, the hour and the fix) for a record that does not
-    parse or lacks a required field, instead of handing a half record to the caller.
+    Raises `CommitRecordError` (naming the file, the hour, what is wrong and the fix) for a record
+    that does not parse or lacks a required field, instead of handing a half record to the caller.
     """
     path = commit_path(st, tag)
     try:
@@ -359,11 +231,7 @@ def read_commit(st: Storage, tag: str) -> CommitRecord | None:
     except (OSError, UnicodeDecodeError) as e:
         raise CommitRecordError(path, tag, f"unreadable: {e}") from e
     try:
-        rec = json.loads(text)
-    except ValueError as e:
-        raise CommitRecordError(path, tag, f"not valid JSON: {e}") from e
-    try:
-        return CommitRecord.from_json(rec, tag)
+        return CommitRecord.from_text(text, tag)
     except RecordProblem as e:
         raise CommitRecordError(path, tag, str(e)) from None
 

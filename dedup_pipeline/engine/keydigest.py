@@ -98,8 +98,8 @@ def entries(st: Storage, tag: str) -> tuple[DigestFileEntry, ...]:
     out = []
     for p in st.list_files(st.path(*parts(tag)), ".parquet"):
         size = int(st.fs.info(p)["size"])
-        out.append(DigestFileEntry(p.rsplit("/", 1)[1], size,
-                                   hashlib.sha256(_footer(st, p, size)).hexdigest()))
+        out.append(DigestFileEntry(name=p.rsplit("/", 1)[1], size=size,
+                                   footer_sha256=hashlib.sha256(_footer(st, p, size)).hexdigest()))
     return tuple(out)
 
 

@@ -43,11 +43,7 @@ from pyspark.sql import functions as F
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import checks, commits, contract, keydigest, lake
 from dedup_pipeline.engine.classify import candidates, classify
-from dedup_pipeline.engine.commits import (
-    CommitRecord,
-    IndexFileEntry,
-    OutputFileEntry,
-)
+from dedup_pipeline.engine.commits import CommitRecord, DigestFileEntry, OutputFileEntry
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
 from dedup_pipeline.engine.expiry import Number, expiry_point, expiry_point_frame, latest_point
 from dedup_pipeline.engine.index import compaction, layout, store
@@ -108,10 +104,6 @@ TMP = "_tmp"
 FAULT_ENV = "DEDUP_FAULT"  # fault injection for the crash tests: kill the process at a named point
 
 Progress = Callable[[str], None]
-
-# What one load did is its commit record: one type, so no figure can be reported and not recorded.
-LoadResult = CommitRecord
-
 
 def _fault(point: str) -> None:
     if os.environ.get(FAULT_ENV) == point:
@@ -269,7 +261,7 @@ class Written:
 
     out_files: dict[str, list[str]]  # per output: the Parquet files its partition holds
     staged: str
-    digest: tuple[commits.OutputFileEntry, ...] | None = None  # the key digest's files
+    digest: tuple[DigestFileEntry, ...] | None = None  # the key digest's files
 
 
 @dataclass(frozen=True)
@@ -520,10 +512,10 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
         committed_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         index_checksum=v.figures.checksum,
         inputs=p.batch.recorded_inputs(),
-        index_files=tuple(IndexFileEntry.from_json(f)
-                          for f in index_file_manifest(st, tag, v.slices)),
+        index_files=tuple(index_file_manifest(st, tag, v.slices)),
         index_format=layout.INDEX_FORMAT,
-        output_files={name: tuple(OutputFileEntry(p_.rsplit("/", 1)[1], int(st.fs.info(p_)["size"]))
+        output_files={name: tuple(OutputFileEntry(name=p_.rsplit("/", 1)[1],
+                                                  size=int(st.fs.info(p_)["size"]))
                                   for p_ in files) for name, files in w.out_files.items()},
         contract_version=p.contract.version,
         key_digest=w.digest,
@@ -593,7 +585,7 @@ def run_load(
     progress: Progress | None = None,
     *,
     run_hours: Collection[str] = (),
-) -> LoadResult:
+) -> CommitRecord:
     """Load one hour. The caller holds the dataset lock (see `load_hours`).
 
     `run_hours`: the partition keys of the whole run. A committed hour after this one that is not
@@ -623,7 +615,7 @@ def run_load(
 
 
 def _run_load(spark: SparkSession, ds: DatasetConfig, partition_key: str,
-              progress: Progress | None, run_tags: AbstractSet[str]) -> LoadResult:
+              progress: Progress | None, run_tags: AbstractSet[str]) -> CommitRecord:
     """The phases in order; stage timings as the record's `seconds` names them."""
     say = progress or (lambda _msg: None)
     clock = Clock()
@@ -659,8 +651,8 @@ def load_hours(
     owner: str = "dedup_pipeline",
     *,
     remote: str | None = None,
-    on_hour: Callable[[LoadResult], None] | None = None,
-) -> list[LoadResult]:
+    on_hour: Callable[[CommitRecord], None] | None = None,
+) -> list[CommitRecord]:
     """Load hours in ascending order under the dataset lock, in this one Spark session (R11).
 
     The one lock-plus-hour loop: the Dagster asset runs it too. `on_hour` sees each committed

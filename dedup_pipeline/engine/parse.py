@@ -38,11 +38,12 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import BinaryIO
+from typing import Annotated, BinaryIO
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import Field
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -50,6 +51,7 @@ from pyspark.sql.types import _parse_datatype_json_string
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.expiry import expiry_value
+from dedup_pipeline.engine.records import Count, Record, optional
 from dedup_pipeline.engine.storage import Storage, glob_escape
 from dedup_pipeline.errors import UserError
 
@@ -76,12 +78,15 @@ _OBJECT_STORES = ("s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "az", "adl",
 _CHUNK = 1 << 20
 
 
-@dataclass(frozen=True)
-class InputFile:
+class InputFile(Record):
+    """One landing file as listed (path, size, mtime) and as a commit record keeps it."""
+
     path: str
-    size: int
-    mtime: float
-    sha256: str | None = None  # content fingerprint, set where a commit record's inputs are built
+    size: Count
+    mtime: Annotated[float, Field(allow_inf_nan=False)]
+    # the SHA-256 of the content, set where a commit record's inputs are built (absent in records
+    # written before 2026-11-27)
+    sha256: str | None = optional()
 
 
 @dataclass(frozen=True)
@@ -171,13 +176,13 @@ def list_input_files(ds: DatasetConfig, hour: datetime) -> list[InputFile]:
             try:
                 target = st.fs.info(e["name"])  # the target's type, size and time
             except OSError:  # dangling, a loop, or not ours to see: `plan_batch` says which
-                out.append(InputFile(st.to_uri(str(e["name"])), 0, 0.0))
+                out.append(InputFile(path=st.to_uri(str(e["name"])), size=0, mtime=0.0))
                 continue
             if target.get("type") != "file":
                 continue
             e = {**target, "name": e["name"]}
-        out.append(InputFile(st.to_uri(str(e["name"])), int(e.get("size") or 0),
-                             float(e.get("mtime") or 0.0)))
+        out.append(InputFile(path=st.to_uri(str(e["name"])), size=int(e.get("size") or 0),
+                             mtime=float(e.get("mtime") or 0.0)))
     return sorted(out, key=lambda f: f.path)
 
 
@@ -631,7 +636,7 @@ def read_text_batch(spark: SparkSession, ds: DatasetConfig,
                     plan: BatchPlan | list[str]) -> DataFrame:
     """All columns still as text, plus origin, `_malformed` and the read-time reason."""
     if not isinstance(plan, BatchPlan):  # plain paths (benchmarks): vet them here
-        sizes = [InputFile(p, 1, 0.0) for p in plan]
+        sizes = [InputFile(path=p, size=1, mtime=0.0) for p in plan]
         plan = plan_batch(ds, sizes)
     if not plan.files:
         df = empty_batch(spark, ds)

@@ -38,7 +38,7 @@ from dedup_pipeline.engine.index.health import (
     record_damage,
     save_summary,
 )
-from dedup_pipeline.engine.index.layout import IndexFile
+from dedup_pipeline.engine.index.layout import IndexFile, IndexFileEntry
 from dedup_pipeline.engine.outputs import LOAD_HOUR, UNIQUE, partition
 from dedup_pipeline.engine.parse import V
 from dedup_pipeline.engine.storage import Storage
@@ -52,7 +52,7 @@ class RebuildResult:
     seconds: float
 
 
-def _staged_files(st: Storage, staging: str, tag: str) -> tuple[list[int], list[dict]]:
+def _staged_files(st: Storage, staging: str, tag: str) -> tuple[list[int], list[IndexFileEntry]]:
     slices = sorted(n for s in st.list_dirs(staging) if (n := layout.slice_number(s)) is not None
                     and st.exists(f"{staging}/{s}/{layout.load_dir(tag)}"))
     return slices, index_file_manifest(st, tag, slices, root=staging)
@@ -173,7 +173,7 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
             rec = None  # only a rerun of that hour restores its record; its files stay unlisted
         if rec is not None:
             commits.write_commit(st, rec.with_(
-                index_files=tuple(commits.IndexFileEntry.from_json(f) for f in files),
+                index_files=tuple(files),
                 index_format=layout.INDEX_FORMAT, index_slices_written=tuple(slices)))
     if tags is None:
         st.replace_dir(staging, st.path(layout.INDEX))

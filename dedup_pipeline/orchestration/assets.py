@@ -30,10 +30,10 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits, landing, outputs
 from dedup_pipeline.engine.checks import LoadCheckError
-from dedup_pipeline.engine.commits import LoadOrderError
+from dedup_pipeline.engine.commits import CommitRecord, LoadOrderError
 from dedup_pipeline.engine.digest import FP, H1, H2
 from dedup_pipeline.engine.index.store import LOAD_HOUR, entry_schema
-from dedup_pipeline.engine.load import LoadResult, load_hours
+from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.outputs import OUTPUTS
 from dedup_pipeline.engine.parse import REASON, V
 from dedup_pipeline.engine.storage import Storage
@@ -123,7 +123,7 @@ def _point(ds: DatasetConfig, value: float | int) -> Any:
     return value
 
 
-def hour_metadata(ds: DatasetConfig, r: LoadResult) -> dict[str, Any]:
+def hour_metadata(ds: DatasetConfig, r: CommitRecord) -> dict[str, Any]:
     """The figures of ONE hour, put on that hour's materialization so Plots -> Partitions shows
     one point per loaded hour (D5)."""
     md: dict[str, Any] = {
@@ -165,7 +165,7 @@ def table_metadata(ds: DatasetConfig, name: str, tag: str) -> dict[str, Any]:
             "delta_version": found[0], "table_files": found[1]}
 
 
-def _row_count(r: LoadResult, name: str) -> int:
+def _row_count(r: CommitRecord, name: str) -> int:
     return r.index_rows_written if name == INDEX else int(getattr(r, name))
 
 
@@ -194,7 +194,7 @@ CHECKS_ASSET = {name: asset for name, (asset, _, _) in checks.CHECKS.items()}
 
 
 def _hour_events(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: list[dg.AssetKey],
-                 raw_key: dg.AssetKey, r: LoadResult, session: Any = None) -> Iterator[Any]:
+                 raw_key: dg.AssetKey, r: CommitRecord, session: Any = None) -> Iterator[Any]:
     """One hour's events, in the order the UI needs them: its materializations (its own figures),
     then its check evaluations targeting exactly those materializations.
 
@@ -213,7 +213,7 @@ def _hour_events(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: lis
     yield from _evaluations(context.instance, ds, pk, _evaluate(ds, r, session))
 
 
-def _evaluate(ds: DatasetConfig, r: LoadResult, spark: Any) -> list[checks.Evaluation]:
+def _evaluate(ds: DatasetConfig, r: CommitRecord, spark: Any) -> list[checks.Evaluation]:
     """The hour's checks; failing ones that sample keys get sample keys and an explain command."""
     evals = checks.evaluate(ds, r)
     if spark is None:
@@ -330,7 +330,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             PROGRESS_LOGGER.info(msg)
 
         session = spark.get_session()
-        results: list[LoadResult] = []
+        results: list[CommitRecord] = []
         try:
             load_hours(session, ds, partition_keys, progress, f"dagster run {context.run.run_id}",
                        remote=spark.remote_url(), on_hour=results.append)

@@ -24,7 +24,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.checks import CONSERVATION, INDEX_AGREES, UNIQUE_KEYS
-from dedup_pipeline.engine.load import LoadResult
+from dedup_pipeline.engine.commits import CommitRecord
 from dedup_pipeline.engine.outputs import DUPLICATES, REJECTED, UNIQUE
 from dedup_pipeline.orchestration.names import INDEX, asset_key
 
@@ -76,7 +76,7 @@ class Evaluation:
         return dg.AssetCheckSeverity.ERROR if CHECKS[self.name][1] else dg.AssetCheckSeverity.WARN
 
 
-def evaluate(ds: DatasetConfig, r: LoadResult) -> list[Evaluation]:
+def evaluate(ds: DatasetConfig, r: CommitRecord) -> list[Evaluation]:
     """All checks of a committed hour (the blocking ones passed, or it would not be committed)."""
     f = r.check_figures
     rates = r.rates

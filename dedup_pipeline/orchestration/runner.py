@@ -13,7 +13,7 @@ import dagster as dg
 
 from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.engine import commits
-from dedup_pipeline.engine.load import LoadResult
+from dedup_pipeline.engine.commits import CommitRecord
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
 from dedup_pipeline.orchestration import runs
@@ -30,7 +30,7 @@ class RangeRun:
     success: bool
     run_id: str
     error: str | None
-    results: list[LoadResult]
+    results: list[CommitRecord]
 
 
 def failure_message(result: dg.ExecuteInProcessResult) -> str:

@@ -61,8 +61,9 @@ class Compacted:
 
     def index_files(self) -> list[IndexFile]:
         """Its files as index files holding every load it merged."""
-        return [IndexFile(min(self.loads, default=""), self.slice, f["name"], int(f["size"]),
-                          f.get("rows"), self.dir, self.loads, f.get("sha256"))
+        return [IndexFile(tag=min(self.loads, default=""), slice=self.slice, name=f["name"],
+                          size=int(f["size"]), rows=f.get("rows"), dir=self.dir, loads=self.loads,
+                          sha256=f.get("sha256"))
                 for f in self.files]
 
 

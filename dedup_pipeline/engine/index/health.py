@@ -32,6 +32,7 @@ from dedup_pipeline.engine.index.layout import (
     INDEX_FORMAT,
     SUMMARY,
     IndexFile,
+    IndexFileEntry,
     is_compact_dir,
     is_slice_dir,
     load_rel,
@@ -222,7 +223,7 @@ def _read_summary(st: Storage) -> Summary | None:
         if raw["version"] != SUMMARY_VERSION:
             return None
         kept = {t: {"sig": list(k["sig"]), "index_format": int(k["index_format"]),
-                    "index_files": [commits.IndexFileEntry.from_json(f).to_json()
+                    "index_files": [IndexFileEntry.model_validate(f).to_json()
                                     for f in k["index_files"]]}
                 for t, k in raw["kept"].items()}
         ranges = raw["committed"]
@@ -331,7 +332,7 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
         cached = prior.kept.get(tag) if prior is not None else None
         if cached is not None and cached["sig"] == sig:
             fmt = cached["index_format"]
-            listed = [commits.IndexFileEntry.from_json(f) for f in cached["index_files"]]
+            listed = [IndexFileEntry.model_validate(f) for f in cached["index_files"]]
         else:
             try:
                 rec = commits.read_commit(st, tag)
@@ -350,7 +351,7 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
         for f in listed:
             if (lo is not None and f.slice < lo) or (f.slice, tag) in merged:
                 continue  # deleted by retention, or merged by compaction, as intended
-            entry = IndexFile(tag, f.slice, f.name, f.size, f.rows, sha256=f.sha256)
+            entry = f.at(tag)
             damage.files[entry.rel] = entry
             live = True
         if live or old or tag == newest:
@@ -397,8 +398,8 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
 
 
 def index_file_manifest(st: Storage, tag: str, slices: list[int],
-                        root: str | None = None) -> list[dict]:
-    """The index files of load `tag` (name, size, rows per slice), for its commit record.
+                        root: str | None = None) -> list[IndexFileEntry]:
+    """The index files of load `tag` (slice, name, size, rows, SHA-256), for its commit record.
 
     `root` is the index directory (default) or a rebuild's staging directory of the same layout.
     """
@@ -406,9 +407,9 @@ def index_file_manifest(st: Storage, tag: str, slices: list[int],
     out = []
     for n in slices:
         for p in st.list_files(f"{base}/{load_rel(n, tag)}", ".parquet"):
-            out.append({"slice": n, "name": p.rsplit("/", 1)[1],
-                        "size": int(st.fs.info(p).get("size") or 0),
-                        "rows": st.parquet_rows(p), "sha256": st.sha256(p)})
+            out.append(IndexFileEntry(slice=n, name=p.rsplit("/", 1)[1],
+                                      size=int(st.fs.info(p).get("size") or 0),
+                                      rows=st.parquet_rows(p), sha256=st.sha256(p)))
     return out
 
 

@@ -19,9 +19,9 @@ change of layout is a change of this module (and of `INDEX_FORMAT`).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from dedup_pipeline.engine.outputs import LOAD_HOUR
+from dedup_pipeline.engine.records import Count, Record, optional
 
 INDEX = "index"
 # Version of the entry layout, kept in every commit record. 2: 32-bit fingerprint. Loads refuse an
@@ -97,18 +97,28 @@ CHECKSUM_PATH = re.compile(
     rf"({SLICE}=-?\d+/(?:{LOAD}|{COMPACT})=[^/\s]+/[^/\s]+?\.parquet)")
 
 
-@dataclass(frozen=True)
-class IndexFile:
-    """One index file as its load's commit record (or a compacted directory's manifest) lists it."""
+class IndexFileEntry(Record):
+    """One index file as its load's commit record (or a compacted directory's manifest) lists
+    it: what `check_index` compares the disk with."""
 
-    tag: str  # the (earliest) load whose entries it holds
     slice: int
     name: str
-    size: int
-    rows: int | None  # None in commit records written before rows were recorded
+    size: Count
+    rows: Count | None = optional()  # None in commit records written before rows were recorded
+    sha256: str | None = optional()  # content hash recorded when written; None in older records
+
+    def at(self, tag: str, dir: str = "", loads: tuple[str, ...] = ()) -> IndexFile:
+        """This file where it lies: of load `tag` (or, in a compacted directory `dir`, of `loads`)."""
+        return IndexFile(tag=tag, dir=dir, loads=loads, slice=self.slice, name=self.name,
+                         size=self.size, rows=self.rows, sha256=self.sha256)
+
+
+class IndexFile(IndexFileEntry):
+    """An index file with the load(s) whose entries it holds: its place below the index."""
+
+    tag: str  # the (earliest) load whose entries it holds
     dir: str = ""  # directory below the slice: "load_hour=<tag>" (default) or "compact=<a>_<b>"
     loads: tuple[str, ...] = ()  # every load it holds entries of (default: just `tag`)
-    sha256: str | None = None  # content hash recorded when written; None in older records
 
     @property
     def rel(self) -> str:

@@ -200,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --replicate: leave the key in every copy of its hours (by "
                          "default its rows are removed from the copies, as a real history has "
                          "a key in a few hours)")
+    ap.add_argument("--prepare-only", action="store_true",
+                    help="build the history into --dir and stop (measure it later with --reuse)")
     args = ap.parse_args(argv)
     hours, rows = (720, 100_000) if args.full else (args.hours, args.rows_per_hour)
     root = Path(args.dir or tempfile.mkdtemp(prefix="explain_bench_"))
@@ -242,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                       "hours only)", flush=True)
         print(f"key: event_id={key}; {len(committed_tags(Storage(main_ds.output)))} committed "
               "hours", flush=True)
+        if args.prepare_only:
+            return 0
         jvm_conf = spark.sparkContext._jsc.hadoopConfiguration()  # noqa: SLF001
 
         def full_scan() -> int:

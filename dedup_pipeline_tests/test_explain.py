@@ -196,6 +196,17 @@ def test_explain_matches_reference_for_every_key(spark, corpus, name: str,
     keys = sorted(story, key=repr)
     given = [{k: key_text(ds, k, v) for k, v in zip(ds.key, key, strict=True)} for key in keys]
     never = {k: ("zz-never" if ds.source.schema[k] == "string" else "987654321") for k in ds.key}
+    # the rows and the index entries are read by pyarrow here, not by the Spark fallbacks
+    by_arrow: list[str] = []
+    for fn in ("_arrow_rows", "_arrow_entries"):
+        real = getattr(explain, fn)
+
+        def watched(*a: Any, _real: Any = real, _fn: str = fn) -> Any:
+            got = _real(*a)
+            by_arrow.append(_fn if got is not None else f"{_fn}: None")
+            return got
+
+        monkeypatch.setattr(explain, fn, watched)
     st = Storage(ds.output)
     recs = {t: commits.read_commit(st, t) for t in sorted(commits.committed_tags(st))}
     packed = set().union(*[c.hours for c in daypack.covers(st, recs, daypack.KEYS)])
@@ -236,6 +247,7 @@ def test_explain_matches_reference_for_every_key(spark, corpus, name: str,
     nothing = exs[-1]
     assert not nothing.seen and nothing.hours_searched.count("..") == 1
     assert "never seen" in "\n".join(nothing.lines())
+    assert sorted(set(by_arrow)) == ["_arrow_entries", "_arrow_rows"], by_arrow
     # the rows read by one Spark job instead of pyarrow (more files than pyarrow takes): the
     # same explanations
     monkeypatch.setattr(explain, "ARROW_ROW_FILES", 0)
@@ -586,9 +598,9 @@ def test_key_digest_written_by_pyarrow_holds_what_a_spark_write_holds(spark, odd
     ds = load_config(odd).datasets[0]
     st = Storage(ds.output)
     h1, _ = digest_columns(ds.key, ds.source.schema)
-    frame = spark.createDataFrame(
-        [(f"k{i}", i, None, None) for i in range(5000)],
-        "user_id string, n long, ts timestamp, d date").select(h1.alias(H1))
+    frame = spark.range(5000).selectExpr(
+        "concat('k', id) AS user_id", "id AS n", "timestamp_micros(id) AS ts",
+        "date_from_unix_date(CAST(id AS INT)) AS d").select(h1.alias(H1))
     got = {}
     for writer in ("arrow", "spark"):
         keydigest.WRITER = writer

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -209,15 +209,18 @@ def _read_rejected(st: Storage, path: str) -> pa.Table:
         [pa.field(c, pa.string()) for c in REJECTED_COLUMNS]))
 
 
-def after_commit(st: Storage, tag: str) -> Manifest | None:
-    """After hour `tag` is committed: pack its day when every hour of the day is committed and
-    the day's packs do not already cover exactly what the records list (a first pack, or a
-    reloaded hour). Best effort: a pack not written only costs `explain` time."""
+def after_commit(st: Storage, tag: str, committed: Container[str] | None = None
+                 ) -> Manifest | None:
+    """After hour `tag` is committed (`committed`: the committed hours, the load's own set; by
+    default listed): pack its day when every hour of the day is committed and the day's packs do
+    not already cover exactly what the records list (a first pack, or a reloaded hour). Best
+    effort: a pack not written only costs `explain` time."""
     if not ENABLED:
         return None
     day = day_of(tag)
-    tags = sorted(t for t in commits.committed_tags(st) if day_of(t) == day)
-    if len(tags) < 24:
+    tags = [f"{day}-{h:02d}" for h in range(24)]
+    have_tags = committed if committed is not None else commits.committed_tags(st)
+    if any(t not in have_tags for t in tags):
         return None
     try:
         records = {t: r for t in tags if (r := commits.read_commit(st, t)) is not None}

@@ -579,7 +579,7 @@ def housekeep(spark: SparkSession, ds: DatasetConfig, p: Prepared, record: Commi
     done.add(p.tag)
     compaction.compact(spark, ds, st, done, intact)
     clock.lap("compact")
-    daypack.after_commit(st, p.tag)  # a complete day's digests and rejected lines, one file each
+    daypack.after_commit(st, p.tag, done)  # a complete day's digests and rejected lines, packed
     clock.lap("day_pack")
     final = record.with_(index_slices_deleted=deleted, seconds=clock.with_total())
     p.watch.change(commits.write_commit, st, final)

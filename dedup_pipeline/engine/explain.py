@@ -696,8 +696,13 @@ def _arrow_entries(st: Storage, rels: list[str], cols: list[str], h1s: list[int]
     def one(rel: str) -> list[dict]:
         path = st.path(layout.INDEX, rel)
         with (pa.OSFile(path, "rb") if st.local else st.fs.open(path, "rb")) as fh:
-            table = pq.read_table(fh, columns=cols, use_threads=False)
-        return table.filter(pc.is_in(table.column(H1), value_set=wanted)).to_pylist()
+            pf = pq.ParquetFile(fh)
+            hit = pc.is_in(pf.read(columns=[H1], use_threads=False).column(H1),
+                           value_set=wanted)
+            if not pc.any(hit).as_py():  # most files: the digests alone were read
+                return []
+            table = pf.read(columns=cols, use_threads=False)
+        return table.filter(hit).to_pylist()
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         return [r for part in pool.map(one, rels) for r in part]

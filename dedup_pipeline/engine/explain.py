@@ -929,18 +929,19 @@ def explain_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, s
     (partition keys or tags, inclusive).
     """
     st = Storage(ds.output)
-    with ThreadPoolExecutor(max_workers=1) as pool:  # a Spark job beside reading the records
+    # the key is typed (a Spark job) while the records are read and the rejected lines, which
+    # need only the key's text, are searched; the index and the outputs once it is typed. The
+    # reads are independent: a point lookup's time is mostly per-job and per-file latency
+    texts = {i: Key({k: g.get(k) for k in ds.key}, {}, None, None) for i, g in enumerate(given)}
+    with ThreadPoolExecutor(max_workers=4) as pool:
         typing = pool.submit(type_keys, spark, ds, given)
         hist = committed_history(st, first, last)
+        f_rejected = pool.submit(_find_rejected, spark, ds, st, hist, texts)
         keys = typing.result()
-    committed = set(hist.all_committed)
-    by_id = dict(enumerate(keys))
-    typed = {i: k for i, k in by_id.items() if not k.has_null}
-    # the index, the rejected lines and (with expiry) the outputs are independent reads: their
-    # Spark jobs run side by side (a point lookup's time is mostly per-job latency)
-    with ThreadPoolExecutor(max_workers=3) as pool:
+        committed = set(hist.all_committed)
+        by_id = dict(enumerate(keys))
+        typed = {i: k for i, k in by_id.items() if not k.has_null}
         f_entries = pool.submit(_index_entries, spark, ds, st, typed, committed)
-        f_rejected = pool.submit(_find_rejected, spark, ds, st, hist, by_id)
         since: dict[int, str] = {}
         if ds.expiry is None:  # lever: nothing of the key before its entry's load (docstring)
             for i, es in f_entries.result().items():

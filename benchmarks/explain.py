@@ -2,27 +2,36 @@
 
 Builds a history with the benchmark's generator (`dedup_pipeline.sample.generate`) and loads it
 (every load writes Parquet bloom filters on the key columns and the hour's key digest,
-`engine/keydigest.py`). The first `--load-hours` hours are also loaded into a second output with
-the key digest off, alternating with the main loads of the same hours, for the digest's load
-cost. Then, interleaved over `--repeat` rounds in one warm Spark session, it times:
+`engine/keydigest.py`). The first `--load-hours` hours are also loaded into two more outputs, one
+with the key digest written by a Spark write job (the former writer), one without a digest,
+rotating which goes first, for the digest's load cost. Every day is then packed
+(`engine/daypack.py`, timed). Then, interleaved over `--repeat` rounds in one warm Spark session,
+it times:
 
 - `full scan`: every row of unique, duplicates, expired and rejected of every committed hour
   read and filtered for the key (Parquet filter pushdown off: what a person does with Spark
   without the levers);
-- `explain`: `explain_key` (the key digests name the hours, then rows of only those hours);
+- `explain`: `explain_key` (day packs name the hours holding the key and hold the rejected
+  lines, the rows of those hours read by pyarrow);
+- `explain, rows by Spark`: the same with the rows read by one Spark job;
+- `explain, no day packs`: every hour's own key digest and rejected file;
+- `explain, no packs, rows by Spark`: both levers off;
 - `explain, no key digest`: two passes over every hour, pushdown to row-group statistics and
   bloom filters (the design before the digest);
 - `explain, no digest, no bloom`: the same with parquet-mr's bloom filter use off (row-group
   statistics only).
 
-And it reports the load time with and without the digest (medians of the alternating first
-hours, from their commit records' stage timings) and its footprint (bytes of the digest against
-the four outputs of those hours). The key is one with a natural duplicate in a later hour, from
-the middle of the history.
+And it reports each step of one explain alone, the load time with each digest writer and
+without (medians of the rotating first hours, from their commit records' stage timings) and the
+footprint (bytes of the digest against the four outputs of those hours). The key is one with a
+natural duplicate in a later hour, from the middle of the history.
 
+    python -m benchmarks.explain --dir D --keep --hours 24 --rows-per-hour 100000 \
+        --replicate 30 --load-hours 0 --prepare-only      # build a 720-hour history once
+    python -m benchmarks.explain --dir D --reuse --hours 24 --rows-per-hour 100000 \
+        --replicate 30 --repeat 3                           # measure it (quiet machine)
+    python -m benchmarks.explain --hours 6 --rows-per-hour 100000 --load-hours 6  # load cost
     python -m benchmarks.explain                 # 48 hours x 5,000 rows (~10 min, busy machine)
-    python -m benchmarks.explain --full          # the target scale: 720 hours x 100,000 rows
-    python -m benchmarks.explain --hours 24 --rows-per-hour 100000 --replicate 30   # 720 hours
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from dedup_pipeline.config import DatasetConfig, load_config
-from dedup_pipeline.engine import explain, keydigest, outputs
+from dedup_pipeline.engine import daypack, explain, keydigest, outputs
 from dedup_pipeline.engine.commits import committed_tags, read_commit, write_commit
 from dedup_pipeline.engine.explain import committed_history, explain_key, output_files
 from dedup_pipeline.engine.load import load_hours
@@ -52,6 +61,7 @@ from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 from dedup_pipeline.sample.generate import generate_landing
 
+ARROW_ROW_FILES = explain.ARROW_ROW_FILES
 CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4",
         "spark.driver.memory": "4g"}
 
@@ -200,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --replicate: leave the key in every copy of its hours (by "
                          "default its rows are removed from the copies, as a real history has "
                          "a key in a few hours)")
+    ap.add_argument("--prepare-only", action="store_true",
+                    help="build the history into --dir and stop (measure it later with --reuse)")
     args = ap.parse_args(argv)
     hours, rows = (720, 100_000) if args.full else (args.hours, args.rows_per_hour)
     root = Path(args.dir or tempfile.mkdtemp(prefix="explain_bench_"))
@@ -210,20 +222,23 @@ def main(argv: list[str] | None = None) -> int:
             generate_landing(root, hours=hours, rows_per_hour=rows, seed=7, start=start)
         main_ds = load_config(_config(root, "bloom")).datasets[0]
         no_digest = load_config(_config(root, "no_digest_loads")).datasets[0]
+        spark_digest = load_config(_config(root, "spark_digest_loads")).datasets[0]
         spark = get_session(SparkSettings("local[2]", None, CONF))
         spark.sparkContext.setLogLevel("ERROR")
         keys = [] if args.reuse else [to_key(parse_key(start) + i * HOUR) for i in range(hours)]
         for i, k in enumerate(keys):
-            order = [("digest", main_ds), ("no digest", no_digest)] if i < args.load_hours else \
+            order = [("digest", main_ds), ("no digest", no_digest),
+                     ("spark digest", spark_digest)] if i < args.load_hours else \
                 [("digest", main_ds)]
-            if i % 2:
-                order.reverse()  # alternate who goes first (page cache, JIT)
+            order = order[i % len(order):] + order[:i % len(order)]  # rotate who goes first
             for label, ds in order:
-                keydigest.ENABLED = label == "digest"
+                keydigest.ENABLED = label != "no digest"
+                keydigest.WRITER = "spark" if label == "spark digest" else "arrow"
                 load_hours(spark, ds, [k])
             if (i + 1) % 24 == 0 or i + 1 == hours:
                 print(f"  loaded {i + 1}/{hours} hours", flush=True)
         keydigest.ENABLED = True
+        keydigest.WRITER = "arrow"
         loaded = sorted(committed_tags(Storage(main_ds.output)))
         key = _pick_key(main_ds, loaded[:hours])  # among the loaded hours, not their copies
         if args.reuse:  # a history loaded before digests: rebuild theirs, copy to the replicas
@@ -242,6 +257,13 @@ def main(argv: list[str] | None = None) -> int:
                       "hours only)", flush=True)
         print(f"key: event_id={key}; {len(committed_tags(Storage(main_ds.output)))} committed "
               "hours", flush=True)
+        if args.prepare_only:
+            return 0
+        t0 = time.perf_counter()
+        packed = daypack.pack_all(Storage(main_ds.output))
+        if packed:
+            print(f"day packs written for {len(packed)} days in {time.perf_counter() - t0:.1f} s "
+                  f"({(time.perf_counter() - t0) / len(packed):.2f} s a day)", flush=True)
         jvm_conf = spark.sparkContext._jsc.hadoopConfiguration()  # noqa: SLF001
 
         def full_scan() -> int:
@@ -261,26 +283,34 @@ def main(argv: list[str] | None = None) -> int:
                 spark.conf.set("spark.sql.parquet.filterPushdown", "true")
             return n
 
-        def without(digest: bool, bloom: bool) -> object:
+        def without(digest: bool = True, bloom: bool = True, packs: bool = True,
+                    arrow: bool = True) -> object:
             explain.USE_DIGEST = digest
+            daypack.ENABLED = packs
+            explain.ARROW_ROW_FILES = ARROW_ROW_FILES if arrow else 0
             jvm_conf.set("parquet.filter.bloom.enabled", "true" if bloom else "false")
             try:
                 return explain_key(spark, main_ds, {"event_id": key})
             finally:
                 explain.USE_DIGEST = True
+                daypack.ENABLED = True
+                explain.ARROW_ROW_FILES = ARROW_ROW_FILES
                 jvm_conf.set("parquet.filter.bloom.enabled", "true")
 
         cases: dict[str, Callable[[], object]] = {
             "full scan (4 outputs)": full_scan,
             "explain": lambda: explain_key(spark, main_ds, {"event_id": key}),
-            "explain, no key digest": lambda: without(False, True),
-            "explain, no digest, no bloom": lambda: without(False, False),
+            "explain, rows by Spark": lambda: without(arrow=False),
+            "explain, no day packs": lambda: without(packs=False),
+            "explain, no packs, rows by Spark": lambda: without(packs=False, arrow=False),
+            "explain, no key digest": lambda: without(digest=False),
+            "explain, no digest, no bloom": lambda: without(digest=False, bloom=False),
         }
         ex = explain_key(spark, main_ds, {"event_id": key})  # warm-up, and the story printed
         print("\n".join(ex.lines()))
-        same = without(False, True)
-        assert [asdict(o) for o in same.occurrences] == [asdict(o) for o in ex.occurrences], \
-            "explain with and without the key digest differ"
+        for other in (without(digest=False), without(packs=False), without(arrow=False)):
+            assert [asdict(o) for o in other.occurrences] == [asdict(o) for o in ex.occurrences], \
+                "explain with and without a lever differs"
         times: dict[str, list[float]] = {c: [] for c in cases}
         for _ in range(args.repeat):
             for name, f in cases.items():
@@ -290,8 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{hours} hours x {rows} rows; medians of {args.repeat} interleaved rounds "
               "(warm session)")
         for c, m in med.items():
-            print(f"  {c:<30} {m:7.2f} s   {full / m:6.1f}x faster than the full scan"
-                  if c != "full scan (4 outputs)" else f"  {c:<30} {m:7.2f} s")
+            print(f"  {c:<34} {m:7.2f} s   {full / m:6.1f}x faster than the full scan"
+                  if c != "full scan (4 outputs)" else f"  {c:<34} {m:7.2f} s")
         # where the time of one explain goes (each step alone, warm)
         st = Storage(main_ds.output)
         steps: dict[str, Callable[[], object]] = {}
@@ -300,30 +330,47 @@ def main(argv: list[str] | None = None) -> int:
         steps["type the key (Spark)"] = lambda: explain.type_keys(spark, main_ds,
                                                                   [{"event_id": key}])
         steps["read the commit records"] = lambda: committed_history(st, None, None)
-        steps["index entries (Spark)"] = lambda: explain._index_entries(  # noqa: SLF001
+        steps["index entries (pyarrow)"] = lambda: explain._index_entries(  # noqa: SLF001
             spark, main_ds, st, typed, set(hist.all_committed))
-        steps["rejected lines (pyarrow)"] = lambda: explain._find_rejected(  # noqa: SLF001
+        steps["rejected lines (day packs)"] = lambda: explain._find_rejected(  # noqa: SLF001
             spark, main_ds, st, hist, typed)
-        steps["digests + rows (Spark)"] = lambda: explain._find_rows(  # noqa: SLF001
+        steps["digests + rows (packs, pyarrow)"] = lambda: explain._find_rows(  # noqa: SLF001
             spark, main_ds, st, hist, typed, {})
+        packs = daypack.covers(st, hist.records, daypack.KEYS)
+        steps["the day packs' digests alone"] = lambda: daypack.keys_holding(
+            st, packs, [typed[0].h1])
         held = {t: p for t in hist.records if (p := keydigest.usable(st, t, hist.records[t]))}
-        steps["the digests alone (pyarrow)"] = lambda: keydigest.hours_holding(
+        steps["hourly digests alone"] = lambda: keydigest.hours_holding(
             st, held, [typed[0].h1])
-        print("  one explain, step by step:")
+
+        def no_packs(f: Callable[[], object]) -> Callable[[], object]:
+            def run() -> object:
+                daypack.ENABLED = False
+                try:
+                    return f()
+                finally:
+                    daypack.ENABLED = True
+            return run
+
+        steps["rejected lines (hourly files)"] = no_packs(steps["rejected lines (day packs)"])
+        print("  one explain, step by step (each alone, warm; best of 3):")
         for name, f in steps.items():
-            t0 = time.perf_counter()
-            f()
-            print(f"    {name:<30} {time.perf_counter() - t0:6.2f} s")
+            best = []
+            for _ in range(3):
+                _median(f, best)
+            print(f"    {name:<34} {min(best):6.3f} s")
         print(f"    hours whose digest holds the key: "
               f"{sorted(keydigest.hours_holding(st, held, [typed[0].h1])[typed[0].h1])}")
         n = min(args.load_hours, len(loaded))
         if n and not args.reuse:
-            ld, ln = (statistics.median(_load_seconds(d, n, "total")) for d in (main_ds, no_digest))
-            wd, wn = (statistics.median(_load_seconds(d, n, "write_outputs"))
-                      for d in (main_ds, no_digest))
-            print(f"  load, median per hour over the first {n} hours, alternating: with the key "
-                  f"digest {ld:.2f} s, without {ln:.2f} s ({100 * (ld / ln - 1):+.1f}%); its "
-                  f"write_outputs stage {wd:.2f} s vs {wn:.2f} s")
+            ld, ln, ls = (statistics.median(_load_seconds(d, n, "total"))
+                          for d in (main_ds, no_digest, spark_digest))
+            wd, wn, ws = (statistics.median(_load_seconds(d, n, "write_outputs"))
+                          for d in (main_ds, no_digest, spark_digest))
+            print(f"  load, median per hour over the first {n} hours, rotating: key digest by "
+                  f"pyarrow {ld:.2f} s ({100 * (ld / ln - 1):+.1f}%), by a Spark write {ls:.2f} s "
+                  f"({100 * (ls / ln - 1):+.1f}%), without {ln:.2f} s; write_outputs stage "
+                  f"{wd:.2f} / {ws:.2f} / {wn:.2f} s")
         n = min(args.load_hours or len(loaded), len(loaded))
         out_bytes = _bytes(main_ds, outputs.OUTPUTS, n)
         dig_bytes = _bytes(main_ds, (keydigest.DIGEST,), n)

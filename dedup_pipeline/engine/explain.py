@@ -27,6 +27,7 @@ in `_read` (Spark) or `_arrow_read` (pyarrow), nowhere else.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -41,7 +42,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, keydigest
+from dedup_pipeline.engine import commits, daypack, keydigest
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns
 from dedup_pipeline.engine.index import layout, live, store
 from dedup_pipeline.engine.index.health import check_index
@@ -474,17 +475,23 @@ def _find_rows(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: Histor
     lo = min(since.get(i, "") for i in keys)
     hours = [t for t in hist.records if t >= lo]
     where: dict[str, set[str]] = {}
-    # pass 0: the hours' key digests name the hours that can hold the keys (engine/keydigest.py)
-    digests = {t: paths for t in hours
-               if (paths := keydigest.usable(st, t, hist.records[t]))} if USE_DIGEST else {}
-    if digests:
-        unreadable: set[str] = set()
-        held = keydigest.hours_holding(st, digests, [k.h1 for k in keys.values()
-                                                     if k.h1 is not None], unreadable)
+    # pass 0: the hours' key digests name the hours that can hold the keys (engine/keydigest.py):
+    # a day's from its pack where it answers for the hour (engine/daypack.py), else the hour's own
+    if USE_DIGEST:
+        h1s = [k.h1 for k in keys.values() if k.h1 is not None]
+        packs = daypack.covers(st, {t: hist.records[t] for t in hours}, daypack.KEYS)
+        held, answered = daypack.keys_holding(st, packs, h1s)
         tags = set().union(*held.values())
+        digests = {t: paths for t in hours if t not in answered
+                   and (paths := keydigest.usable(st, t, hist.records[t]))}
+        unreadable: set[str] = set()
+        if digests:
+            held = keydigest.hours_holding(st, digests, h1s, unreadable)
+            tags |= set().union(*held.values())
         for name in (UNIQUE, DUPLICATES, EXPIRED):
             where[name] = set(tags)
-        hours = [t for t in hours if t not in digests or t in unreadable]
+        hours = [t for t in hours if t not in answered
+                 and (t not in digests or t in unreadable)]
     # pass 1: only the key columns of every other hour's files, to learn which hours hold them
     probes = []
     for name in (UNIQUE, DUPLICATES, EXPIRED):
@@ -499,7 +506,14 @@ def _find_rows(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: Histor
             union = union.unionByName(p)
         for r in union.collect():
             where.setdefault(r["_name"], set()).add(r[LOAD_HOUR])
-    # pass 2: whole rows of only the hours that hold them, every output in one job
+    # pass 2: whole rows of only the hours that hold them: a few files by pyarrow, else every
+    # output in one Spark job
+    got = _arrow_rows(ds, st, hist, where, keys)
+    if got is not None:
+        for i, name, d in got:
+            if d[LOAD_HOUR] >= since.get(i, ""):
+                found[i].append((name, d))
+        return found
     parts = []
     for name, tags in sorted(where.items()):
         files = [f for t in sorted(tags) for f in output_files(st, name, t, hist.records[t])]
@@ -520,6 +534,67 @@ def _find_rows(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: Histor
     return found
 
 
+# Rows of at most this many output files are read by pyarrow (no Spark job: ~0.4 s less per
+# lookup); more by one Spark job, which prunes by the outputs' bloom filters.
+ARROW_ROW_FILES = 24
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "string": pa.string(), "long": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
+    "timestamp": pa.timestamp("us", tz="UTC"), "date": pa.date32()}
+
+
+def _arrow_rows(ds: DatasetConfig, st: Storage, hist: History, where: dict[str, set[str]],
+                keys: dict[int, Key]) -> list[tuple[int, str, dict]] | None:
+    """(`_kid`, output, row) of the keys' rows in the hours `where` names, read by pyarrow and
+    put in the form `_row_select` gives Spark's rows; None when Spark is to read them instead
+    (many files, a double key column whose NaN / -0.0 equality is Spark's, or a file pyarrow
+    does not read as the declared types)."""
+    schema = ds.source.schema
+    jobs = [(name, t, path) for name, tags in sorted(where.items()) for t in sorted(tags)
+            for path in _local_files(st, name, t, hist.records[t])]
+    if len(jobs) > ARROW_ROW_FILES or any(schema[k] == "double" for k in ds.key):
+        return None
+    key_table = pa.table({KID: pa.array(list(keys), pa.int64()),
+                          **{k: pa.array([key.values[k] for key in keys.values()],
+                                         _canonical_arrow_type(schema[k])) for k in ds.key}})
+
+    def one(job: tuple[str, str, str]) -> list[tuple[int, str, dict]]:
+        name, tag, path = job
+        cols = dict(columns(ds, name))
+        with (pa.OSFile(path, "rb") if st.local else st.fs.open(path, "rb")) as fh:
+            pf = pq.ParquetFile(fh, coerce_int96_timestamp_unit="us")
+            present = [c for c in cols if c in pf.schema_arrow.names]
+            table = pf.read(columns=present, use_threads=False)
+        data = {}
+        for c, typ in cols.items():
+            arr = (table.column(c).cast(ARROW_TYPES[typ]) if c in present
+                   else pa.nulls(table.num_rows, ARROW_TYPES[typ]))
+            data[c] = _canonical_arrow(arr, typ)
+        hits = pa.table(data).join(key_table, keys=list(ds.key), join_type="inner")
+        out = []
+        for r in hits.to_pylist():
+            i = r.pop(KID)
+            row = {KID: i, LOAD_HOUR: tag, KIND: None, FIRST: None, EXPIRY_POINT: None, **r}
+            out.append((i, name, row))
+        return out
+
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            return [r for part in pool.map(one, jobs) for r in part]
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+
+
+def _canonical_arrow_type(typ: str) -> pa.DataType:
+    return {"timestamp": pa.int64(), "date": pa.int32()}.get(typ, ARROW_TYPES[typ])
+
+
+def _canonical_arrow(arr: pa.ChunkedArray, typ: str) -> pa.ChunkedArray:
+    """As `_canonical`: micros for timestamps, days for dates."""
+    if typ in ("timestamp", "date"):
+        return arr.cast(_canonical_arrow_type(typ))
+    return arr
+
+
 def _find_rejected(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: History,
                    keys: dict[int, Key]) -> dict[int, list[dict]]:
     """Rejected rows whose `_raw` holds every non-null key value. Only the small `_raw` column of
@@ -528,23 +603,40 @@ def _find_rejected(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: Hi
     found: dict[int, list[dict]] = {i: [] for i in keys}
     needles = {i: k.needles() for i, k in keys.items()}
     flat = sorted({n for ns in needles.values() for group in ns for n in group})
-    files = [(t, f) for t in hist.records for f in _local_files(st, REJECTED, t, hist.records[t])]
-    if not files or not flat:
+    if not flat:
         return found
 
-    def scan(item: tuple[str, str]) -> list[dict]:
-        tag, path = item
-        table = _arrow_read(st, path, [SOURCE_FILE, REASON, RAW])
+    def matching(table: pa.Table) -> list[dict]:
         raw = table.column(RAW)
         hit = None
         for n in flat:
             m = pc.match_substring(raw, n)
             hit = m if hit is None else pc.or_(hit, m)
-        rows = table.filter(pc.fill_null(hit, False)).to_pylist()
-        return [{LOAD_HOUR: tag, **r} for r in rows]
+        return table.filter(pc.fill_null(hit, False)).to_pylist()
 
+    def scan_pack(c: daypack.Cover) -> tuple[daypack.Cover, list[dict] | None]:
+        table = daypack.rejected_rows(st, c)
+        if table is None:  # does not read: its hours are read from their own files
+            return c, None
+        tags = {int(t[11:13]): t for t in c.hours}
+        return c, [{LOAD_HOUR: tags[r.pop(daypack.HOUR_COL)], **r} for r in matching(table)]
+
+    def scan(item: tuple[str, str]) -> list[dict]:
+        tag, path = item
+        return [{LOAD_HOUR: tag, **r}
+                for r in matching(_arrow_read(st, path, [SOURCE_FILE, REASON, RAW]))]
+
+    rows: list[dict] = []
+    answered: set[str] = set()
+    packs = daypack.covers(st, hist.records, daypack.REJECTS)
     with ThreadPoolExecutor(max_workers=8) as pool:
-        rows = [r for part in pool.map(scan, files) for r in part]
+        for c, got in pool.map(scan_pack, packs):
+            if got is not None:
+                answered |= c.hours
+                rows += got
+        files = [(t, f) for t in hist.records if t not in answered
+                 for f in _local_files(st, REJECTED, t, hist.records[t])]
+        rows += [r for part in pool.map(scan, files) for r in part]
     for r in rows:
         raw = r[RAW]
         for i, groups in needles.items():
@@ -555,28 +647,65 @@ def _find_rejected(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: Hi
 
 def _index_entries(spark: SparkSession, ds: DatasetConfig, st: Storage,
                    keys: dict[int, Key], committed: set[str]) -> dict[int, list[dict]]:
-    """The index entries of committed loads with the keys' digests (every slice: a point lookup
-    does not know the key's expiry value)."""
+    """The index entries of committed loads with the keys' digests: of every slice with expiry
+    (a point lookup does not know the key's expiry value), of the keys' hash slices without.
+    Read by pyarrow (no Spark job); by Spark if a file does not read that way."""
     out: dict[int, list[dict]] = {i: [] for i in keys}
     health = check_index(st, ds)
-    files = [f for f in health.files.values() if any(t in committed for t in f.holds)]
     digests = {(k.h1, k.h2): i for i, k in keys.items() if k.h1 is not None}
-    if not files or not digests:
+    if not digests:
         return out
-    df = spark.read.schema(store.entry_schema(ds)).parquet(
-        *[st.spark_path(layout.INDEX, f.rel) for f in files])
+    files = [f for f in health.files.values() if any(t in committed for t in f.holds)]
+    if ds.expiry is None:  # an entry's slice is its h1's hash bucket (index.live.slice_of)
+        slices = {h1 % ds.index.buckets for h1, _ in digests}
+        files = [f for f in files if f.slice in slices]
+    if not files:
+        return out
     h1s = sorted({h for h, _ in digests})
-    hits = df.filter(F.col(H1).isin(*h1s) if len(h1s) > 1 else F.col(H1) == F.lit(h1s[0]))
-    cols = [H1, H2, store.LOAD_HOUR, live.slice_of(ds).alias("_slice")]
+    cols = [H1, H2, store.LOAD_HOUR]
     if ds.expiry is not None:
         cols.append(V)
     if ds.fingerprint:
         cols.append(FP)
-    for r in hits.select(*cols).collect():
+    try:
+        rows = _arrow_entries(st, [f.rel for f in files], cols, h1s)
+    except (OSError, ValueError, pa.ArrowException):
+        df = spark.read.schema(store.entry_schema(ds)).parquet(
+            *[st.spark_path(layout.INDEX, f.rel) for f in files])
+        hits = df.filter(F.col(H1).isin(*h1s) if len(h1s) > 1 else F.col(H1) == F.lit(h1s[0]))
+        rows = [r.asDict() for r in hits.select(*cols).collect()]
+    for r in rows:
         i = digests.get((r[H1], r[H2]))
         if i is not None and r[store.LOAD_HOUR] in committed:
-            out[i].append(r.asDict())
+            r["_slice"] = _slice_of(ds, r)
+            out[i].append(r)
     return out
+
+
+def _slice_of(ds: DatasetConfig, entry: dict) -> int | None:
+    """`index.live.slice_of` of one entry."""
+    if ds.expiry is None:
+        return entry[H1] % ds.index.buckets  # Spark's pmod: never negative
+    v = entry[V]
+    return None if v is None else math.floor(float(v) / ds.slice_span)
+
+
+def _arrow_entries(st: Storage, rels: list[str], cols: list[str], h1s: list[int]) -> list[dict]:
+    wanted = pa.array(h1s, pa.int64())
+
+    def one(rel: str) -> list[dict]:
+        path = st.path(layout.INDEX, rel)
+        with (pa.OSFile(path, "rb") if st.local else st.fs.open(path, "rb")) as fh:
+            pf = pq.ParquetFile(fh)
+            hit = pc.is_in(pf.read(columns=[H1], use_threads=False).column(H1),
+                           value_set=wanted)
+            if not pc.any(hit).as_py():  # most files: the digests alone were read
+                return []
+            table = pf.read(columns=cols, use_threads=False)
+        return table.filter(hit).to_pylist()
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return [r for part in pool.map(one, rels) for r in part]
 
 
 # --------------------------------------------------------------------------------------------
@@ -800,16 +929,19 @@ def explain_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, s
     (partition keys or tags, inclusive).
     """
     st = Storage(ds.output)
-    keys = type_keys(spark, ds, given)
-    hist = committed_history(st, first, last)
-    committed = set(hist.all_committed)
-    by_id = dict(enumerate(keys))
-    typed = {i: k for i, k in by_id.items() if not k.has_null}
-    # the index, the rejected lines and (with expiry) the outputs are independent reads: their
-    # Spark jobs run side by side (a point lookup's time is mostly per-job latency)
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    # the key is typed (a Spark job) while the records are read and the rejected lines, which
+    # need only the key's text, are searched; the index and the outputs once it is typed. The
+    # reads are independent: a point lookup's time is mostly per-job and per-file latency
+    texts = {i: Key({k: g.get(k) for k in ds.key}, {}, None, None) for i, g in enumerate(given)}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        typing = pool.submit(type_keys, spark, ds, given)
+        hist = committed_history(st, first, last)
+        f_rejected = pool.submit(_find_rejected, spark, ds, st, hist, texts)
+        keys = typing.result()
+        committed = set(hist.all_committed)
+        by_id = dict(enumerate(keys))
+        typed = {i: k for i, k in by_id.items() if not k.has_null}
         f_entries = pool.submit(_index_entries, spark, ds, st, typed, committed)
-        f_rejected = pool.submit(_find_rejected, spark, ds, st, hist, by_id)
         since: dict[int, str] = {}
         if ds.expiry is None:  # lever: nothing of the key before its entry's load (docstring)
             for i, es in f_entries.result().items():

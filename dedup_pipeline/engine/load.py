@@ -41,7 +41,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import checks, commits, contract, keydigest, lake
+from dedup_pipeline.engine import checks, commits, contract, daypack, keydigest, lake
 from dedup_pipeline.engine.classify import candidates, classify
 from dedup_pipeline.engine.commits import CommitRecord, DigestFileEntry, OutputFileEntry
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
@@ -424,7 +424,7 @@ def write(ds: DatasetConfig, p: Prepared, c: Classified) -> Written:
 
     def write_digest() -> str:  # the key digest of the typed outputs (engine/keydigest.py)
         tmp = f"{run_tmp}/{keydigest.DIGEST}"
-        keydigest.write_digest(c.frame.filter(F.col(OUT) != REJECTED), st.to_uri(tmp))
+        keydigest.write_digest(st, c.frame.filter(F.col(OUT) != REJECTED), tmp)
         return tmp
 
     entries = _sabotage(c.frame.filter(F.col(OUT) == UNIQUE), "index")
@@ -571,6 +571,8 @@ def housekeep(spark: SparkSession, ds: DatasetConfig, p: Prepared, record: Commi
     done.add(p.tag)
     compaction.compact(spark, ds, st, done, intact)
     clock.lap("compact")
+    daypack.after_commit(st, p.tag, done)  # a complete day's digests and rejected lines, packed
+    clock.lap("day_pack")
     final = record.with_(index_slices_deleted=deleted, seconds=clock.with_total())
     p.watch.change(commits.write_commit, st, final)
     # H's final record joins the summary; its mtime only if no one else changed records meanwhile

@@ -100,11 +100,12 @@ class LoadHistory:
     rebuild_after: dg.DagsterRun | None
 
     @property
-    def repaired_failure(self) -> bool:
-        """The latest load failed (or was cancelled) and an index rebuild has since succeeded:
-        the fix a failed load on index damage names has been carried out."""
-        return (self.load is not None and self.rebuild_after is not None
-                and self.load.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED))
+    def repair(self) -> dg.DagsterRun | None:
+        """The index rebuild that succeeded after the latest load failed (or was cancelled): the
+        fix a failed load on index damage names has been carried out. None otherwise."""
+        failed = self.load is not None and self.load.status in (dg.DagsterRunStatus.FAILURE,
+                                                                dg.DagsterRunStatus.CANCELED)
+        return self.rebuild_after if failed else None
 
 
 def load_history(instance: dg.DagsterInstance, dataset: str) -> LoadHistory:

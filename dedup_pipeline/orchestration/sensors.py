@@ -243,13 +243,13 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
         elif waiting:
             history = errors.guard("reading the dataset's runs",
                                    lambda: runs.load_history(context.instance, ds.name), None)
-            if history is not None and history.repaired_failure and history.load is not None \
-                    and history.rebuild_after is not None:
-                retry = f":after:{history.rebuild_after.run_id}"
+            repair = history.repair if history is not None else None
+            if history is not None and history.load is not None and repair is not None:
+                retry = f":after:{repair.run_id}"
                 context.log.info(
                     f"requesting hour(s) from {to_key(frontier)} again: the load "
                     f"{history.load.run_id} ({history.load.status.value}) was followed by the "
-                    f"successful index rebuild {history.rebuild_after.run_id}")
+                    f"successful index rebuild {repair.run_id}")
             else:
                 hours = compress_ranges(hour_range(to_key(frontier), cur.requested_through))
                 reason = errors.guard(

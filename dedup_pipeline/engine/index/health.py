@@ -20,7 +20,7 @@ import json
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
@@ -427,21 +427,24 @@ class IndexReadFailure:
     listed it, e.g. the index directory deleted under a running load)."""
 
     rel: str
-    kind: str
+    kind: Literal["checksum", "missing"]
 
     def describe(self) -> str:
         return (f"index/{self.rel} fails its checksum when read" if self.kind == "checksum" else
                 f"index/{self.rel} disappeared while the load read it")
 
 
-_MISSING_MARKS = ("FILE_NOT_EXIST", "FileNotFoundException")
+# what Spark's error text says for each kind of failed index read
+_READ_FAILURES: tuple[tuple[Literal["checksum", "missing"], tuple[str, ...]], ...] = (
+    ("checksum", ("ChecksumException",)),
+    ("missing", ("FILE_NOT_EXIST", "FileNotFoundException")))
 
 
 def index_read_failure(error: BaseException) -> IndexReadFailure | None:
     """The index file a failed Spark read names, if the failure is damage to an index file
     (checksum mismatch or a file gone since it was listed); None for any other error."""
     text = str(error)
-    for kind, marks in (("checksum", ("ChecksumException",)), ("missing", _MISSING_MARKS)):
+    for kind, marks in _READ_FAILURES:
         at = min((text.index(m) for m in marks if m in text), default=-1)
         if at < 0:
             continue

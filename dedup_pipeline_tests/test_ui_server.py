@@ -66,7 +66,7 @@ from dedup_pipeline_tests.spark_services import (
 )
 from dedup_pipeline_tests.spark_services import graphql as gql
 from dedup_pipeline_tests.spark_services import start as start_service
-from dedup_pipeline_tests.ui_browser import browser_page, dismiss_welcome
+from dedup_pipeline_tests.ui_browser import browser_page
 
 pytestmark = pytest.mark.slow
 
@@ -389,7 +389,6 @@ def test_the_browser_shows_every_hour_passed_and_plotted(ui_session: dict[str, A
         # the check's Partitions tab, filtered to Passed: the hours it lists
         page.goto(f"{url}/assets/{DS}/unique?view=checks&checkDetail=conservation",
                   wait_until="networkidle", timeout=120_000)
-        dismiss_welcome(page)
         page.locator("button[role=tab]#partitions").click()  # the check's tab, not the asset's link
         page.get_by_text("Partitions Selected").wait_for(timeout=60_000)
         page.wait_for_load_state("networkidle")

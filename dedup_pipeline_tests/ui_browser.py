@@ -1,7 +1,7 @@
 """Headless Chromium on the Dagster UI, for the browser tests (test_ui_server.py,
 test_ui_buttons.py): Debian's chromium driven by playwright through `executable_path`, never a
 browser download. One persistent profile per test, a fixed viewport, the UI's first-visit dialog
-skipped as a user would."""
+already dismissed."""
 
 from __future__ import annotations
 
@@ -52,6 +52,13 @@ def browser_page(profile: Path) -> Iterator[Any]:
         ctx = p.chromium.launch_persistent_context(
             str(profile), executable_path=binary, headless=True, args=CHROMIUM_FLAGS,
             viewport=VIEWPORT)
+        # Dagster's "Join the Dagster community" dialog opens on a first visit once its query
+        # answers, which on a loaded machine can be many seconds after the page settles, and then
+        # takes the clicks meant for the page. The profile starts with what the UI itself stores
+        # when a user presses Skip (localStorage `communityNux`, see dagster-webserver's
+        # NUX/CommunityNux.tsx), so the dialog never opens.
+        ctx.add_init_script("if (!localStorage.getItem('communityNux')) "
+                            "localStorage.setItem('communityNux', JSON.stringify('1'));")
         page = ctx.new_page()
         try:
             yield page
@@ -65,23 +72,9 @@ def browser_page(profile: Path) -> Iterator[Any]:
             ctx.close()
 
 
-def dismiss_welcome(page: Any, wait_ms: int = 5_000) -> None:
-    """A first visit shows Dagster's "Join the Dagster community" dialog; skip it, as a user
-    would (it covers the page and takes the clicks). Nothing when it does not show."""
-    skip = page.get_by_role("button", name="Skip")
-    with contextlib.suppress(Exception):
-        skip.wait_for(timeout=wait_ms)
-    if skip.count():
-        skip.first.click()
-        skip.first.wait_for(state="detached", timeout=10_000)
-
-
 def open_page(page: Any, url: str) -> None:
-    """Go to `url`, wait for the UI's queries; on the first page, skip the first-visit dialog."""
+    """Go to `url` and wait for the UI's queries."""
     page.goto(url, wait_until="networkidle", timeout=120_000)
-    if not getattr(page, "_welcome_skipped", False):
-        dismiss_welcome(page)
-        page._welcome_skipped = True
 
 
 def menu_of(page: Any, text: str) -> Any:

@@ -79,6 +79,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         item.add_marker(pytest.mark.fast)
         item.stash[_AUTO_FAST] = True
+    _slow_files_first(items)
+
+
+def _slow_files_first(items: list[pytest.Item]) -> None:
+    """Files holding a `slow` test (servers, daemons, clusters: minutes each) run first, each
+    file's tests together and in order: the suite's two workers (scripts/test.sh) take one file at
+    a time, so the short files fill in at the end and both finish near the same time."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: order kept otherwise
 
 
 @pytest.fixture(autouse=True)

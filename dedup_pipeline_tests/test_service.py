@@ -33,6 +33,7 @@ import pytest
 from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
 from dedup_pipeline.orchestration.names import RANGE_END, RANGE_START, pool_name
 from dedup_pipeline.sample.generate import generate_landing
+from dedup_pipeline_tests.apt import apt_install
 from dedup_pipeline_tests.conftest import generated_config
 from dedup_pipeline_tests.spark_services import (
     FAST_JVM,
@@ -76,26 +77,13 @@ def _pg_bin() -> Path | None:
     return Path(initdb).resolve().parent if initdb else None
 
 
-def _install_postgres() -> str:
-    """Try Debian's packages; returns why it failed ('' on success)."""
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        return "not root or no apt-get"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends",
-                                        "postgresql"]):
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        if r.returncode != 0:
-            return f"{' '.join(cmd)} failed: {r.stderr[-500:]}"
-    return ""
-
-
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[dict[str, str]]:
     """A fresh PostgreSQL cluster on 127.0.0.1 with password authentication; yields the
     DAGSTER_PG_* settings. PostgreSQL refuses to run as root: as root it runs as `postgres`."""
     bindir = _pg_bin()
     if bindir is None:
-        why = _install_postgres()
+        why = apt_install("postgresql")
         bindir = _pg_bin()
         if bindir is None:
             pytest.skip(f"PostgreSQL server binaries not found and could not be installed ({why})")

@@ -6,15 +6,15 @@ already dismissed."""
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from dedup_pipeline_tests.apt import apt_install
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -27,15 +27,11 @@ def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found:
         return found
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
+    why = apt_install("chromium")
+    if why == "not root or no apt-get":
         pytest.skip("the browser test needs Debian's chromium: not installed, and not root (or no "
                     "apt-get) to install it; run `apt-get install -y chromium` as root")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
-    if subprocess.run(install, env=env, capture_output=True, timeout=900).returncode != 0:
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=900, check=True)
-        r = subprocess.run(install, env=env, capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, f"apt-get install chromium failed:\n{r.stderr[-2000:]}"
+    assert not why, f"apt-get install chromium failed: {why}"
     found = shutil.which("chromium")
     assert found, "apt-get installed chromium but there is no chromium on PATH"
     return found

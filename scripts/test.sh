@@ -4,6 +4,9 @@
 #                              test that starts no Spark and no service (marked by conftest.py) plus
 #                              every rule R1-R12 on small data and a Dagster materialization; the map
 #                              of which test covers which rule is in dedup_pipeline_tests/conftest.py.
+#   TEST_WORKERS=1 ./scripts/test.sh   one process (default 2: the files spread over two pytest-xdist
+#                                      workers, each file whole on one worker, since the service
+#                                      tests share a webserver, daemon or server per file).
 # Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,4 +17,8 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 ./scripts/setup.sh
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "${marker[@]}" "$@"
+workers=(-n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
+if [ "${TEST_WORKERS:-2}" = "1" ]; then
+  workers=(-p no:xdist)
+fi
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "${workers[@]}" "${marker[@]}" "$@"

@@ -38,14 +38,10 @@ import pyarrow.parquet as pq
 
 from dedup_pipeline.config import DatasetConfig, parse_config
 from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.commits import CommitRecord
 from dedup_pipeline.engine.index import layout
-from dedup_pipeline.engine.index.health import (
-    RecordsWatch,
-    check_index,
-    content_damage,
-    save_summary,
-)
+from dedup_pipeline.engine.index.health import check_index, content_damage
 from dedup_pipeline.engine.index.layout import IndexFile, IndexFileEntry
 from dedup_pipeline.engine.index.live import EarlierLoads, check_retention, live_files
 from dedup_pipeline.engine.storage import Storage, count_requests
@@ -110,9 +106,12 @@ def synthesize(root: Path, n: int) -> DatasetConfig:
         v_live = int((start + first_live * HOUR).timestamp()) * 1_000_000
         st.write_json_atomic(st.path(layout.INDEX, layout.RETENTION_STATE), {"kept_from": v_live})
     # what the loads before would have left: the summary, valid at the records' directory mtime
-    first = check_index(st, ds, full=True)
+    log = CommitLog(st)
+    first = check_index(st, ds, full=True, log=log)
     assert first.state is not None
-    save_summary(st, first, commits_mtime=st.stamp_dir(st.path(commits.COMMITS)))
+    first.state.commits_mtime = st.stamp_dir(st.path(commits.COMMITS))
+    log.follow(first.state)
+    log.save_summary()
     return ds
 
 
@@ -122,15 +121,16 @@ def load_bookkeeping(ds: DatasetConfig, n: int) -> list[IndexFile]:
     st = Storage(ds.output)
     hour = parse_key(START) + n * HOUR
     tag = to_tag(hour)
-    health = check_index(st, ds)
+    log = CommitLog(st)
+    health = check_index(st, ds, log=log)
     assert health.state is not None
     commits.check_order(ds, hour, health.state.committed)
     if not health.ok:
         raise RuntimeError(f"synthesized index unhealthy: {health.summary()}")
-    watch = RecordsWatch(st, health)
-    watch.change(commits.invalidate, st, tag)  # nothing there: the requests a load makes anyway
-    save_summary(st, health, drop={tag}, commits_mtime=watch.expected)
-    prev = commits.read_commit(st, to_tag(hour - HOUR))
+    log.follow(health.state)
+    log.forget(tag)  # nothing there: the requests a load makes anyway
+    log.save_summary(drop={tag})
+    prev = log.read(to_tag(hour - HOUR))
     assert prev is not None and prev.latest_point is not None
     x = prev.latest_point - LIVE * HOUR_US
     check_retention(st, ds, x)

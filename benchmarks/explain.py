@@ -284,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
             return n
 
         def without(digest: bool = True, bloom: bool = True, packs: bool = True,
-                    arrow: bool = True) -> object:
+                    arrow: bool = True, driver_typing: bool = True) -> object:
             explain.USE_DIGEST = digest
+            explain.TYPE_ON_DRIVER = driver_typing
             daypack.ENABLED = packs
             explain.ARROW_ROW_FILES = ARROW_ROW_FILES if arrow else 0
             jvm_conf.set("parquet.filter.bloom.enabled", "true" if bloom else "false")
@@ -293,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                 return explain_key(spark, main_ds, {"event_id": key})
             finally:
                 explain.USE_DIGEST = True
+                explain.TYPE_ON_DRIVER = True
                 daypack.ENABLED = True
                 explain.ARROW_ROW_FILES = ARROW_ROW_FILES
                 jvm_conf.set("parquet.filter.bloom.enabled", "true")
@@ -300,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         cases: dict[str, Callable[[], object]] = {
             "full scan (4 outputs)": full_scan,
             "explain": lambda: explain_key(spark, main_ds, {"event_id": key}),
+            "explain, key typed by Spark": lambda: without(driver_typing=False),
             "explain, rows by Spark": lambda: without(arrow=False),
             "explain, no day packs": lambda: without(packs=False),
             "explain, no packs, rows by Spark": lambda: without(packs=False, arrow=False),
@@ -308,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         ex = explain_key(spark, main_ds, {"event_id": key})  # warm-up, and the story printed
         print("\n".join(ex.lines()))
-        for other in (without(digest=False), without(packs=False), without(arrow=False)):
+        for other in (without(digest=False), without(packs=False), without(arrow=False),
+                      without(driver_typing=False)):
             assert [asdict(o) for o in other.occurrences] == [asdict(o) for o in ex.occurrences], \
                 "explain with and without a lever differs"
         times: dict[str, list[float]] = {c: [] for c in cases}
@@ -327,8 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         steps: dict[str, Callable[[], object]] = {}
         hist = committed_history(st, None, None)
         typed = {0: explain.type_keys(spark, main_ds, [{"event_id": key}])[0]}
-        steps["type the key (Spark)"] = lambda: explain.type_keys(spark, main_ds,
-                                                                  [{"event_id": key}])
+        steps["type the key (driver)"] = lambda: explain.type_keys(spark, main_ds,
+                                                                   [{"event_id": key}])
+        steps["type the key (Spark)"] = lambda: without_driver_typing(
+            lambda: explain.type_keys(spark, main_ds, [{"event_id": key}]))
         steps["read the commit records"] = lambda: committed_history(st, None, None)
         steps["index entries (pyarrow)"] = lambda: explain._index_entries(  # noqa: SLF001
             spark, main_ds, st, typed, set(hist.all_committed))
@@ -342,6 +348,13 @@ def main(argv: list[str] | None = None) -> int:
         held = {t: p for t in hist.records if (p := keydigest.usable(st, t, hist.records[t]))}
         steps["hourly digests alone"] = lambda: keydigest.hours_holding(
             st, held, [typed[0].h1])
+
+        def without_driver_typing(f: Callable[[], object]) -> object:
+            explain.TYPE_ON_DRIVER = False
+            try:
+                return f()
+            finally:
+                explain.TYPE_ON_DRIVER = True
 
         def no_packs(f: Callable[[], object]) -> Callable[[], object]:
             def run() -> object:

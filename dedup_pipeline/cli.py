@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -203,18 +203,18 @@ def _report_late_input(cfg: PipelineConfig, ds: DatasetConfig) -> None:
     """One line per loaded hour (within landing.watch_hours of the latest) whose landing files
     changed after it was loaded: the CLI's late-file report, as the landing sensor's."""
     from dedup_pipeline.engine import landing
-    from dedup_pipeline.engine.commits import committed_tags
+    from dedup_pipeline.engine.commit_log import CommitLog
     from dedup_pipeline.engine.storage import Storage
     from dedup_pipeline.hours import key_of
 
     try:
-        committed = committed_tags(Storage(ds.output))
+        committed = CommitLog(Storage(ds.output)).committed()
         changes = landing.changed_hours(ds, committed)
     except Exception as e:  # noqa: BLE001 - a report, never the command's failure
         click.echo(f"warning: late files of {ds.name!r} not checked: {one_line(e)}")
         return
     for c in changes:
-        click.echo(f"late input: {ds.name} {_with_file(cfg, c.line(ds, key_of(max(committed))))}")
+        click.echo(f"late input: {ds.name} {_with_file(cfg, c.line(ds, key_of(committed.max() or '')))}")
 
 
 @click.group()
@@ -248,10 +248,10 @@ def run(config: str, dataset: str | None, first: str, last: str, cascade: bool,
     except (ConfigError, ValueError, ContractError) as e:
         _fail(str(e))
     if cascade:
-        from dedup_pipeline.engine.commits import committed_tags
+        from dedup_pipeline.engine.commit_log import CommitLog
         from dedup_pipeline.engine.storage import Storage
 
-        latest = max(committed_tags(Storage(ds.output)), default=None)
+        latest = CommitLog(Storage(ds.output)).committed().max()
         if latest is not None and parse_key(latest) > parse_key(last):
             click.echo(f"--cascade: hours up to {key_of(latest)} are loaded; reloading "
                        f"{first} .. {key_of(latest)}")
@@ -262,22 +262,25 @@ def run(config: str, dataset: str | None, first: str, last: str, cascade: bool,
 def _check_contract(ds: DatasetConfig, first: str) -> None:
     """The load's own contract check, before Spark starts: a breaking change fails in a second
     (the load checks again under the dataset lock; this one writes nothing)."""
-    from dedup_pipeline.engine import commits, contract
+    from dedup_pipeline.engine import contract
+    from dedup_pipeline.engine.commit_log import CommitLog
     from dedup_pipeline.engine.storage import Storage
 
     st = Storage(ds.output)
-    contract.check(st, ds, first, commits.committed_tags(st))
+    contract.check(st, ds, first, CommitLog(st).committed())
 
 
 @main.command()
 @click.option("--config", "config", required=True, type=click.Path(dir_okay=False))
 @click.option("--dataset", default=None)
 @click.option("--repair", is_flag=True,
-              help="first roll each output's Delta table forward to the commit records "
-              "(under the dataset lock), then verify")
+              help="first, under the dataset lock, roll each output's Delta table forward to "
+              "the commit records and write lost or altered key digests and day packs (what "
+              "makes explain fast) again; then verify")
 def verify(config: str, dataset: str | None, repair: bool) -> None:
     """Recheck conservation and uniqueness of everything loaded, from the files alone; with Delta
-    outputs, also that each table holds exactly the files of every hour's commit record."""
+    outputs, also that each table holds exactly the files of every hour's commit record; warn
+    about hours explain cannot look up quickly."""
     cfg = _load(config)
     names = [dataset] if dataset else [d.name for d in cfg.datasets]
     from dedup_pipeline.engine.session import SparkSettings, get_session
@@ -292,7 +295,7 @@ def verify(config: str, dataset: str | None, repair: bool) -> None:
         except ConfigError as e:
             _fail(str(e))
         if repair:
-            _repair_tables(ds)
+            _repair(spark, ds)
         try:
             rep = verify_dataset(spark, ds)
         except ContractError as e:
@@ -315,22 +318,27 @@ def verify(config: str, dataset: str | None, repair: bool) -> None:
     sys.exit(1 if failed else 0)
 
 
-def _repair_tables(ds: DatasetConfig) -> None:
-    """Roll `ds`'s output tables forward to its commit records, under the dataset lock."""
-    from dedup_pipeline.engine import lake
+def _repair(spark: Any, ds: DatasetConfig) -> None:
+    """Under the dataset lock: roll `ds`'s output tables forward to its commit records, then
+    write its lost or altered key digests and day packs again."""
+    from dedup_pipeline.engine import lake, lookups
     from dedup_pipeline.engine.storage import DatasetLockedError, Lock, Storage
 
-    if not lake.enabled(ds):
-        click.echo(f"{ds.name}: output_format is parquet: no tables to repair")
-        return
     st = Storage(ds.output)
     try:
         with Lock(st, "dedup-pipeline verify --repair"):
-            made = lake.roll_forward(st, ds, None, click.echo, trust_tokens=False)
+            if lake.enabled(ds):
+                made = lake.roll_forward(st, ds, None, click.echo, trust_tokens=False)
+                click.echo(f"{ds.name}: {len(made)} table commit(s) rolled the tables forward"
+                           if made else f"{ds.name}: every table already agrees with the commit "
+                           "records")
+            else:
+                click.echo(f"{ds.name}: output_format is parquet: no tables to repair")
+            done = lookups.repair(spark, ds, st, click.echo)
+            if not done:
+                click.echo(f"{ds.name}: every key digest and day pack matches its hours")
     except (DatasetLockedError, lake.LakeError) as e:
         _fail(str(e))
-    click.echo(f"{ds.name}: {len(made)} table commit(s) rolled the tables forward"
-               if made else f"{ds.name}: every table already agrees with the commit records")
 
 
 @main.command()

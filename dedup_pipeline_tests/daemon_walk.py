@@ -86,6 +86,11 @@ class Walk:
 
     # ------------------------------------------------------------ processes and the instance
     def start_daemon(self) -> Service:
+        # the instance's storages first, from this process alone: the daemon and its code
+        # servers creating a fresh SQLite storage at once can stamp its schema version twice
+        # ("more than one head"), and every later start of a process then fails
+        with self.instance():
+            pass
         self.daemon = start("dagster-daemon", [str(VENV_BIN / "dagster-daemon"), "run", "-w",
                                                str(REPO / "workspace.yaml")],
                             self.log, env=self.env, cwd=REPO)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dedup_pipeline.engine.commit_log import SUMMARY
 from dedup_pipeline.engine.commits import commit_path
 from dedup_pipeline.engine.index.health import check_index
-from dedup_pipeline.engine.index.layout import INDEX, SUMMARY
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.storage import Storage, count_requests
 from dedup_pipeline.engine.verify import verify_dataset
@@ -42,7 +42,7 @@ def test_check_reads_only_the_records_the_summary_does_not_cover(spark, tmp_path
         write_hour(ds, H[i], [_ev(f"k{i}-{j}", i, j) for j in range(3)])
     load_hours(spark, ds, H[:3])
     st = Storage(ds.output)
-    summary = Path(st.path(INDEX, SUMMARY))
+    summary = Path(st.path(SUMMARY))
     older = summary.read_bytes()  # as a crash right before hour 03's summary save would leave it
     load_hours(spark, ds, [H[3]])
     full = check_index(st, ds, full=True)
@@ -64,9 +64,9 @@ def test_check_reads_only_the_records_the_summary_does_not_cover(spark, tmp_path
     rec.write_text(json.dumps({**json.loads(rec.read_text()), "rows_in": "x"}))
     assert list(check_index(st, ds).bad_records) == ["2026-11-01-03"]
     # a damaged or missing summary is rebuilt from the records: same answer
-    Path(st.path(INDEX, SUMMARY)).write_text("{garbage")
+    Path(st.path(SUMMARY)).write_text("{garbage")
     assert list(check_index(st, ds).bad_records) == ["2026-11-01-03"]
-    Path(st.path(INDEX, SUMMARY)).unlink()
+    Path(st.path(SUMMARY)).unlink()
     assert list(check_index(st, ds).bad_records) == ["2026-11-01-03"]
 
 

@@ -216,3 +216,48 @@ def test_a_damaged_record_is_named_with_what_is_wrong_and_the_fix(doc: object, p
         "the hour's state cannot be trusted. Rerun that hour (dedup-pipeline run --from "
         "2026-11-01-01:00 --to 2026-11-01-01:00): it deletes the record and loads the hour "
         "afresh, with the same result")
+
+
+def test_the_commit_log_gives_one_answer_and_sees_changes_made_by_hand(tmp_path: Path) -> None:
+    """`CommitLog.committed` (what loads, sensors, checks and verify ask) answers from the saved
+    summary only while `_commits/` is as it was when saved; a record deleted or added by hand is
+    seen at once, a summary that does not parse is read around, and the first save removes the
+    summary of the old location (`index/_live.json`)."""
+    from dedup_pipeline.engine.commit_log import LEGACY_SUMMARY, SUMMARY, CommitLog
+    from dedup_pipeline.engine.commits import committed_tags
+    from dedup_pipeline.hours import HourSet
+
+    rec = CommitRecord.from_json(json.loads((FIXTURES / "current.json").read_text()), FIXTURE_TAG)
+    st = Storage(str(tmp_path / "w"))
+    Path(st.path("_commits")).mkdir(parents=True)
+    legacy = Path(st.path(*LEGACY_SUMMARY))
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text("{}")
+    tags = ["2026-11-01-00", "2026-11-01-01", "2026-11-01-02"]
+    log = CommitLog(st)
+    assert log.summary() is None
+    for t in tags[:2]:
+        log.write(rec.with_(load_hour=t, partition_key=f"{t}:00"))
+    assert set(log.committed()) == set(tags[:2]) == committed_tags(st)
+
+    # a lock holder's state: the two records, valid at the mtime its last own change stamped
+    from dedup_pipeline.engine.commit_log import Summary
+
+    holder = CommitLog(st)
+    holder.summary()
+    holder.follow(Summary(HourSet.of(tags[:2]), commits_mtime=holder.mtime()))
+    holder.forget("2026-11-01-09")  # own change (nothing there): stamps _commits/
+    holder.save_summary()
+    assert not legacy.exists()
+    saved = CommitLog(st).summary()
+    assert saved is not None and saved.commits_mtime == CommitLog(st).mtime()
+    assert set(CommitLog(st).committed()) == set(tags[:2])
+
+    # by hand: a record added, then one deleted; each is seen although the summary lists two
+    write_commit(st, rec.with_(load_hour=tags[2], partition_key=f"{tags[2]}:00"))
+    assert set(CommitLog(st).committed()) == set(tags) == committed_tags(st)
+    Path(commit_path(st, tags[0])).unlink()
+    assert set(CommitLog(st).committed()) == set(tags[1:]) == committed_tags(st)
+    Path(st.path(SUMMARY)).write_text("{garbage")
+    assert CommitLog(st).summary() is None
+    assert set(CommitLog(st).committed()) == set(tags[1:])

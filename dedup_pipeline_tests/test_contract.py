@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from dedup_pipeline.config import DatasetConfig, PipelineConfig, parse_config
 from dedup_pipeline.engine import commits, contract
 from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.hours import HourSet
 from dedup_pipeline_tests.conftest import CLICKS_SCHEMA, dataset_raw, source_raw
 
 pytestmark = pytest.mark.fast
@@ -285,7 +286,7 @@ def test_unfinished_migration_refuses_every_check(tmp_path: Path) -> None:
 def test_first_load_after_upgrading_pins_the_config_for_the_history(tmp_path: Path) -> None:
     ds = ds_of(tmp_path, base())
     st = Storage(ds.output)
-    hours = commits.HourSet.of([TAG0, "2026-11-01-01", "2026-11-01-02"])
+    hours = HourSet.of([TAG0, "2026-11-01-01", "2026-11-01-02"])
     v = contract.check(st, ds, "2026-11-01-03:00", hours)
     assert v.new is not None and v.new.assumed and v.new.effective_from == FIRST
     assert "assumed unchanged" in (contract.describe_new(v) or "")

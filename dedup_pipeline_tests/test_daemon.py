@@ -93,6 +93,8 @@ def test_daemon_landing_sensor_launches_and_completes_a_run(tmp_path: Path, monk
         "PYSPARK_PYTHON": sys.executable,
     }
     monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with dg.DagsterInstance.get():
+        pass  # the storages first, before the daemon and its code server race to create them
     log = tmp_path / "daemon.log"
     daemon = str(Path(sys.executable).parent / "dagster-daemon")
     with open(log, "w") as out:

@@ -584,6 +584,83 @@ def test_day_packs_answer_only_for_committed_hours_whose_files_they_hold(
     assert pack_hits("c") == ({h1}, {h0, h1})
 
 
+def test_verify_names_lost_lookups_and_repair_writes_them_again(spark, tmp_path: Path) -> None:
+    """A day of 24 loaded hours is packed by its last load. Digests lost, altered or never
+    written (a record from before digests) and the pack that no longer matches are a `verify`
+    warning, not a violation, and explain tells the same story meanwhile; `verify --repair` writes
+    exactly those digests and the day's pack again, and verify is quiet."""
+    import pyarrow.parquet as pq
+
+    from dedup_pipeline.engine import keydigest
+    from dedup_pipeline.engine.verify import verify_dataset
+
+    cfg = write_config(tmp_path, dataset_raw())
+    ds = load_config(cfg).datasets[0]
+    st = Storage(ds.output)
+    day = "2026-11-01"
+    tags = [f"{day}-{h:02d}" for h in range(24)]
+    for h, tag in enumerate(tags):
+        at = f"{day}T{h:02d}:10:00Z"
+        write_hour(ds, f"{tag}:00", [{"event_id": f"k{h}", "user_id": "u", "event_time": at,
+                                      "url": "/a"},
+                                     {"event_id": "a", "user_id": "u", "event_time": at,
+                                      "url": "/a"}])
+    load_hours(spark, ds, [f"{t}:00" for t in tags])
+    assert daypack.read_manifest(st, day) is not None, "the day's last load packs it"
+
+    def lookup_warnings() -> list[str]:
+        rep = verify_dataset(spark, ds)
+        assert rep.ok, rep.violations
+        return [w for w in rep.warnings if "key digest" in w or "packs" in w]
+
+    def story(event_id: str) -> list[tuple[str, str, str]]:
+        return [(o.load_hour, o.output, o.rule)
+                for o in explain.explain_key(spark, ds, {"event_id": event_id}).occurrences]
+
+    assert lookup_warnings() == []
+    before = {k: story(k) for k in ("a", "k3", "k7", "k10")}
+    assert before["a"][0] == (tags[0], "unique", "first_seen") and len(before["a"]) == 24
+
+    # hour 03's digest lost, hour 10's footer altered (same size), hour 07's record as a release
+    # before digests wrote it (no key_digest): the pack no longer matches hour 07's record
+    recs = {t: commits.read_commit(st, t) for t in tags}
+    lost = Path(st.path(*keydigest.parts(tags[3])))
+    for f in lost.iterdir():
+        f.unlink()
+    [f10] = keydigest.usable(st, tags[10], recs[tags[10]])
+    data = bytearray(Path(f10).read_bytes())
+    data[-20] ^= 0x10
+    Path(f10).write_bytes(bytes(data))
+    rec7 = Path(commits.commit_path(st, tags[7]))
+    doc = json.loads(rec7.read_text())
+    del doc["key_digest"]
+    rec7.write_text(json.dumps(doc))
+    assert lookup_warnings() == [
+        "3 hour(s) without a usable key digest (2026-11-01-03:00, 2026-11-01-07:00, "
+        "2026-11-01-10:00); 1 day(s) whose packs do not match their hours (2026-11-01): explain "
+        "reads those hours' own files instead (slower, the same answer); dedup-pipeline verify "
+        "--repair writes them again"]
+    assert {k: story(k) for k in before} == before
+
+    r = CliRunner().invoke(main, ["verify", "--config", str(cfg), "--repair"])
+    assert r.exit_code == 0, r.output
+    assert "key digests written again: 3/3 hour(s)" in r.output, r.output
+    assert "day packs written: 1 day(s)" in r.output, r.output
+    assert "without a usable key digest" not in r.output, r.output
+    after = {t: commits.read_commit(st, t) for t in tags}
+    for t in tags:  # exactly the three records were rewritten, each naming a digest that reads
+        assert after[t].key_digest and keydigest.usable(st, t, after[t]), t
+        same = after[t] == recs[t]
+        assert same == (t not in (tags[3], tags[7], tags[10])), t
+        for f in keydigest.usable(st, t, after[t]):
+            pq.ParquetFile(f, page_checksum_verification=True).read()
+    assert lookup_warnings() == []
+    assert {k: story(k) for k in before} == before
+    r = CliRunner().invoke(main, ["verify", "--config", str(cfg), "--repair"])
+    assert r.exit_code == 0 and "every key digest and day pack matches its hours" in r.output, \
+        r.output
+
+
 def test_key_digest_written_by_pyarrow_holds_what_a_spark_write_holds(spark, odd: Path,
                                                                      tmp_path: Path) -> None:
     """A load writes its key digest from the collected hashes with pyarrow (no Spark write job):

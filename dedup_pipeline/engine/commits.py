@@ -14,9 +14,7 @@ output files, index format, check figures) still read.
 
 from __future__ import annotations
 
-import bisect
 import json
-from collections.abc import Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from datetime import datetime
 from typing import Any
@@ -30,7 +28,16 @@ from dedup_pipeline.engine.parse import InputFile
 from dedup_pipeline.engine.records import Count, Number, NumberOrNull, Record, optional
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.errors import UserError
-from dedup_pipeline.hours import HOUR, compress_ranges, is_tag, key_of, parse_key, to_key, to_tag
+from dedup_pipeline.hours import (
+    HOUR,
+    HourSet,
+    compress_ranges,
+    is_tag,
+    key_of,
+    parse_key,
+    to_key,
+    to_tag,
+)
 
 COMMITS = "_commits"
 PREFIX = "load_hour="
@@ -325,111 +332,3 @@ def check_later_hours(ds: DatasetConfig, hour: datetime, committed: HourSet,
         f"--from {first} --to {last} (or add --cascade), or in the UI a backfill of "
         f"{first}...{last}. Nothing was written."
     )
-
-
-def _tag_time(tag: str) -> datetime:
-    """A tag's hour, without strptime (hot: the summary's ranges are walked per check)."""
-    return datetime(int(tag[0:4]), int(tag[5:7]), int(tag[8:10]), int(tag[11:13]))
-
-
-def _time_tag(dt: datetime) -> str:
-    return f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}-{dt.hour:02d}"
-
-
-class HourSet:
-    """A set of hour tags held as ranges of consecutive hours: a year of loads is one pair.
-
-    What the records' summary stores of the committed hours, and what a load's order check and
-    live-file selection test membership in, so neither walks every hour since the start.
-    """
-
-    def __init__(self, ranges: Iterable[Sequence[str]] = ()):
-        self._r: list[list[str]] = [[a, b] for a, b in ranges]
-
-    @classmethod
-    def of(cls, tags: Iterable[str]) -> HourSet:
-        hs = cls()
-        for t in sorted(tags):
-            if hs._r and _time_tag(_tag_time(hs._r[-1][1]) + HOUR) == t:
-                hs._r[-1][1] = t
-            elif not hs._r or hs._r[-1][1] != t:
-                hs._r.append([t, t])
-        return hs
-
-    def ranges(self) -> list[list[str]]:
-        return [list(r) for r in self._r]
-
-    def copy(self) -> HourSet:
-        return HourSet(self._r)
-
-    def _find(self, tag: str) -> int:
-        """Index of the last range starting at or before `tag` (-1 if none)."""
-        return bisect.bisect_right(self._r, tag, key=lambda r: r[0]) - 1
-
-    def __contains__(self, tag: object) -> bool:
-        if not isinstance(tag, str):
-            return False
-        i = self._find(tag)
-        return i >= 0 and tag <= self._r[i][1] and is_tag(tag)
-
-    def __iter__(self) -> Iterator[str]:
-        for a, b in self._r:
-            cur, end = _tag_time(a), _tag_time(b)
-            while cur <= end:
-                yield _time_tag(cur)
-                cur += HOUR
-
-    def __len__(self) -> int:
-        return sum(int((_tag_time(b) - _tag_time(a)) / HOUR) + 1 for a, b in self._r)
-
-    def count_between(self, first: str, stop: str) -> int:
-        """How many hours t with first <= t < stop are in the set."""
-        n = 0
-        for a, b in self._r:
-            lo = max(a, first)
-            hi = min(_time_tag(_tag_time(b) + HOUR), stop)
-            if lo < hi:
-                n += int((_tag_time(hi) - _tag_time(lo)) / HOUR)
-        return n
-
-    def max(self) -> str | None:
-        return self._r[-1][1] if self._r else None
-
-    def tags_after(self, tag: str) -> Iterator[str]:
-        """The hours in the set after `tag`, ascending (ranges before it are skipped)."""
-        for a, b in self._r[max(0, self._find(tag)):]:
-            cur, end = _tag_time(max(a, tag)), _tag_time(b)
-            while cur <= end:
-                t = _time_tag(cur)
-                if t > tag:
-                    yield t
-                cur += HOUR
-
-    def add(self, tag: str) -> None:
-        if tag in self:
-            return
-        self._r.append([tag, tag])
-        self._r = HourSet.of_ranges(self._r)._r
-
-    def discard(self, tag: str) -> None:
-        i = self._find(tag)
-        if i < 0 or tag > self._r[i][1]:
-            return
-        a, b = self._r[i]
-        parts = []
-        if a < tag:
-            parts.append([a, _time_tag(_tag_time(tag) - HOUR)])
-        if tag < b:
-            parts.append([_time_tag(_tag_time(tag) + HOUR), b])
-        self._r[i:i + 1] = parts
-
-    @classmethod
-    def of_ranges(cls, ranges: Iterable[Sequence[str]]) -> HourSet:
-        """Sorted and merged (overlapping or adjacent ranges become one)."""
-        hs = cls()
-        for a, b in sorted((list(r) for r in ranges), key=lambda r: r[0]):
-            if hs._r and _time_tag(_tag_time(hs._r[-1][1]) + HOUR) >= a:
-                hs._r[-1][1] = max(hs._r[-1][1], b)
-            else:
-                hs._r.append([a, b])
-        return hs

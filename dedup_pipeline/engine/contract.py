@@ -41,7 +41,7 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.errors import UserError
-from dedup_pipeline.hours import key_of, to_tag
+from dedup_pipeline.hours import HourSet, key_of, to_tag
 from dedup_pipeline.units import MICROS_PER_DAY, MICROS_PER_SECOND
 
 CONTRACT = "_contract"
@@ -450,7 +450,7 @@ def check(st: Storage, ds: DatasetConfig, hour_key: str, committed: Collection[s
     """
     first_committed = None
     if committed:
-        ranges = committed.ranges() if isinstance(committed, commits.HourSet) else None
+        ranges = committed.ranges() if isinstance(committed, HourSet) else None
         first_committed = ranges[0][0] if ranges else min(committed)
         if last_committed is None:
             last_committed = ranges[-1][1] if ranges else max(committed)

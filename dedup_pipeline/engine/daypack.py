@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dedup_pipeline.engine import commits, keydigest
+from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.outputs import RAW, REJECTED, SOURCE_FILE, partition
 from dedup_pipeline.engine.parse import REASON
 from dedup_pipeline.engine.storage import Storage
@@ -219,7 +220,7 @@ def after_commit(st: Storage, tag: str, committed: Container[str] | None = None
         return None
     day = day_of(tag)
     tags = [f"{day}-{h:02d}" for h in range(24)]
-    have_tags = committed if committed is not None else commits.committed_tags(st)
+    have_tags = committed if committed is not None else CommitLog(st).committed()
     if any(t not in have_tags for t in tags):
         return None
     try:
@@ -237,18 +238,22 @@ def pack_all(st: Storage) -> list[str]:
     """Pack every day with committed hours whose packs are missing or stale (a history loaded
     before packs, or copied); returns the days written."""
     by_day: dict[str, list[str]] = {}
-    for t in sorted(commits.committed_tags(st)):
+    for t in sorted(CommitLog(st).committed()):
         by_day.setdefault(day_of(t), []).append(t)
     done = []
     for day, tags in sorted(by_day.items()):
         records = {t: r for t in tags if (r := commits.read_commit(st, t)) is not None}
-        have = read_manifest(st, day)
-        if have is not None and all(len(valid_hours(have, records, kind)) == len(records)
-                                    for kind in (KEYS, REJECTS)):
-            continue
-        if pack_day(st, day, records) is not None:
+        if stale(st, day, records) and pack_day(st, day, records) is not None:
             done.append(day)
     return done
+
+
+def stale(st: Storage, day: str, records: Mapping[str, commits.CommitRecord]) -> bool:
+    """Whether `day`'s packs are missing or do not hold exactly what its hours' `records` list
+    (a first pack, a reloaded hour, a rewritten digest, a damaged manifest)."""
+    have = read_manifest(st, day)
+    return have is None or any(len(valid_hours(have, records, kind)) != len(records)
+                               for kind in (KEYS, REJECTS))
 
 
 # --------------------------------------------------------------------------------------------

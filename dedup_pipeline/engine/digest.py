@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import xxhash
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
@@ -55,6 +56,23 @@ def digest_columns(columns: Sequence[str], schema: dict[str, str]) -> tuple[Colu
     """The two 64-bit halves of the 128-bit key digest."""
     enc = encode(columns, schema)
     return F.xxhash64(F.lit(SEED_1), enc), F.xxhash64(F.lit(SEED_2), enc)
+
+
+def _spark_xxhash64(*values: str) -> int:
+    """Spark's `xxhash64(v1, v2, ...)` of strings: each argument's UTF-8 bytes hashed with the
+    previous result as seed (Spark's 42 first), as a signed 64-bit integer."""
+    h = 42
+    for v in values:
+        h = xxhash.xxh64_intdigest(v.encode("utf-8"), seed=h)
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+def string_key_digest(values: Sequence[str]) -> tuple[int, int]:
+    """`digest_columns` of one key whose columns are all strings and none null, computed on the
+    driver: what `explain` types such a key with, without a Spark job. (A value that is not
+    valid UTF-8 text raises UnicodeEncodeError; the caller then asks Spark.)"""
+    enc = "".join(f"{TAGS['string']}{len(v)}:{v}" for v in values)
+    return _spark_xxhash64(SEED_1, enc), _spark_xxhash64(SEED_2, enc)
 
 
 def fingerprint_column(columns: Sequence[str], schema: dict[str, str]) -> Column:

@@ -43,7 +43,8 @@ from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits, daypack, keydigest
-from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns
+from dedup_pipeline.engine.commit_log import CommitLog
+from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, string_key_digest
 from dedup_pipeline.engine.index import layout, live, store
 from dedup_pipeline.engine.index.health import check_index
 from dedup_pipeline.engine.outputs import (
@@ -165,10 +166,20 @@ class Key:
         return out
 
 
+# Type string keys on the driver (the benchmark turns it off to compare with a Spark job).
+TYPE_ON_DRIVER = True
+
+
 def type_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, str | None]]
               ) -> list[Key]:
-    """Cast each key's text exactly as a load casts landing values; compute its digest. One job."""
+    """Cast each key's text exactly as a load casts landing values; compute its digest. One job,
+    or none when every key column is a string (nothing to cast: the digest on the driver)."""
     schema = ds.source.schema
+    if TYPE_ON_DRIVER and all(schema[k] == "string" for k in ds.key):
+        try:
+            return [_string_key(ds, g) for g in given]
+        except UnicodeEncodeError:
+            pass  # a lone surrogate: Spark spells it as a load does
     text_schema = T.StructType([T.StructField(KID, T.LongType()),
                                 *[T.StructField(k, T.StringType()) for k in ds.key]])
     df = spark.createDataFrame([(i, *[g[k] for k in ds.key]) for i, g in enumerate(given)],
@@ -194,6 +205,15 @@ def type_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, str 
         keys[r[KID]] = Key({k: r[f"_t_{k}"] for k in ds.key}, values,
                            None if null else r[H1], None if null else r[H2])
     return keys
+
+
+def _string_key(ds: DatasetConfig, given: dict[str, str | None]) -> Key:
+    """A key of string columns: its values are its texts, as a load reads them."""
+    values = {k: given.get(k) for k in ds.key}
+    if any(v is None for v in values.values()):
+        return Key(values, dict(values), None, None)
+    h1, h2 = string_key_digest([values[k] for k in ds.key])  # type: ignore[misc]
+    return Key(values, dict(values), h1, h2)
 
 
 def _type_hint(typ: str) -> str:
@@ -340,7 +360,7 @@ class History:
 
 
 def committed_history(st: Storage, first: str | None, last: str | None) -> History:
-    tags = sorted(commits.committed_tags(st))
+    tags = sorted(CommitLog(st).committed())
     lo = to_tag(parse_key(first)) if first else None
     hi = to_tag(parse_key(last)) if last else None
     records: dict[str, commits.CommitRecord] = {}

@@ -48,6 +48,7 @@ from deltalake.transaction import (
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.outputs import LOAD_HOUR, OUTPUTS, columns, partition
 from dedup_pipeline.engine.storage import Lock, Storage
 from dedup_pipeline.errors import UserError
@@ -321,7 +322,7 @@ def roll_forward(st: Storage, ds: DatasetConfig, tags: Iterable[str] | None = No
     say = say or (lambda _m: None)
     tables = {n: open_table(st, n) for n in OUTPUTS}
     held = {n: files_by_hour(dt) if dt is not None else {} for n, dt in tables.items()}
-    committed = commits.committed_tags(st)
+    committed = CommitLog(st).committed()
     todo = set(committed) | {t for h in held.values() for t in h} if tags is None else set(tags)
     made: list[tuple[str, Published]] = []
     for tag in sorted(todo):
@@ -353,7 +354,7 @@ def repair_pending(st: Storage, ds: DatasetConfig, say: Say | None = None) -> li
     mode of a dataset loaded before). O(pending) when nothing is missing."""
     if not enabled(ds):
         return []
-    if tables_missing(st) and commits.committed_tags(st):
+    if tables_missing(st) and CommitLog(st).committed():
         return roll_forward(st, ds, None, say)
     marked = pending(st)
     return roll_forward(st, ds, marked, say) if marked else []

@@ -31,6 +31,7 @@ from datetime import datetime, timedelta
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.parse import InputFile, hour_dir, list_input_files
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, compress_ranges, parse_key, to_key, to_tag
@@ -216,7 +217,7 @@ def watched_hours(ds: DatasetConfig, committed: set[str]) -> list[datetime]:
 def changed_hours(ds: DatasetConfig, committed: set[str] | None = None) -> list[InputChange]:
     """Watched loaded hours whose input changed after they were loaded, ascending."""
     if committed is None:
-        committed = commits.committed_tags(Storage(ds.output))
+        committed = CommitLog(Storage(ds.output)).committed()
     out = []
     for h in watched_hours(ds, committed):
         change = input_change(ds, h)
@@ -244,7 +245,7 @@ def reprocess_range(ds: DatasetConfig, committed: set[str] | None = None) -> Rep
     the next reconciliation finishes what a failed one started.
     """
     if committed is None:
-        committed = commits.committed_tags(Storage(ds.output))
+        committed = CommitLog(Storage(ds.output)).committed()
     if not committed:
         return None
     changes = changed_hours(ds, committed)

@@ -43,6 +43,7 @@ from pyspark.sql import functions as F
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import checks, commits, contract, daypack, keydigest, lake
 from dedup_pipeline.engine.classify import candidates, classify
+from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.commits import CommitRecord, DigestFileEntry, OutputFileEntry
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
 from dedup_pipeline.engine.expiry import Number, expiry_point, expiry_point_frame, latest_point
@@ -50,14 +51,12 @@ from dedup_pipeline.engine.index import compaction, layout, store
 from dedup_pipeline.engine.index.health import (
     IndexDamage,
     IndexDamagedError,
-    RecordsWatch,
     check_index,
     content_damage,
     damaged_message,
     index_file_manifest,
     index_read_failure,
     record_damage,
-    save_summary,
 )
 from dedup_pipeline.engine.index.layout import IndexFile
 from dedup_pipeline.engine.index.live import (
@@ -94,7 +93,7 @@ from dedup_pipeline.engine.parse import (
 )
 from dedup_pipeline.engine.rebuild import ensure_healthy, ensure_intact
 from dedup_pipeline.engine.storage import ROWS_PER_FILE, Storage
-from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
+from dedup_pipeline.hours import HOUR, HourSet, parse_key, to_key, to_tag
 
 # How the batch, its candidates and its classification are cached. PySpark's MEMORY_AND_DISK keeps
 # the column batches serialized; the deserialized level (what DataFrame.cache() uses) was measured
@@ -228,9 +227,9 @@ class Prepared:
     hour: datetime
     tag: str
     st: Storage
-    committed: commits.HourSet  # committed loads, H excluded
+    committed: HourSet  # committed loads, H excluded
     health: IndexDamage  # the index files the commit records list (healthy)
-    watch: RecordsWatch  # this load's own record changes, for the records' summary
+    log: CommitLog  # this load's own record changes go through it (it keeps the summary true)
     prev_latest: Number | None  # L_{H-1}
     batch: Batch
     contract: contract.Verdict  # the contract H loads under (a new version is recorded at commit)
@@ -280,35 +279,37 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     tag = to_tag(hour)
     check_landing_root(ds)
     st = Storage(ds.output)
-    first = check_index(st, ds)  # O(live): the records' summary, not every record
+    log = CommitLog(st)
+    first = check_index(st, ds, log=log)  # O(live): the log's summary, not every record
     # the tables first catch up with the records (a publish a crash cut short)
     lake.repair_pending(st, ds, say)
     assert first.state is not None
+    committed = first.state.committed
     # the dataset contract, before anything is written: a breaking config change stops here
-    verdict = contract.check(st, ds, partition_key, first.state.committed)
-    commits.check_order(ds, hour, first.state.committed)
-    _say_contract(st, ds, tag, partition_key, verdict, first.state.committed, say)
-    watch = RecordsWatch(st, ensure_healthy(spark, ds, st, say, rerun=tag, damage=first))
-    commits.check_later_hours(ds, hour, first.state.committed, run_tags | {tag},
-                              set(first.bad_records))
+    verdict = contract.check(st, ds, partition_key, committed)
+    commits.check_order(ds, hour, committed)
+    _say_contract(log, ds, tag, partition_key, verdict, committed, say)
+    healthy = ensure_healthy(spark, ds, st, say, rerun=tag, damage=first)
+    log.follow(healthy.state)
+    commits.check_later_hours(ds, hour, committed, run_tags | {tag}, set(first.bad_records))
     # a rerun's hour is marked: its tables keep the old record's files until the new publish
-    if tag in first.state.committed:
+    if tag in committed:
         lake.mark_pending(st, ds, tag)
-    health = _forget_attempt(spark, ds, st, tag, watch, say)
+    health = _forget_attempt(spark, ds, st, tag, healthy, log, say)
     lake.drop_unpublished(st, ds, tag)
     # the records this check read, for the next check; not H's, whose record is written later
-    save_summary(st, health, drop={tag}, commits_mtime=watch.expected)
+    log.save_summary(drop={tag})
     assert health.state is not None
     committed = health.state.committed.copy()
     committed.discard(tag)
-    prev = commits.read_commit(st, to_tag(hour - HOUR)) if hour > parse_key(ds.start) else None
-    return Prepared(hour, tag, st, committed, health, watch,
+    prev = log.read(to_tag(hour - HOUR)) if hour > parse_key(ds.start) else None
+    return Prepared(hour, tag, st, committed, health, log,
                     prev.latest_point if prev else None, _parse(spark, ds, hour, partition_key, cache, say),
                     verdict)
 
 
-def _say_contract(st: Storage, ds: DatasetConfig, tag: str, partition_key: str,
-                  verdict: contract.Verdict, committed: commits.HourSet, say: Progress) -> None:
+def _say_contract(log: CommitLog, ds: DatasetConfig, tag: str, partition_key: str,
+                  verdict: contract.Verdict, committed: HourSet, say: Progress) -> None:
     """Log a contract version about to be recorded, and a rerun under another version than the
     hour's first load (the rerun uses the contract in force now)."""
     line = contract.describe_new(verdict)
@@ -316,7 +317,7 @@ def _say_contract(st: Storage, ds: DatasetConfig, tag: str, partition_key: str,
         say(f"{ds.name} {partition_key}: {line}")
     if tag in committed:
         try:
-            old = commits.read_commit(st, tag)
+            old = log.read(tag)
         except commits.CommitRecordError:
             old = None  # the rerun repairs it
         was = old.contract_version if old is not None else None
@@ -327,21 +328,20 @@ def _say_contract(st: Storage, ds: DatasetConfig, tag: str, partition_key: str,
 
 
 def _forget_attempt(spark: SparkSession, ds: DatasetConfig, st: Storage, tag: str,
-                    watch: RecordsWatch, say: Progress) -> IndexDamage:
+                    health: IndexDamage, log: CommitLog, say: Progress) -> IndexDamage:
     """Delete what any earlier attempt of `tag` left: its commit record first (from then on the
     hour is not loaded), its index files (also inside compacted directories), its temp outputs.
     Returns the index manifest as it now is."""
-    health = watch.health
-    watch.change(commits.invalidate, st, tag)
+    log.forget(tag)
     store.clear_load(st, tag)
     # a compacted file holding this hour is rewritten from its own bytes: check them first
     if ensure_intact(spark, ds, st, [f for f in health.files.values() if f.loads and tag in f.holds],
                      say, rerun=tag):
         health = check_index(st, ds)
-        watch.rebase(health)
+        log.follow(health.state)
     if compaction.remove_load(spark, ds, st, tag):
         health = check_index(st, ds)  # compacted files were rewritten: read the new manifest
-        watch.rebase(health)
+        log.follow(health.state)
     for leftover in st.list_dirs(st.path(TMP)):
         if leftover.startswith(tag):
             st.remove(st.path(TMP, leftover))
@@ -383,7 +383,7 @@ def classify_batch(spark: SparkSession, ds: DatasetConfig, p: Prepared, cache: P
     # content: exactly the files the probe will read are hashed (one pass over what Spark reads)
     if ensure_intact(spark, ds, st, live, say, rerun=p.tag):
         fresh = check_index(st, ds)
-        p.watch.rebase(fresh)
+        p.log.follow(fresh.state)
         live = live_files(ds, fresh.files, readable, x)
     idx_rows = sum(f.rows if f.rows is not None else st.parquet_rows(st.path(layout.INDEX, f.rel))
                    for f in live)
@@ -524,7 +524,7 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
     contract.record(st, p.contract)  # a new version first: the record names it
     _fault("after_contract")
     lake.mark_pending(st, ds, tag)  # the tables lag the record until `publish`
-    p.watch.change(commits.write_commit, st, record)
+    p.log.write(record)
     return record
 
 
@@ -550,7 +550,7 @@ def housekeep(spark: SparkSession, ds: DatasetConfig, p: Prepared, record: Commi
     st = p.st
     deleted = 0
     if ds.expiry is not None:  # never changes results: reads filter on v >= X_H anyway
-        floor_rec = commits.read_commit(st, to_tag(p.hour - ds.index.retention_lag_hours * HOUR))
+        floor_rec = p.log.read(to_tag(p.hour - ds.index.retention_lag_hours * HOUR))
         if floor_rec is not None:
             # never below this load's own X_H: a lengthened period (an evolvable contract change)
             # must find its window in the index; with one period all along X_{H-lag} <= X_H
@@ -574,9 +574,9 @@ def housekeep(spark: SparkSession, ds: DatasetConfig, p: Prepared, record: Commi
     daypack.after_commit(st, p.tag, done)  # a complete day's digests and rejected lines, packed
     clock.lap("day_pack")
     final = record.with_(index_slices_deleted=deleted, seconds=clock.with_total())
-    p.watch.change(commits.write_commit, st, final)
+    p.log.write(final)
     # H's final record joins the summary; its mtime only if no one else changed records meanwhile
-    save_summary(st, p.watch.health, drop={p.tag}, add=final, commits_mtime=p.watch.expected)
+    p.log.save_summary(drop={p.tag}, add=final)
     return final
 
 

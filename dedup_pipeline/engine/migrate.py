@@ -31,7 +31,8 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, contract
+from dedup_pipeline.engine import contract
+from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.digest import H1, H2, digest_columns
 from dedup_pipeline.engine.expiry import X_COL, expiry_value, is_live
 from dedup_pipeline.engine.load import _fault
@@ -121,7 +122,7 @@ def migrate(spark: SparkSession, ds: DatasetConfig,
     say = say or (lambda _m: None)
     t0 = time.perf_counter()
     st = Storage(ds.output)
-    committed = sorted(commits.committed_tags(st))
+    committed = sorted(CommitLog(st).committed())
     last = committed[-1] if committed else None
     hist = contract.read_history(st, last)
     terms = contract.Terms.of(ds)

@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits, contract, lake
+from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
 from dedup_pipeline.engine.expiry import expiry_value
 from dedup_pipeline.engine.index import compaction, layout, live, store
@@ -32,11 +33,9 @@ from dedup_pipeline.engine.index.health import (
     check_index,
     content_damage,
     damaged_message,
-    drop_summary,
     index_file_manifest,
     prune_marker,
     record_damage,
-    save_summary,
 )
 from dedup_pipeline.engine.index.layout import IndexFile, IndexFileEntry
 from dedup_pipeline.engine.outputs import LOAD_HOUR, UNIQUE, partition
@@ -120,10 +119,11 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
     """
     t0 = time.perf_counter()
     st = Storage(ds.output)
+    log = CommitLog(st)
     if check_contract:
-        contract.check(st, ds, "", commits.committed_tags(st))
-    drop_summary(st)  # records are rewritten in place below: a crash must not leave it stale
-    committed = sorted(commits.committed_tags(st))
+        contract.check(st, ds, "", log.committed())
+    log.drop_summary()  # records are rewritten in place below: a crash must not leave it stale
+    committed = sorted(log.committed())
     if tags is not None:  # a damaged compacted directory goes, and every load it held is rebuilt
         bad = set(check_index(st, ds).bad_compacted)
         for c in compaction.list_compacted(st):
@@ -168,21 +168,21 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
                 st.move(f"{staging}/{layout.load_rel(n, tag)}",
                         st.path(layout.INDEX, layout.load_rel(n, tag)))
         try:
-            rec = commits.read_commit(st, tag)
+            rec = log.read(tag)
         except commits.CommitRecordError:
             rec = None  # only a rerun of that hour restores its record; its files stay unlisted
         if rec is not None:
-            commits.write_commit(st, rec.with_(
+            log.write(rec.with_(
                 index_files=tuple(files),
                 index_format=layout.INDEX_FORMAT, index_slices_written=tuple(slices)))
     if tags is None:
         st.replace_dir(staging, st.path(layout.INDEX))
     else:
         st.remove(staging)
-    after = check_index(st, ds)  # every record read again (no summary): the new summary
+    after = check_index(st, ds, log=log)  # every record read again (no summary): the new one
     prune_marker(st, after.files)
-    assert after.state is not None
-    save_summary(st, after, commits_mtime=after.state.commits_mtime)
+    log.follow(after.state)
+    log.save_summary()
     return RebuildResult(len(targets), entries, round(time.perf_counter() - t0, 3))
 
 

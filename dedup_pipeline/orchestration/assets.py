@@ -23,13 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluationTargetMaterializationData as TargetMaterialization,  # not re-exported
-)
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, landing, outputs
+from dedup_pipeline.engine import landing, outputs
 from dedup_pipeline.engine.checks import LoadCheckError
+from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.commits import CommitRecord, LoadOrderError
 from dedup_pipeline.engine.digest import FP, H1, H2
 from dedup_pipeline.engine.index.store import LOAD_HOUR, entry_schema
@@ -37,9 +35,8 @@ from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.outputs import OUTPUTS
 from dedup_pipeline.engine.parse import REASON, V
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import parse_key, to_key, to_tag
-from dedup_pipeline.orchestration import checks, names, runs
-from dedup_pipeline.orchestration.explain import key_sampler, sample_metadata
+from dedup_pipeline.hours import parse_key, to_key
+from dedup_pipeline.orchestration import checks, hour_events, names, runs
 from dedup_pipeline.orchestration.names import INDEX, RAW
 from dedup_pipeline.orchestration.partitions import hourly_partitions
 from dedup_pipeline.orchestration.resources import SparkResource
@@ -112,141 +109,6 @@ def _index_schema(ds: DatasetConfig) -> dg.TableSchema:
         for f in entry_schema(ds).fields])
 
 
-def _point(ds: DatasetConfig, value: float | int) -> Any:
-    """An expiry-axis point as the UI should show it: a time for timestamp/date expiry columns
-    (v is epoch microseconds / days), the number itself otherwise."""
-    kind = ds.expiry_type
-    if kind == "timestamp":
-        return dg.MetadataValue.timestamp(value / 1_000_000)
-    if kind == "date":
-        return dg.MetadataValue.timestamp(value * 86_400)
-    return value
-
-
-def hour_metadata(ds: DatasetConfig, r: CommitRecord) -> dict[str, Any]:
-    """The figures of ONE hour, put on that hour's materialization so Plots -> Partitions shows
-    one point per loaded hour (D5)."""
-    md: dict[str, Any] = {
-        "rows_in": r.rows_in,
-        "unique": r.unique,
-        "duplicates": r.duplicates,
-        "expired": r.expired,
-        "rejected": r.rejected,
-        "conflicts": r.conflicts,
-        **r.rates,
-        "index_keys_written": r.index_rows_written,
-        "index_rows_read": r.index_rows_read,
-        "index_bytes_read": r.index_bytes_read,
-        "files_in": r.files_in,
-        "files_written": r.files_written,
-    }
-    if r.latest_point is not None:
-        md["latest_point"] = _point(ds, r.latest_point)
-    if r.expiry_point is not None:
-        md["expiry_point"] = _point(ds, r.expiry_point)
-    for stage, secs in r.seconds.items():
-        md[f"seconds_{stage}"] = secs
-    return md
-
-
-def table_metadata(ds: DatasetConfig, name: str, tag: str) -> dict[str, Any]:
-    """Where a downstream asset reads output `name`'s hour `tag`: the Delta table's path, a table
-    version holding the hour as committed (the latest), and the hour's file count in it."""
-    from dedup_pipeline.engine import lake
-    from dedup_pipeline.engine.storage import Storage
-
-    if name == INDEX or not lake.enabled(ds):
-        return {}
-    st = Storage(ds.output)
-    found = lake.hour_files(st, name, tag)
-    if found is None:
-        return {}
-    return {"table_path": dg.MetadataValue.path(lake.table_uri(st, name)),
-            "delta_version": found[0], "table_files": found[1]}
-
-
-def _row_count(r: CommitRecord, name: str) -> int:
-    return r.index_rows_written if name == INDEX else int(getattr(r, name))
-
-
-def _latest_materialization(instance: dg.DagsterInstance, key: dg.AssetKey, pk: str
-                            ) -> TargetMaterialization | None:
-    """The partition's latest materialization, the one Dagster compares a check's target with
-    (AssetCheckPartitionInfo.is_current): an evaluation targeting anything else shows Missing."""
-    recs = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[pk]), limit=1).records
-    if not recs:
-        return None
-    return TargetMaterialization(
-        storage_id=recs[0].storage_id, run_id=recs[0].run_id, timestamp=recs[0].timestamp)
-
-
-def _evaluations(instance: dg.DagsterInstance, ds: DatasetConfig, pk: str,
-                 evals: list[checks.Evaluation]) -> Iterator[dg.AssetCheckEvaluation]:
-    targets: dict[str, Any] = {}
-    for e in evals:
-        if e.asset not in targets:
-            targets[e.asset] = _latest_materialization(instance, names.asset_key(ds.name, e.asset), pk)
-        yield checks.as_event(ds, e, pk, targets[e.asset])
-
-
-CHECKS_ASSET = {name: asset for name, (asset, _, _) in checks.CHECKS.items()}
-
-
-def _hour_events(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: list[dg.AssetKey],
-                 raw_key: dg.AssetKey, r: CommitRecord, session: Any = None) -> Iterator[Any]:
-    """One hour's events, in the order the UI needs them: its materializations (its own figures),
-    then its check evaluations targeting exactly those materializations.
-
-    Yielded (not `context.log_event`-ed): a yielded event is stored before the generator resumes,
-    so the evaluations can name the materializations' storage ids.
-    """
-    pk = r.partition_key
-    md = hour_metadata(ds, r)
-    yield dg.AssetObservation(asset_key=raw_key, partition=pk,
-                              metadata={"rows": r.rows_in, "files": r.files_in})
-    for key in keys:
-        yield dg.AssetMaterialization(
-            asset_key=key, partition=pk,
-            metadata={"dagster/row_count": _row_count(r, key.path[-1]), **md,
-                      **table_metadata(ds, key.path[-1], r.load_hour)})
-    yield from _evaluations(context.instance, ds, pk, _evaluate(ds, r, session))
-
-
-def _evaluate(ds: DatasetConfig, r: CommitRecord, spark: Any) -> list[checks.Evaluation]:
-    """The hour's checks; failing ones that sample keys get sample keys and an explain command."""
-    evals = checks.evaluate(ds, r)
-    if spark is None:
-        return evals
-    return checks.with_sample_keys(evals, key_sampler(spark, ds, r.partition_key))
-
-
-def _failed_check(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str,
-                  err: LoadCheckError) -> dg.AssetCheckEvaluation:
-    """The failed blocking check of the hour that stopped the run (it committed nothing)."""
-    target = _latest_materialization(
-        context.instance, names.asset_key(ds.name, CHECKS_ASSET[err.check]), pk)
-    return checks.as_event(
-        ds, checks.Evaluation(err.check, False, {"error": str(err), **err.figures,
-                                                 **sample_metadata(ds, err.sample_keys)}),
-        pk, target)
-
-
-def _restate(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str
-             ) -> Iterator[dg.AssetCheckEvaluation]:
-    """Evaluations of an hour this run did not load but an earlier load committed: the checks of
-    that committed load, again, so the failed run does not turn a loaded hour's status into
-    "Execution failed". Nothing for an hour that was never loaded."""
-    rec = commits.read_commit(Storage(ds.output), to_tag(parse_key(pk)))
-    if rec is None:
-        return
-    note = (f"restated from the committed load of {pk}: run {context.run.run_id} failed before "
-            "loading this hour and changed nothing in it")
-    evals = [checks.Evaluation(e.name, e.passed, {**e.metadata, "note": note})
-             for e in checks.evaluate(ds, rec)]
-    yield from _evaluations(context.instance, ds, pk, evals)
-
-
 def _config_name() -> str:
     return os.environ.get("DEDUP_CONFIG") or "<config.yaml>"
 
@@ -258,7 +120,7 @@ def _load_failure(ds: DatasetConfig, partition_keys: list[str], err: BaseExcepti
     rerun_first = keys[0]
     if isinstance(err, LoadOrderError):  # the range must start at the first hour not loaded
         with contextlib.suppress(Exception):
-            rerun_first = to_key(landing.first_unloaded(ds, commits.committed_tags(Storage(ds.output))))
+            rerun_first = to_key(landing.first_unloaded(ds, CommitLog(Storage(ds.output)).committed()))
     return dg.Failure(
         description=runs.load_failure(ds.name, keys[0], keys[-1], err, rerun_first, _config_name()),
         metadata={"error": f"{type(err).__name__}: "
@@ -338,13 +200,13 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             # Committed hours get their own events; the failing hour its failed check; hours this
             # run did not load keep the status of their committed load (restated).
             for r in results:
-                yield from _hour_events(context, ds, keys, raw_key, r, session)
+                yield from hour_events.of_hour(context, ds, keys, raw_key, r, session)
             loaded = {parse_key(r.partition_key) for r in results}
             rest = [pk for pk in sorted(partition_keys, key=parse_key) if parse_key(pk) not in loaded]
             if isinstance(err, LoadCheckError):  # load_hours stopped at the first hour not loaded
-                yield _failed_check(context, ds, rest.pop(0), err)
+                yield hour_events.failed_check(context, ds, rest.pop(0), err)
             for pk in rest:
-                yield from _restate(context, ds, pk)
+                yield from hour_events.restate(context, ds, pk)
             raise _load_failure(ds, partition_keys, err) from err
         if len(results) == 1 and context.has_partition_key:
             # one partition (not a one-hour range, whose check results Dagster would record
@@ -353,10 +215,9 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             yield dg.AssetObservation(asset_key=raw_key, partition=r.partition_key,
                                       metadata={"rows": r.rows_in, "files": r.files_in})
             for key in keys:
-                yield dg.MaterializeResult(asset_key=key, metadata={
-                    "dagster/row_count": _row_count(r, key.path[-1]), **hour_metadata(ds, r),
-                    **table_metadata(ds, key.path[-1], r.load_hour)})
-            yield from (checks.as_result(ds, e) for e in _evaluate(ds, r, session))
+                yield dg.MaterializeResult(
+                    asset_key=key, metadata=hour_events.output_metadata(ds, r, key.path[-1]))
+            yield from (checks.as_result(ds, e) for e in hour_events.evaluate(ds, r, session))
         else:
             # A ranged step's output stamps the same metadata on every partition of the range, so
             # it carries none; each hour's own materialization follows it and is the latest.
@@ -368,7 +229,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             yield from checks.summarize(ds, [(r.partition_key, checks.evaluate(ds, r))
                                              for r in results])
             for r in results:
-                yield from _hour_events(context, ds, keys, raw_key, r, session)
+                yield from hour_events.of_hour(context, ds, keys, raw_key, r, session)
         if len(results) > 1:  # range totals go to the run's log, never onto a partition
             context.log.info(
                 f"{ds.name}: loaded {len(results)} hours {results[0].partition_key} .. "

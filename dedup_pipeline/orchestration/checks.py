@@ -18,9 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluationTargetMaterializationData as TargetMaterialization,  # not re-exported
-)
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.checks import CONSERVATION, INDEX_AGREES, UNIQUE_KEYS
@@ -110,17 +107,6 @@ def with_sample_keys(evals: list[Evaluation], sample: Callable[[bool], dict[str,
     """`evals`, the failing SAMPLED ones with `sample(conflicts_only)`'s metadata added."""
     return [Evaluation(e.name, e.passed, {**e.metadata, **sample(SAMPLED[e.name])})
             if not e.passed and e.name in SAMPLED else e for e in evals]
-
-
-def as_event(ds: DatasetConfig, e: Evaluation, partition: str,
-             target: TargetMaterialization | None
-             ) -> dg.AssetCheckEvaluation:
-    """The evaluation of one hour, for that partition, targeting that hour's latest
-    materialization (so Dagster counts it as current: Passed/Failed, not Missing)."""
-    return dg.AssetCheckEvaluation(
-        asset_key=asset_key(ds.name, e.asset), check_name=e.name, passed=e.passed,
-        severity=e.severity, partition=partition, metadata=e.metadata,
-        blocking=CHECKS[e.name][1], target_materialization_data=target)
 
 
 def as_result(ds: DatasetConfig, e: Evaluation) -> dg.AssetCheckResult:

@@ -21,6 +21,7 @@ import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits, landing
+from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import compress_ranges, parse_key, to_key, to_tag
 from dedup_pipeline.orchestration.names import RAW, asset_key, input_check_job_name
@@ -151,7 +152,7 @@ def build_input_check(ds: DatasetConfig) -> dg.AssetChecksDefinition:
                 keys = list(context.partition_keys)
                 return _many_result(ds, f"hours {keys[0]}..{keys[-1]}",
                                     [hour_state(ds, parse_key(k)) for k in keys])
-            committed = commits.committed_tags(Storage(ds.output))
+            committed = CommitLog(Storage(ds.output)).committed()
             hours = landing.watched_hours(ds, committed)
             scope = (f"loaded hours {compress_ranges(hours)}" if hours else "every hour")
             return _many_result(ds, scope, [hour_state(ds, h) for h in hours], _UnpartitionedResult)

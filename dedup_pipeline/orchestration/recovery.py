@@ -19,7 +19,8 @@ import os
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, contract
+from dedup_pipeline.engine import contract
+from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.index.health import check_index, scrub
 from dedup_pipeline.engine.migrate import migrate
 from dedup_pipeline.engine.rebuild import rebuild_index
@@ -111,7 +112,7 @@ def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition) -> dg.Sensor
         if not hours:  # only damaged commit records: a rebuild cannot restore them, a rerun does
             return dg.SkipReason(f"{ds.name}: {damage.summary()}")
         try:  # a rebuild under a config that breaks the contract would only fail
-            contract.check(st, ds, "", commits.committed_tags(st))
+            contract.check(st, ds, "", CommitLog(st).committed())
         except contract.ContractError as e:
             return dg.SkipReason(f"{ds.name}: {damage.summary()}; not rebuilt: {e}")
         fingerprint = hashlib.sha256(repr((damage.missing, damage.unexpected, damage.corrupt,

@@ -8,6 +8,7 @@ and the hours from Dagster's own partition tags.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -234,10 +235,29 @@ def load_failure(ds: str, first: str, last: str, err: BaseException, rerun_first
 
 def root_error_of_exception(err: BaseException) -> RootError | None:
     """`root_error` for a live exception (its infrastructure cause, if any, in plain words)."""
-    from dagster._utils.error import serializable_error_info_from_exc_info  # no public API
-
     try:
-        info = serializable_error_info_from_exc_info((type(err), err, err.__traceback__))
+        return root_error(_StoredShape.of(err))
     except Exception:  # a summary must never fail the failure
         return None
-    return root_error(info)
+
+
+@dataclass(frozen=True)
+class _StoredShape:
+    """A live exception in the shape Dagster stores a step's error in (class name, message as
+    `traceback` prints it, stack, cause and context), so one `root_error` reads both."""
+
+    cls_name: str
+    message: str
+    stack: list[str]
+    cause: _StoredShape | None
+    context: _StoredShape | None
+
+    @classmethod
+    def of(cls, e: BaseException | None, seen: frozenset[int] = frozenset()) -> _StoredShape | None:
+        if e is None or id(e) in seen:
+            return None
+        seen = seen | {id(e)}
+        context = None if e.__cause__ is not None or e.__suppress_context__ else e.__context__
+        return cls(type(e).__name__, "".join(traceback.format_exception_only(type(e), e)),
+                   traceback.format_tb(e.__traceback__), cls.of(e.__cause__, seen),
+                   cls.of(context, seen))

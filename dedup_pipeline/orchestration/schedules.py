@@ -22,7 +22,8 @@ from typing import Any
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, contract, landing
+from dedup_pipeline.engine import contract, landing
+from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, compress_ranges, parse_key, to_key
 from dedup_pipeline.orchestration.names import (
@@ -65,7 +66,7 @@ def build_hourly_schedule(ds: DatasetConfig, job: Any) -> dg.ScheduleDefinition:
                                  "schedule has no partitions to load yet")
         st = Storage(ds.output)
         try:  # a run under a config that breaks the dataset contract would only fail: say why
-            contract.check(st, ds, key, commits.committed_tags(st))
+            contract.check(st, ds, key, CommitLog(st).committed())
         except contract.ContractError as e:
             return dg.SkipReason(f"not loading {key}: {e}")
         # the partition tag set here: the request needs no repository to resolve it
@@ -98,7 +99,7 @@ def build_reconcile_schedule(ds: DatasetConfig, job_name: str) -> dg.ScheduleDef
         first, last = to_key(plan.first), to_key(plan.last)
         st = Storage(ds.output)
         try:  # a run under a config that breaks the dataset contract would only fail: say why
-            contract.check(st, ds, first, commits.committed_tags(st))
+            contract.check(st, ds, first, CommitLog(st).committed())
         except contract.ContractError as e:
             return dg.SkipReason(f"not reloading {first} .. {last}: {e}")
         tick = context.scheduled_execution_time

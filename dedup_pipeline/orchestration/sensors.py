@@ -51,7 +51,8 @@ from typing import Any, TypeVar
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, contract, landing
+from dedup_pipeline.engine import contract, landing
+from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import compress_ranges, hour_range, parse_key, to_key, to_tag
 from dedup_pipeline.orchestration import runs
@@ -206,7 +207,7 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
         if running:
             return dg.SensorResult(skip_reason=f"waiting for {describe_run(running[0])}",
                                    cursor=cur.dump())
-        committed = commits.committed_tags(Storage(ds.output))
+        committed = CommitLog(Storage(ds.output)).committed()
         changes = errors.guard("comparing loaded hours' landing files with their commit records",
                                lambda: landing.changed_hours(ds, committed), [])
         saved = (dict(cur.reported), cur.check_runs)

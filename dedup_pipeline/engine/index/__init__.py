@@ -25,9 +25,9 @@ One owner per job, as Apex Malhar's dedup operator splits deciding, holding and 
                 `list_compacted`, `covered`
 - `health`      damage and the manifests that detect it: `check_index`, `IndexDamage`,
                 `content_damage`, `scrub`, the damaged marker (`record_damage`),
-                `index_file_manifest`, `index_read_failure`, `IndexDamagedError`; the records'
-                summary ``index/_live.json`` that keeps a check O(live) (`Summary`,
-                `save_summary`, `drop_summary`, `RecordsWatch`)
+                `index_file_manifest`, `index_read_failure`, `IndexDamagedError`; it reads the
+                records through `engine.commit_log` (`CommitLog.to_check`), whose summary keeps
+                a check O(live)
 
 Repair is `engine.rebuild`'s job: `rebuild_index` from unique, and a load's gate that fails or
 rebuilds on damage (`ensure_healthy`, `ensure_intact`), which needs both health and the rebuild.

@@ -16,21 +16,20 @@ What a load does about damage (fail, or rebuild first) is `engine.rebuild`'s.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.commit_log import CommitLog, Summary
 from dedup_pipeline.engine.index.compaction import covered, list_compacted
 from dedup_pipeline.engine.index.layout import (
     CHECKSUM_PATH,
     DAMAGED,
     INDEX,
     INDEX_FORMAT,
-    SUMMARY,
     IndexFile,
     IndexFileEntry,
     is_compact_dir,
@@ -43,7 +42,7 @@ from dedup_pipeline.engine.index.layout import (
 from dedup_pipeline.engine.index.live import kept_from, min_slice
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.errors import UserError
-from dedup_pipeline.hours import is_tag, key_of, parse_key, to_tag
+from dedup_pipeline.hours import key_of, parse_key, to_tag
 
 
 class IndexDamagedError(UserError, RuntimeError):
@@ -66,8 +65,9 @@ class IndexDamage:
     old_format: list[str] = field(default_factory=list)  # loads whose entries are an older layout
     corrupt: dict[str, list[str]] = field(default_factory=dict)  # load -> files of other content
     bad_records: dict[str, str] = field(default_factory=dict)  # load -> what is wrong with record
-    # the records' summary this check built (`save_summary` writes it), and so the committed
-    # hours (`state.committed`); None only for an IndexDamage no check built
+    # the commit log's summary this check built (`CommitLog.save_summary` writes it once the
+    # log follows it), and so the committed hours (`state.committed`); None only for an
+    # IndexDamage no check built
     state: Summary | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -188,133 +188,25 @@ def scrub(st: Storage, damage: IndexDamage, cursor: str, budget_bytes: int) -> s
     return chosen[-1].rel
 
 
-# -- the summary: what a check needs of history, so it reads O(live) records, not every one ----
-SUMMARY_VERSION = 2
-
-
-@dataclass
-class Summary:
-    """``index/_live.json``: the commit records as a check last saw them, so the next check
-    need not read them all (like a Delta log checkpoint).
-
-    `committed`: every record name, as ranges of hours. `uncovered`: of those, records every
-    check reads again (damaged ones). `kept`: of the others, the records a check still needs
-    (they list index files in live slices, have an older index format, or are the newest), with
-    the record's size and mtime when read and what the check uses of it; a covered record that
-    is not kept lists nothing a load reads (its files were deleted by retention or merged by
-    compaction), so it is not read again. `commits_mtime`: the ``_commits`` directory's mtime
-    the names were valid at; another mtime now means records were added, removed or replaced
-    by name since, and the names are listed again. Derived data: missing, damaged or of another
-    version, it is rebuilt from every record (once, O(history)).
-    """
-
-    committed: commits.HourSet = field(default_factory=commits.HourSet)
-    uncovered: set[str] = field(default_factory=set)
-    kept: dict[str, dict] = field(default_factory=dict)  # tag -> {sig, index_format, index_files}
-    commits_mtime: str | None = None
-
-
-def _read_summary(st: Storage) -> Summary | None:
-    try:
-        raw = st.read_json(st.path(INDEX, SUMMARY))
-    except (FileNotFoundError, ValueError, UnicodeDecodeError):
-        return None
-    try:
-        if raw["version"] != SUMMARY_VERSION:
-            return None
-        kept = {t: {"sig": list(k["sig"]), "index_format": int(k["index_format"]),
-                    "index_files": [IndexFileEntry.model_validate(f).to_json()
-                                    for f in k["index_files"]]}
-                for t, k in raw["kept"].items()}
-        ranges = raw["committed"]
-        if not all(is_tag(a) and is_tag(b) and a <= b for a, b in ranges):
-            return None
-        mtime = raw["commits_mtime"]
-        if mtime is not None and not isinstance(mtime, str):
-            return None
-        return Summary(commits.HourSet.of_ranges(ranges), {str(t) for t in raw["uncovered"]},
-                       kept, mtime)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None  # damaged: rebuilt from the records
-
-
-def save_summary(st: Storage, damage: IndexDamage, drop: Iterable[str] = (),
-                 add: commits.CommitRecord | None = None,
-                 commits_mtime: str | None = None) -> None:
-    """Write the summary `damage`'s check built, without the hours in `drop`, with the record
-    `add` (just written by the caller), valid at `commits_mtime` (None: names are listed again).
-
-    Only a holder of the dataset lock calls this, and never leaves a record it will rewrite under
-    the same name covered: a load drops its own hour before its record is written and adds it
-    after its last write; a rebuild deletes the summary before rewriting records
-    (`drop_summary`). So a crash anywhere leaves a summary that is true of every hour it covers.
-    """
-    s = damage.state
-    if s is None:
-        return
-    gone = set(drop)
-    committed = s.committed.copy()
-    for t in gone:
-        committed.discard(t)
-    kept = {t: k for t, k in s.kept.items() if t not in gone}
-    uncovered = s.uncovered - gone
-    if add is not None:
-        sig = _signature(st, commits.commit_path(st, add.load_hour))
-        if sig is None:
-            return
-        committed.add(add.load_hour)
-        uncovered.discard(add.load_hour)
-        kept[add.load_hour] = {"sig": sig, "index_format": add.index_format,
-                               "index_files": [f.to_json() for f in add.index_files]}
-    st.write_text_atomic(st.path(INDEX, SUMMARY), json.dumps(
-        {"version": SUMMARY_VERSION, "commits_mtime": commits_mtime,
-         "committed": committed.ranges(), "uncovered": sorted(uncovered),
-         "kept": dict(sorted(kept.items()))}, separators=(",", ":")))
-
-
-def drop_summary(st: Storage) -> None:
-    """Delete the summary before records are rewritten in place (a rebuild)."""
-    st.remove(st.path(INDEX, SUMMARY))
-
-
-def _signature(st: Storage, path: str) -> list | None:
-    """Size and modification time of a record: what tells a cached record from an edited one."""
-    try:
-        info = st.fs.info(path)
-    except FileNotFoundError:
-        return None
-    mtime = info.get("mtime", info.get("LastModified", info.get("last_modified")))
-    return [int(info.get("size") or 0), str(mtime)]
-
-
 def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
-                full: bool = False) -> IndexDamage:
+                full: bool = False, log: CommitLog | None = None) -> IndexDamage:
     """Compare the index files on disk with what the commit records and compaction manifests say.
 
     Lists files and reads no data, unless `content` (verify): then every file is hashed too.
-    Reads only the records the summary (`index/_live.json`) does not cover or keeps, the latter
-    only if their size or mtime changed, and lists the record names only if the ``_commits``
-    directory changed since: O(live) requests and driver time. `full` or `content` read every
-    record.
+    Reads only the records the commit log's summary does not cover or keeps, the latter only if
+    their size or mtime changed, and lists the record names only if the ``_commits`` directory
+    changed since: O(live) requests and driver time. `full` or `content` read every record.
     """
     damage = IndexDamage()
     kept = kept_from(st)
     lo = min_slice(ds, kept) if kept is not None else None
-    mtime = st.dir_mtime(st.path(commits.COMMITS))  # before anything is read: conservative
-    prior = None if (full or content) else _read_summary(st)
-    if prior is not None and mtime is not None and prior.commits_mtime == mtime:
-        committed = prior.committed.copy()  # no record added, removed or renamed since
-        todo = set(prior.uncovered) | set(prior.kept)
-    else:
-        names = commits.committed_tags(st)
-        committed = commits.HourSet.of(names)
-        todo = set(names) if prior is None else (
-            {t for t in names if t not in prior.committed or t in prior.uncovered}
-            | (set(prior.kept) & names))
+    log = log or CommitLog(st)
+    view = log.to_check(full=full or content)
+    committed, todo, prior = view.committed, view.todo, view.prior
     compacted = [c for c in list_compacted(st) if lo is None or c.slice >= lo]
     merged = covered(compacted)
     start = to_tag(parse_key(ds.start))
-    state = Summary(committed, commits_mtime=mtime)
+    state = Summary(committed, commits_mtime=view.mtime)
     newest = committed.max()
     for tag in sorted(todo):
         if tag < start:  # no load writes it: a copied or misnamed file, and no rerun can replace it
@@ -325,7 +217,7 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
                 f"{path}")
             state.uncovered.add(tag)
             continue
-        sig = _signature(st, commits.commit_path(st, tag))
+        sig = log.signature(tag)
         if sig is None:
             committed.discard(tag)  # deleted since the listing
             continue
@@ -355,8 +247,7 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
             damage.files[entry.rel] = entry
             live = True
         if live or old or tag == newest:
-            state.kept[tag] = {"sig": sig, "index_format": fmt,
-                               "index_files": [f.to_json() for f in listed]}
+            state.kept[tag] = Summary.kept_entry(sig, fmt, listed)
     damage.state = state
     for c in compacted:
         for entry in c.index_files():
@@ -459,31 +350,3 @@ def checksum_failure(error: BaseException) -> str | None:
     """The index file (path below index/) a Hadoop ChecksumException names, if `error` is one."""
     f = index_read_failure(error)
     return f.rel if f is not None and f.kind == "checksum" else None
-
-
-class RecordsWatch:
-    """A lock holder's own changes to the records, told apart from anybody else's.
-
-    Started from a check's summary state; each own change (`change`) first compares the
-    ``_commits`` directory's mtime with the one expected: another value means somebody else
-    added, removed or renamed a record since, and the summary then saves no mtime (the next
-    check lists the names). After the change the directory is stamped (`Storage.stamp_dir`), so
-    a change by anybody else later, even within the same clock tick, shows.
-    """
-
-    def __init__(self, st: Storage, health: IndexDamage):
-        self.st = st
-        self.rebase(health)
-
-    def rebase(self, health: IndexDamage) -> None:
-        """Continue from a fresh check (its state is true as of its own mtime sample)."""
-        self.health = health
-        self.expected = health.state.commits_mtime if health.state is not None else None
-
-    def change(self, fn: Callable[..., Any], *args: Any) -> None:
-        if self.expected is not None and self.st.dir_mtime(
-                self.st.path(commits.COMMITS)) != self.expected:
-            self.expected = None
-        fn(*args)
-        if self.expected is not None:
-            self.expected = self.st.stamp_dir(self.st.path(commits.COMMITS))

@@ -36,7 +36,6 @@ REBUILD_STAGING = f"{INDEX}_rebuild"  # below the output root: a full rebuild's 
 MANIFEST = "_manifest.json"  # in a compacted directory: the loads and files it holds
 DAMAGED = "_damaged.json"  # below index/: {rel: recorded sha256 or ""} found corrupt
 RETENTION_STATE = "_retention.json"  # below index/: {"kept_from": v} after retention deleted
-SUMMARY = "_live.json"  # below index/: the records' summary a check reads instead of every record
 
 
 def slice_dir(n: int) -> str:

@@ -1,0 +1,183 @@
+"""One hour's events for the Dagster UI: its materializations with that hour's own figures,
+and its check evaluations targeting exactly those materializations (SPEC D4, D5).
+
+Why this module exists: in Dagster 1.13 a partition's check status is its latest evaluation
+targeting its latest materialization, and neither `MaterializeResult` nor `AssetCheckResult`
+takes a partition (dagster issues #18123, #17836), so a ranged run stamps every hour alike. A
+ranged run therefore yields, per hour, `AssetMaterialization`s and `AssetCheckEvaluation`s that
+name the materialization they judge, whose type Dagster does not re-export: this is the one
+module that imports Dagster privately. One-hour runs take Dagster's own output events
+(`assets.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData as TargetMaterialization,  # not re-exported
+)
+
+from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.checks import LoadCheckError
+from dedup_pipeline.engine.commits import CommitRecord
+from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.hours import parse_key, to_tag
+from dedup_pipeline.orchestration import checks, names
+from dedup_pipeline.orchestration.explain import key_sampler, sample_metadata
+from dedup_pipeline.orchestration.names import INDEX, asset_key
+
+
+def as_event(ds: DatasetConfig, e: checks.Evaluation, partition: str,
+             target: TargetMaterialization | None
+             ) -> dg.AssetCheckEvaluation:
+    """The evaluation of one hour, for that partition, targeting that hour's latest
+    materialization (so Dagster counts it as current: Passed/Failed, not Missing)."""
+    return dg.AssetCheckEvaluation(
+        asset_key=asset_key(ds.name, e.asset), check_name=e.name, passed=e.passed,
+        severity=e.severity, partition=partition, metadata=e.metadata,
+        blocking=checks.CHECKS[e.name][1], target_materialization_data=target)
+
+
+def _point(ds: DatasetConfig, value: float | int) -> Any:
+    """An expiry-axis point as the UI should show it: a time for timestamp/date expiry columns
+    (v is epoch microseconds / days), the number itself otherwise."""
+    kind = ds.expiry_type
+    if kind == "timestamp":
+        return dg.MetadataValue.timestamp(value / 1_000_000)
+    if kind == "date":
+        return dg.MetadataValue.timestamp(value * 86_400)
+    return value
+
+
+def hour_metadata(ds: DatasetConfig, r: CommitRecord) -> dict[str, Any]:
+    """The figures of ONE hour, put on that hour's materialization so Plots -> Partitions shows
+    one point per loaded hour (D5)."""
+    md: dict[str, Any] = {
+        "rows_in": r.rows_in,
+        "unique": r.unique,
+        "duplicates": r.duplicates,
+        "expired": r.expired,
+        "rejected": r.rejected,
+        "conflicts": r.conflicts,
+        **r.rates,
+        "index_keys_written": r.index_rows_written,
+        "index_rows_read": r.index_rows_read,
+        "index_bytes_read": r.index_bytes_read,
+        "files_in": r.files_in,
+        "files_written": r.files_written,
+    }
+    if r.latest_point is not None:
+        md["latest_point"] = _point(ds, r.latest_point)
+    if r.expiry_point is not None:
+        md["expiry_point"] = _point(ds, r.expiry_point)
+    for stage, secs in r.seconds.items():
+        md[f"seconds_{stage}"] = secs
+    return md
+
+
+def table_metadata(ds: DatasetConfig, name: str, tag: str) -> dict[str, Any]:
+    """Where a downstream asset reads output `name`'s hour `tag`: the Delta table's path, a table
+    version holding the hour as committed (the latest), and the hour's file count in it."""
+    from dedup_pipeline.engine import lake
+    from dedup_pipeline.engine.storage import Storage
+
+    if name == INDEX or not lake.enabled(ds):
+        return {}
+    st = Storage(ds.output)
+    found = lake.hour_files(st, name, tag)
+    if found is None:
+        return {}
+    return {"table_path": dg.MetadataValue.path(lake.table_uri(st, name)),
+            "delta_version": found[0], "table_files": found[1]}
+
+
+def output_metadata(ds: DatasetConfig, r: CommitRecord, name: str,
+                    md: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What output `name`'s materialization of hour `r` carries: its rows, the hour's figures
+    (`md`, else built), where its table holds the hour."""
+    return {"dagster/row_count": row_count(r, name), **(md or hour_metadata(ds, r)),
+            **table_metadata(ds, name, r.load_hour)}
+
+
+def row_count(r: CommitRecord, name: str) -> int:
+    return r.index_rows_written if name == INDEX else int(getattr(r, name))
+
+
+def _latest_materialization(instance: dg.DagsterInstance, key: dg.AssetKey, pk: str
+                            ) -> TargetMaterialization | None:
+    """The partition's latest materialization, the one Dagster compares a check's target with
+    (AssetCheckPartitionInfo.is_current): an evaluation targeting anything else shows Missing."""
+    recs = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[pk]), limit=1).records
+    if not recs:
+        return None
+    return TargetMaterialization(
+        storage_id=recs[0].storage_id, run_id=recs[0].run_id, timestamp=recs[0].timestamp)
+
+
+def _evaluations(instance: dg.DagsterInstance, ds: DatasetConfig, pk: str,
+                 evals: list[checks.Evaluation]) -> Iterator[dg.AssetCheckEvaluation]:
+    targets: dict[str, Any] = {}
+    for e in evals:
+        if e.asset not in targets:
+            targets[e.asset] = _latest_materialization(instance, names.asset_key(ds.name, e.asset), pk)
+        yield as_event(ds, e, pk, targets[e.asset])
+
+
+CHECKS_ASSET = {name: asset for name, (asset, _, _) in checks.CHECKS.items()}
+
+
+def of_hour(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: list[dg.AssetKey],
+                 raw_key: dg.AssetKey, r: CommitRecord, session: Any = None) -> Iterator[Any]:
+    """One hour's events, in the order the UI needs them: its materializations (its own figures),
+    then its check evaluations targeting exactly those materializations.
+
+    Yielded (not `context.log_event`-ed): a yielded event is stored before the generator resumes,
+    so the evaluations can name the materializations' storage ids.
+    """
+    pk = r.partition_key
+    md = hour_metadata(ds, r)  # the same for every output: built once
+    yield dg.AssetObservation(asset_key=raw_key, partition=pk,
+                              metadata={"rows": r.rows_in, "files": r.files_in})
+    for key in keys:
+        yield dg.AssetMaterialization(asset_key=key, partition=pk,
+                                      metadata=output_metadata(ds, r, key.path[-1], md))
+    yield from _evaluations(context.instance, ds, pk, evaluate(ds, r, session))
+
+
+def evaluate(ds: DatasetConfig, r: CommitRecord, spark: Any) -> list[checks.Evaluation]:
+    """The hour's checks; failing ones that sample keys get sample keys and an explain command."""
+    evals = checks.evaluate(ds, r)
+    if spark is None:
+        return evals
+    return checks.with_sample_keys(evals, key_sampler(spark, ds, r.partition_key))
+
+
+def failed_check(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str,
+                  err: LoadCheckError) -> dg.AssetCheckEvaluation:
+    """The failed blocking check of the hour that stopped the run (it committed nothing)."""
+    target = _latest_materialization(
+        context.instance, names.asset_key(ds.name, CHECKS_ASSET[err.check]), pk)
+    return as_event(
+        ds, checks.Evaluation(err.check, False, {"error": str(err), **err.figures,
+                                                 **sample_metadata(ds, err.sample_keys)}),
+        pk, target)
+
+
+def restate(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str
+             ) -> Iterator[dg.AssetCheckEvaluation]:
+    """Evaluations of an hour this run did not load but an earlier load committed: the checks of
+    that committed load, again, so the failed run does not turn a loaded hour's status into
+    "Execution failed". Nothing for an hour that was never loaded."""
+    rec = commits.read_commit(Storage(ds.output), to_tag(parse_key(pk)))
+    if rec is None:
+        return
+    note = (f"restated from the committed load of {pk}: run {context.run.run_id} failed before "
+            "loading this hour and changed nothing in it")
+    evals = [checks.Evaluation(e.name, e.passed, {**e.metadata, "note": note})
+             for e in checks.evaluate(ds, rec)]
+    yield from _evaluations(context.instance, ds, pk, evals)

@@ -42,7 +42,7 @@ from dedup_pipeline.engine import commits, keydigest
 from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.outputs import RAW, REJECTED, SOURCE_FILE, partition
 from dedup_pipeline.engine.parse import REASON
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.storage import READERS, Storage
 
 PACKS = "_daypacks"  # {output}/_daypacks/day=YYYY-MM-DD/
 PREFIX = "day="
@@ -303,7 +303,7 @@ def covers(st: Storage, records: Mapping[str, commits.CommitRecord], kind: str
         hours = valid_hours(m, records, kind)
         return Cover(day, f, frozenset(hours)) if f is not None and hours else None
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
+    with ThreadPoolExecutor(max_workers=READERS) as pool:
         return [c for c in pool.map(one, days) if c is not None]
 
 
@@ -341,7 +341,7 @@ def keys_holding(st: Storage, packs: list[Cover], h1s: Iterable[int]
         except (OSError, ValueError, pa.ArrowException):
             return None
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
+    with ThreadPoolExecutor(max_workers=READERS) as pool:
         for c, hits in zip(packs, pool.map(one, packs), strict=True):
             if hits is None:
                 continue

@@ -64,7 +64,7 @@ from dedup_pipeline.engine.outputs import (
     partition,
 )
 from dedup_pipeline.engine.parse import REASON, SPARK_TYPES, V
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.storage import READERS, Storage
 from dedup_pipeline.hours import compress_ranges, key_of, parse_key, to_tag
 
 KID = "_kid"
@@ -359,8 +359,10 @@ class History:
     all_committed: list[str]
 
 
-def committed_history(st: Storage, first: str | None, last: str | None) -> History:
-    tags = sorted(CommitLog(st).committed())
+def committed_history(st: Storage, first: str | None, last: str | None,
+                      tags: list[str] | None = None) -> History:
+    """The records of the committed hours (`tags`, else the commit log's) from `first` to `last`."""
+    tags = sorted(CommitLog(st).committed()) if tags is None else tags
     lo = to_tag(parse_key(first)) if first else None
     hi = to_tag(parse_key(last)) if last else None
     records: dict[str, commits.CommitRecord] = {}
@@ -598,7 +600,7 @@ def _arrow_rows(ds: DatasetConfig, st: Storage, hist: History, where: dict[str, 
         return out
 
     try:
-        with ThreadPoolExecutor(max_workers=8) as pool:
+        with ThreadPoolExecutor(max_workers=READERS) as pool:
             return [r for part in pool.map(one, jobs) for r in part]
     except (OSError, ValueError, pa.ArrowException):
         return None
@@ -649,7 +651,7 @@ def _find_rejected(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: Hi
     rows: list[dict] = []
     answered: set[str] = set()
     packs = daypack.covers(st, hist.records, daypack.REJECTS)
-    with ThreadPoolExecutor(max_workers=8) as pool:
+    with ThreadPoolExecutor(max_workers=READERS) as pool:
         for c, got in pool.map(scan_pack, packs):
             if got is not None:
                 answered |= c.hours
@@ -724,7 +726,7 @@ def _arrow_entries(st: Storage, rels: list[str], cols: list[str], h1s: list[int]
             table = pf.read(columns=cols, use_threads=False)
         return table.filter(hit).to_pylist()
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
+    with ThreadPoolExecutor(max_workers=READERS) as pool:
         return [r for part in pool.map(one, rels) for r in part]
 
 
@@ -949,19 +951,19 @@ def explain_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, s
     (partition keys or tags, inclusive).
     """
     st = Storage(ds.output)
-    # the key is typed (a Spark job) while the records are read and the rejected lines, which
-    # need only the key's text, are searched; the index and the outputs once it is typed. The
-    # reads are independent: a point lookup's time is mostly per-job and per-file latency
+    # the key is typed (on the driver, or by a Spark job while the records are read); then the
+    # rejected lines (which need only the key's text), the index entries and the outputs are read
+    # beside each other. Reading the index while the records are read (GIL-bound validation) was
+    # slower: a point lookup is bound by per-file latency and by contention for 2 cores
     texts = {i: Key({k: g.get(k) for k in ds.key}, {}, None, None) for i, g in enumerate(given)}
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    all_committed = sorted(CommitLog(st).committed())  # one list for the index and the records
+    with ThreadPoolExecutor(max_workers=READERS) as pool:
         typing = pool.submit(type_keys, spark, ds, given)
-        hist = committed_history(st, first, last)
+        hist = committed_history(st, first, last, all_committed)
         f_rejected = pool.submit(_find_rejected, spark, ds, st, hist, texts)
-        keys = typing.result()
-        committed = set(hist.all_committed)
-        by_id = dict(enumerate(keys))
+        by_id = dict(enumerate(typing.result()))
         typed = {i: k for i, k in by_id.items() if not k.has_null}
-        f_entries = pool.submit(_index_entries, spark, ds, st, typed, committed)
+        f_entries = pool.submit(_index_entries, spark, ds, st, typed, set(all_committed))
         since: dict[int, str] = {}
         if ds.expiry is None:  # lever: nothing of the key before its entry's load (docstring)
             for i, es in f_entries.result().items():

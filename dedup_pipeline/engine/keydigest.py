@@ -37,7 +37,7 @@ from dedup_pipeline.engine.commits import CommitRecord, DigestFileEntry
 from dedup_pipeline.engine.digest import H1, digest_columns
 from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, UNIQUE, partition
 from dedup_pipeline.engine.parse import SPARK_TYPES
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.storage import READERS, Storage
 
 DIGEST = "_keys"  # {output}/_keys/load_hour=<tag>/
 KEY_HASH = "_key_hash"
@@ -206,7 +206,7 @@ def hours_holding(st: Storage, digests: Mapping[str, Mapping[str, DigestFileEntr
         return out
     hashes = np.array(sorted(by_hash), dtype=np.int64)
     jobs = [(tag, p, e) for tag, paths in digests.items() for p, e in paths.items()]
-    with ThreadPoolExecutor(max_workers=8) as pool:
+    with ThreadPoolExecutor(max_workers=READERS) as pool:
         found = pool.map(lambda j: (j[0], _holds(st, j[1], j[2], hashes)), jobs)
         for tag, hit in found:
             if hit is None:

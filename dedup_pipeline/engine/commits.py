@@ -209,12 +209,9 @@ def commit_path(st: Storage, tag: str) -> str:
 
 
 def committed_tags(st: Storage) -> set[str]:
-    """The hours with a commit record: one listing of names (no request per record).
-
-    The one part of a load's bookkeeping that is O(history) in names: a single LIST call (on
-    object stores one page per 1,000 records), kept because it is what sees a record an operator
-    added or deleted by hand (docs/notes.md, "Performance": bookkeeping).
-    """
+    """The hours with a commit record: one listing of names (no request per record). Callers
+    ask `CommitLog.committed`, which lists only when ``_commits/`` changed since its summary
+    (docs/notes.md, "Bookkeeping is O(live)")."""
     out = set()
     for base in st.list_names(st.path(COMMITS)):
         if base.startswith(PREFIX) and base.endswith(".json"):

@@ -35,15 +35,13 @@ class Missing:
         return bool(self.digests or self.days)
 
     def describe(self) -> str:
-        parts = []
-        if self.digests:
-            parts.append(f"{len(self.digests)} hour(s) without a usable key digest "
-                         f"({compress_ranges([parse_key(t) for t in self.digests][:24])}"
-                         f"{', ...' if len(self.digests) > 24 else ''})")
-        if self.days:
-            parts.append(f"{len(self.days)} day(s) whose packs do not match their hours "
-                         f"({', '.join(self.days[:5])}{', ...' if len(self.days) > 5 else ''})")
-        return "; ".join(parts)
+        """One line: how many of each, with the first ones."""
+        hours = compress_ranges([parse_key(t) for t in self.digests[:24]])
+        days = ", ".join(self.days[:5])
+        said = [(self.digests, f"hour(s) without a usable key digest ({hours}"),
+                (self.days, f"day(s) whose packs do not match their hours ({days}")]
+        return "; ".join(f"{len(items)} {text}{', ...' if len(items) > cap else ''})"
+                         for (items, text), cap in zip(said, (24, 5), strict=True) if items)
 
 
 def _digest_ok(st: Storage, tag: str, rec: CommitRecord) -> bool:

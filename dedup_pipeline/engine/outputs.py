@@ -75,7 +75,7 @@ def select_output(classified: DataFrame, ds: DatasetConfig, name: str) -> DataFr
 # typed key): `explain`'s point lookup skips every row group whose filter rules its key out,
 # where min/max statistics of an unsorted key column rule out almost nothing. Sized for the
 # batch's rows at a 1% false-positive rate (parquet-mr's default NDV of 1e6 would write ~1 MB per
-# column per file). Cost and footprint: docs/notes.md, "Bloom filters on the output keys".
+# column per file). Cost and footprint: docs/notes.md, "Explain locates a key".
 BLOOM_FILTERS = True
 BLOOM_FPP = 0.01
 

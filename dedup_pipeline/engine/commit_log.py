@@ -96,11 +96,7 @@ class CommitLog:
     def committed(self) -> HourSet:
         """The committed hours: the summary's when ``_commits`` has not changed since it was
         saved, else one listing of the record names (no request per record)."""
-        mtime = self.mtime()
-        prior = self.summary()
-        if prior is not None and mtime is not None and prior.commits_mtime == mtime:
-            return prior.committed.copy()
-        return HourSet.of(commits.committed_tags(self.st))
+        return self.to_check().committed
 
     def to_check(self, full: bool = False) -> ToCheck:
         """The records an index check must read: those the summary does not cover or keeps (or

@@ -313,6 +313,53 @@ def test_server_restart_mid_run_fails_the_run_and_the_rerun_is_exact(
                       "the rerun after a server restart (R10)")
 
 
+def test_whatever_a_restarted_server_raised_names_the_server(server: WarmServer) -> None:
+    """A server killed mid-query can raise anything its half-stopped driver throws (CI saw a
+    NullPointerException from a plan whose session was gone): after an error the run asks the
+    server whether it still serves the session. A healthy server's query error surfaces as it
+    is; once the server was replaced, any error names the server in one line."""
+    server.wait_ready()
+    code = (
+        "import sys\n"
+        "from pyspark.errors.exceptions.connect import AnalysisException, SparkConnectException\n"
+        "from dedup_pipeline.engine.session import SparkServerError, connect_errors\n"
+        f"url = {server.url!r}\n"
+        "assert s.range(3).count() == 3\n"
+        "try:\n"
+        "    with connect_errors(url, s):\n"
+        "        s.sql('select no_such_column').collect()\n"
+        "except AnalysisException:\n"
+        "    print('healthy: query error as it is', flush=True)\n"
+        "sys.stdin.readline()  # the server is replaced meanwhile\n"
+        "npe = SparkConnectException('(java.lang.NullPointerException) Cannot invoke '\n"
+        "    '\"org.apache.spark.sql.classic.SparkSession.sparkContext()\"')\n"
+        "try:\n"
+        "    with connect_errors(url, s):\n"
+        "        raise npe\n"
+        "except SparkServerError as e:\n"
+        "    print('replaced:', e, flush=True)\n")
+    script = ("from pyspark.sql import SparkSession\n"
+              f"s = SparkSession.builder.remote({server.url!r}).getOrCreate()\n{code}")
+    proc = subprocess.Popen([str(VENV_BIN / "python"), "-c", script], env=clean_env(),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "healthy: query error as it is"
+        server.kill()
+        server.start()
+        server.wait_ready()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    line = out.strip()
+    assert line.startswith(f"replaced: Spark Connect server {server.url} was restarted"), line
+    assert "\n" not in line, line
+
+
 def test_a_server_lost_for_good_fails_the_run_within_five_minutes(
         server: WarmServer, tmp_path_factory: pytest.TempPathFactory) -> None:
     """The server dies mid-run and nothing takes its place: the run gives up after its client's

@@ -244,6 +244,25 @@ def lost_server_reason(exc: BaseException) -> str | None:
     return fallback
 
 
+def _session_lost(exc: BaseException, spark: SparkSession | None) -> str | None:
+    """Why the server no longer serves `spark`'s session, asked of the server itself after an
+    error it raised: a server killed mid-query can answer with anything its half-stopped driver
+    throws (a NullPointerException from a plan whose session is gone, seen in CI), which no list
+    of messages can foresee. A healthy server answers the probe at once, so a bad query still
+    surfaces as it is; a lost one fails it (SESSION_CHANGED once restarted, or the client's
+    retries when it stays away)."""
+    if spark is None or not hasattr(spark, "client"):
+        return None
+    if not type(exc).__module__.startswith(("pyspark", "grpc")):
+        return None  # the client's own errors only (a storage error is not the server's)
+    try:
+        spark.client.get_configs("spark.app.id")
+    except Exception as probe:
+        return (lost_server_reason(probe)
+                or f"stopped serving the run's session ({type(probe).__name__} on a probe)")
+    return None
+
+
 @contextlib.contextmanager
 def connect_errors(remote: str | None, spark: SparkSession | None = None) -> Iterator[None]:
     """Turn a lost Spark Connect server into one line naming it (SparkServerError), and close
@@ -252,7 +271,7 @@ def connect_errors(remote: str | None, spark: SparkSession | None = None) -> Ite
     try:
         yield
     except Exception as e:
-        why = remote and lost_server_reason(e)
+        why = remote and (lost_server_reason(e) or _session_lost(e, spark))
         if not why:
             raise
         if spark is not None and hasattr(spark, "client"):

@@ -5,7 +5,11 @@ The config comes from DEDUP_CONFIG, or the built-in demo dataset when unset (SPE
 reads and validates YAML only; Spark starts inside a run.
 """
 
-from dedup_pipeline.config import config_from_env
-from dedup_pipeline.orchestration.definitions import build_definitions
+import os
 
-defs = build_definitions(config_from_env())
+from dedup_pipeline.config import load_config
+from dedup_pipeline.orchestration.definitions import build_definitions
+from dedup_pipeline.sample.demo import demo_config
+
+defs = build_definitions(load_config(os.environ["DEDUP_CONFIG"]) if os.environ.get("DEDUP_CONFIG")
+                         else demo_config())

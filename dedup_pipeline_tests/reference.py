@@ -362,7 +362,7 @@ def _parse_csv(data: bytes, ds: DatasetConfig) -> list[Item]:
     """Records split on the bytes (as ISO-8859-1, one char per byte), then checked for UTF-8."""
     names = list(ds.source.schema)
     records = csv_records(data.decode("latin-1"))
-    if ds.source.csv_header and records:
+    if ds.source.csv.header and records:
         records = records[1:]
     out: list[Item] = []
     for rec in records:
@@ -372,7 +372,7 @@ def _parse_csv(data: bytes, ds: DatasetConfig) -> list[Item]:
         if text is None:
             out.append(Item(_b64(rec.encode("latin-1")), None, pre="bad_encoding"))
             continue
-        row = csv_fields(text, ds.source.csv_delimiter)
+        row = csv_fields(text, ds.source.csv.delimiter)
         if len(row) != len(names):
             out.append(Item(text, None))
             continue
@@ -554,12 +554,12 @@ def normalise_raw(ds: DatasetConfig, reason: str, raw: str) -> Any:
     if reason == "bad_encoding":
         data = base64.b64decode(raw)
         if ds.source.format == "csv":
-            row = csv_fields(data.decode("latin-1"), ds.source.csv_delimiter)
+            row = csv_fields(data.decode("latin-1"), ds.source.csv.delimiter)
             if len(row) == len(ds.source.schema):
                 return tuple(f.encode("latin-1") for f in row)
         return data
     if ds.source.format == "csv" and reason != "malformed":
-        return tuple(csv_fields(raw, ds.source.csv_delimiter))
+        return tuple(csv_fields(raw, ds.source.csv.delimiter))
     return raw
 
 

@@ -159,7 +159,7 @@ def test_valid_multi_dataset_file_resolves_paths_against_its_directory(
     assert clicks.expiry is not None and clicks.expiry.period == 24 * 3600 * 1_000_000
     assert o.expiry is not None and o.expiry.period == 7  # days for a date column
     assert lg.expiry is not None and lg.expiry.categories == ("a", "b", "c")
-    assert o.source.csv_delimiter == ";" and o.index.store_keys is True
+    assert o.source.csv.delimiter == ";" and o.index.store_keys is True
     assert o.start == "2026-10-01-05:00"
     assert cfg.dataset("logs") is lg
 
@@ -197,7 +197,7 @@ def test_models_are_frozen_and_periods_read_in_the_expiry_value_s_units(tmp_path
     assert ds.expiry_type == "timestamp" and ds.slice_span == 2 * 3600 * 1_000_000
     assert ds.index.slice_span == "2h"  # as written; `ds.slice_span` is it in v's units
     assert ds.landing.grace_s == 90.0 and ds.landing.marker is None
-    assert ds.source.csv_header is True and ds.source.csv_delimiter == ","
+    assert ds.source.csv.header is True and ds.source.csv.delimiter == ","
     plain = load_config(_write(tmp_path, {"datasets": [_dataset()]})).datasets[0]
     assert plain.slice_span == default_slice_span("timestamp", 24 * 3600 * 1_000_000)
 
@@ -222,3 +222,40 @@ def test_periods_and_spans_follow_the_column_type(tmp_path: Path, column: str, p
         raw["index"] = {"slice_span": span}
     msg = _error(tmp_path, raw)
     assert f"field {fld!r}" in msg and problem in msg
+
+
+_TWO = """\
+datasets:
+  - name: clicks
+    start: "2026-11-01-00:00"
+    source: {path: l/c, format: jsonl, schema: {k: string, j: string}}
+    key: [k]
+    output: w/c
+  - {name}
+    start: "2026-11-01-00:00"
+    source:
+      path: l/v
+      format: jsonl
+      schema: {k: string, j: string}
+      {twice}
+    key: [k]
+    output: w/v
+{top}"""
+
+
+@pytest.mark.parametrize(("name", "twice", "top", "where", "lines"), [
+    ("name: views", "", "datasets: []\n", "field 'datasets'", (1, 16)),  # a file-level key
+    ("name: views", "format: csv", "", "dataset 'views', field 'source.format'", (11, 13)),
+    ("start: x", "", "", "dataset '#2', field 'start'", (7, 8)),  # unnamed: by its position
+])
+def test_a_key_given_twice_names_where_and_both_lines(tmp_path: Path, name: str, twice: str,
+                                                      top: str, where: str,
+                                                      lines: tuple[int, int]) -> None:
+    """YAML keeps the last of two equal keys silently; the config refuses it, naming the dataset,
+    the field path and the two lines (SPEC C2)."""
+    p = tmp_path / "twice.yaml"
+    p.write_text(_TWO.replace("{name}", name).replace("{twice}", twice).replace("{top}", top))
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    assert str(ei.value) == (f"config error in {p}: {where}: given twice (lines {lines[0]} and "
+                             f"{lines[1]}); YAML would silently keep the last")

@@ -74,7 +74,7 @@ def landing_lines(ds: DatasetConfig, hour: str) -> list[str]:
     lines: list[str] = []
     for f in sorted(d.glob("*")) if d.exists() else []:
         ls = f.read_text(encoding="utf-8").splitlines()
-        if ds.source.format == "csv" and ds.source.csv_header:
+        if ds.source.format == "csv" and ds.source.csv.header:
             ls = ls[1:]
         lines += [line for line in ls if line.strip()]
     return lines
@@ -82,7 +82,7 @@ def landing_lines(ds: DatasetConfig, hour: str) -> list[str]:
 
 def rid_of(ds: DatasetConfig, line: str) -> str:
     if ds.source.format == "csv":
-        return line.split(ds.source.csv_delimiter)[list(ds.source.schema).index("rid")]
+        return line.split(ds.source.csv.delimiter)[list(ds.source.schema).index("rid")]
     return json.loads(line)["rid"]
 
 

@@ -30,11 +30,7 @@ def config_error(source: str, dataset: Any, fld: str, msg: str) -> ConfigError:
 def problem(msg: str, fld: str | None = None, dataset: str | None = None) -> PydanticCustomError:
     """A validator's error; `fld` (a path inside the dataset) names the field when the validator
     sits on a model that holds several (cross-field rules), `dataset` when it sits on the file."""
-    ctx: dict[str, Any] = {"problem": msg}
-    if fld is not None:
-        ctx["field"] = fld
-    if dataset is not None:
-        ctx["dataset"] = dataset
+    ctx = {k: v for k, v in (("problem", msg), ("field", fld), ("dataset", dataset)) if v is not None}
     return PydanticCustomError("config", "{problem}", ctx)
 
 
@@ -93,15 +89,19 @@ def _dataset_label(data: Any, i: int) -> Any:
     return name if name is not None else f"#{i + 1}"
 
 
+def locate(loc: tuple[Any, ...], data: Any) -> tuple[Any, str]:
+    """The dataset a location in the document is in (None outside any) and the field path in it."""
+    dataset = None
+    if len(loc) >= 2 and loc[0] == "datasets" and isinstance(loc[1], int):
+        dataset, loc = _dataset_label(data, loc[1]), loc[2:]
+    return dataset, ".".join(str(p) for p in loc if isinstance(p, str) and p != "[key]")
+
+
 def to_config_error(e: ValidationError, root: type[BaseModel], data: Any, source: str) -> ConfigError:
     """The first of pydantic's errors validating `data` as `root` in one line: file, dataset,
     field path, problem."""
     err = e.errors(include_url=False)[0]
-    loc, ctx = tuple(err["loc"]), err.get("ctx") or {}
-    dataset = ctx.get("dataset")
-    inside = loc
-    if dataset is None and len(loc) >= 2 and loc[0] == "datasets" and isinstance(loc[1], int):
-        dataset, inside = _dataset_label(data, loc[1]), loc[2:]
-    fld = ctx.get("field") or ".".join(str(p) for p in inside
-                                       if isinstance(p, str) and p != "[key]")
-    return config_error(source, dataset, fld or "<top>", _message(root, err))
+    ctx = err.get("ctx") or {}
+    dataset, fld = locate(tuple(err["loc"]), data)
+    return config_error(source, ctx.get("dataset", dataset), ctx.get("field") or fld or "<top>",
+                        _message(root, err))

@@ -1,12 +1,8 @@
 """The config's models (SPEC C1): the YAML as frozen pydantic models that forbid unknown keys.
 
-A field's own shape is its type; the rules that tie fields together are validators of the model
-that holds them all: `DatasetConfig._fits_its_schema` (columns named are in the schema, the expiry
-column's type decides what an expiry can be and how its period reads) and
-`PipelineConfig._datasets_apart` (names unique, outputs apart). Pure Python: no Spark, no Dagster.
-
-A `start` in the future is accepted: the definitions load the same today as tomorrow, and no hour
-of such a dataset is ready before its start (the sensor and schedule skip, `run` refuses).
+A field's own shape is its type; rules that tie fields together are one after-validator of the
+model holding them all (`DatasetConfig._fits_its_schema`, `PipelineConfig._datasets_apart`). A
+`start` in the future is accepted: no hour of it is ready before then (sensor and schedule skip).
 """
 
 from __future__ import annotations
@@ -149,14 +145,6 @@ class SourceConfig(_Model):
     def schema(self) -> dict[str, str]:  # type: ignore[override]
         """column -> declared type (`schema` is a BaseModel method name, hence the alias)."""
         return self.schema_
-
-    @property
-    def csv_header(self) -> bool:
-        return self.csv.header
-
-    @property
-    def csv_delimiter(self) -> str:
-        return self.csv.delimiter
 
 
 class ExpiryConfig(_Model):
@@ -422,13 +410,11 @@ class PipelineConfig(_Model):
         return self
 
     def dataset(self, name: str | None) -> DatasetConfig:
-        if name is None:
-            if len(self.datasets) == 1:
-                return self.datasets[0]
-            names = ", ".join(d.name for d in self.datasets)
-            raise ConfigError(f"{self.source}: several datasets ({names}); choose one with --dataset")
-        for d in self.datasets:
-            if d.name == name:
-                return d
+        """The dataset called `name`; None picks the only one (commands' `--dataset`)."""
+        found = [d for d in self.datasets if name is None or d.name == name]
+        if len(found) == 1:
+            return found[0]
         names = ", ".join(d.name for d in self.datasets)
-        raise ConfigError(f"{self.source}: no dataset named {name!r} (have: {names})")
+        raise ConfigError(f"{self.source}: " + (
+            f"several datasets ({names}); choose one with --dataset" if name is None
+            else f"no dataset named {name!r} (have: {names})"))

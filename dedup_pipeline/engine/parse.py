@@ -465,11 +465,11 @@ def _read_csv(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> DataFr
     delimiters are found exactly as in UTF-8) and each field is turned back into its original
     bytes; invalid UTF-8 is then seen, not replaced by U+FFFD.
     """
-    lossless = ds.source.csv_delimiter.isascii()
+    lossless = ds.source.csv.delimiter.isascii()
     reader = (
         spark.read.options(**READ_OPTIONS).schema(_string_schema(ds))
-        .option("header", str(ds.source.csv_header).lower())
-        .option("sep", ds.source.csv_delimiter)
+        .option("header", str(ds.source.csv.header).lower())
+        .option("sep", ds.source.csv.delimiter)
         .option("escape", '"')  # RFC 4180: a quote inside a quoted field is doubled ("")
         .option("multiLine", "true")
         .option("encoding", "ISO-8859-1" if lossless else "UTF-8")
@@ -485,7 +485,7 @@ def _read_csv(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> DataFr
     names = list(ds.source.schema)
     # re-serialized before the bytes are restored: to_csv would mangle invalid UTF-8
     as_text = F.to_csv(F.struct(*[F.col(c) for c in names]),
-                       {"sep": ds.source.csv_delimiter, "escape": '"'})
+                       {"sep": ds.source.csv.delimiter, "escape": '"'})
     df = df.select(*names, F.coalesce(F.col(CORRUPT), as_text).alias("_raw"),
                    F.col(CORRUPT).isNotNull().alias("_malformed"), *_origin(plan.base))
     df = df.select(*[original(c).alias(c) for c in names], "_source_file", "_blk", "_rid",

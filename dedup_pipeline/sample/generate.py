@@ -40,11 +40,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import yaml
 
 from dedup_pipeline.config import NAME_RE
 from dedup_pipeline.hours import HOUR, epoch_micros, parse_key, to_key
+from dedup_pipeline.sample.demo import SCHEMA, demo_dataset
 
-COLUMNS = ("event_id", "user_id", "event_time", "url", "amount")
+COLUMNS = tuple(SCHEMA)
 URLS = (
     "/", "/home", "/search", "/products", "/products/42", "/products/1337", "/cart",
     "/checkout", "/account", "/help", "/blog/at-least-once", "/pricing",
@@ -392,29 +394,10 @@ def _write_hour(hour_dir: Path, lines: pa.Array, files: int, fmt: str) -> int:
 
 
 def _config_text(name: str, start: str, fmt: str, seed: int, hours: int, rows: int) -> str:
-    schema = "".join(f"        {c}: {t}\n" for c, t in zip(
-        COLUMNS, ("string", "string", "timestamp", "string", "double"), strict=True))
-    return (
-        f"# Written by the dedup_pipeline generator (seed {seed}, {hours} hours x {rows} rows, "
-        f"{fmt}).\n"
-        "# Relative paths resolve against this file's directory.\n"
-        "datasets:\n"
-        f"  - name: {name}\n"
-        f'    start: "{start}"\n'
-        "    source:\n"
-        f"      path: landing/{name}\n"
-        f"      format: {fmt}\n"
-        "      schema:\n"
-        f"{schema}"
-        "    key: [event_id]\n"
-        "    fingerprint: [user_id, url]\n"
-        "    order_by: event_time\n"
-        "    expiry:\n"
-        "      column: event_time\n"
-        "      period: 24h\n"
-        "      basis: event\n"
-        f"    output: warehouse/{name}\n"
-    )
+    body = yaml.safe_dump({"datasets": [demo_dataset(start, name, fmt)]}, sort_keys=False,
+                          default_flow_style=False)
+    return (f"# Written by the dedup_pipeline generator (seed {seed}, {hours} hours x {rows} rows, "
+            f"{fmt}).\n# Relative paths resolve against this file's directory.\n{body}")
 
 
 def generate_landing(out: str | Path, hours: int, rows_per_hour: int, seed: int = 7,

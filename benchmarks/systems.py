@@ -153,7 +153,7 @@ class StreamingPeer:
         self.inbox.mkdir(parents=True)
         for k, v in STREAMING_CONF.items():
             spark.conf.set(k, v)  # read when the query first starts, then kept in its checkpoint
-        self.watermark = f"{int(ds.expiry.period // 1_000_000)} seconds"
+        self.watermark = f"{int(ds.expiry_period // 1_000_000)} seconds"
 
     def feed(self, hour: datetime) -> int:
         """Link hour H's files into the inbox; returns how many."""

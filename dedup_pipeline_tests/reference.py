@@ -652,7 +652,7 @@ class Reference:
                 cands = [c for c in (self.latest, max(vs) if vs else None) if c is not None]
                 self.latest = max(cands) if cands else None
             if self.latest is not None:
-                x = _num(self.latest - ds.expiry.period)
+                x = _num(self.latest - ds.expiry_period)
         live = []
         for r in valid:
             if x is not None and r.v is not None and r.v < x:

@@ -156,8 +156,8 @@ def test_valid_multi_dataset_file_resolves_paths_against_its_directory(
     assert clicks.key == ("event_id",) and o.key == ("order_id", "line")
     assert clicks.fingerprint == ("user_id", "url")
     assert o.fingerprint == ("amount", "day")  # "all": every non-key column
-    assert clicks.expiry is not None and clicks.expiry.period == 24 * 3600 * 1_000_000
-    assert o.expiry is not None and o.expiry.period == 7  # days for a date column
+    assert clicks.expiry is not None and clicks.expiry_period == 24 * 3600 * 1_000_000
+    assert o.expiry is not None and o.expiry_period == 7  # days for a date column
     assert lg.expiry is not None and lg.expiry.categories == ("a", "b", "c")
     assert o.source.csv.delimiter == ";" and o.index.store_keys is True
     assert o.start == "2026-10-01-05:00"

@@ -271,7 +271,7 @@ class Gen:
                 latest = max([v for v in (self.latest, *vals) if v is not None], default=None)
             self.latest = latest
             if latest is not None:
-                x = int(latest - exp.period)
+                x = int(latest - self.ds.expiry_period)
                 for v in (x, x - 1):
                     rec = self.fresh(hour)
                     rec[col] = ts_text(v) if ts else v

@@ -148,18 +148,13 @@ class SourceConfig(_Model):
 
 
 class ExpiryConfig(_Model):
-    """The `expiry:` section (R6). `period_text` is the period as written; `period` is it in the
-    units of the expiry value (`units.py`), set by `DatasetConfig`, which knows the column's type."""
+    """The `expiry:` section (R6). `period_text` is the period as written;
+    `DatasetConfig.expiry_period`, which knows the column's type, is it in the expiry value's units."""
 
     column: str
     period_text: Written = Field(alias="period")
     basis: Basis = "event"
     categories: Annotated[tuple[str, ...], BeforeValidator(_unique("category"))] | None = None
-    _period: float = PrivateAttr(math.nan)
-
-    @property
-    def period(self) -> float:
-        return self._period
 
 
 class IndexConfig(_Model):
@@ -230,7 +225,11 @@ class DatasetConfig(_Model):
     # delta: each output is a Delta table over its Parquet files (engine/lake.py), readers see
     # committed hours only; parquet: plain Hive-partitioned Parquet directories
     output_format: Literal["delta", "parquet"] = "delta"
-    _config_file: str = PrivateAttr(BUILTIN_DEMO)  # the file it came from (set by PipelineConfig)
+    _config_file: str = PrivateAttr(BUILTIN_DEMO)  # the file it came from
+
+    def model_post_init(self, context: Any, /) -> None:
+        if isinstance(context, Where):
+            self._config_file = context.source
 
     @property
     def config_file(self) -> str:
@@ -317,8 +316,6 @@ class DatasetConfig(_Model):
                 raise problem(str(err), fld) from None
             if fld == "index.slice_span" and value <= 0:
                 raise problem("must be > 0", fld)
-            if fld == "expiry.period":
-                e._period = value  # the one value the YAML does not hold as it is read
         return self
 
     @property
@@ -329,6 +326,13 @@ class DatasetConfig(_Model):
         return kind_of(self.source.schema[self.expiry.column], self.expiry.categories is not None)
 
     @property
+    def expiry_period(self) -> float:
+        """The expiry period in the expiry value's units (`units.in_units` of the column's kind)."""
+        kind = self.expiry_type
+        assert self.expiry is not None and kind is not None
+        return in_units(kind, self.expiry.period_text)
+
+    @property
     def slice_span(self) -> float:
         """Width of one index slice in expiry-value units (Apex's bucket span): the configured
         `index.slice_span`, else `units.default_slice_span` of the period."""
@@ -336,7 +340,7 @@ class DatasetConfig(_Model):
         assert self.expiry is not None and kind is not None
         if self.index.slice_span is not None:
             return in_units(kind, self.index.slice_span)
-        return default_slice_span(kind, self.expiry.period)
+        return default_slice_span(kind, self.expiry_period)
 
 
 def _spark_conf(v: Any) -> Any:
@@ -378,8 +382,6 @@ class PipelineConfig(_Model):
     def model_post_init(self, context: Any, /) -> None:
         if isinstance(context, Where):
             self._source = context.source
-        for d in self.datasets:
-            d._config_file = self._source
 
     @property
     def source(self) -> str:

@@ -14,14 +14,14 @@ directory's mtime is what tells whether the names it holds are still valid.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.commits import CommitRecord
 from dedup_pipeline.engine.index.layout import INDEX, IndexFileEntry
+from dedup_pipeline.engine.records import Record
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HourSet, is_tag
 
@@ -30,29 +30,55 @@ LEGACY_SUMMARY = (INDEX, "_live.json")  # where releases before 2026-11-28 kept 
 SUMMARY_VERSION = 2
 
 
+class KeptRecord(Record):
+    """What an index check uses of a commit record, with the record's size and mtime when read
+    (`sig`): an equal signature later means the record was not edited since."""
+
+    sig: tuple[int, str]
+    index_format: int
+    index_files: tuple[IndexFileEntry, ...]
+
+
+class SummaryFile(Record):
+    """``_commit_log.json`` as stored (`Summary` is it in memory)."""
+
+    version: Literal[2]
+    commits_mtime: str | None
+    committed: tuple[tuple[str, str], ...]  # ranges of hours, first and last tag
+    uncovered: tuple[str, ...]
+    kept: dict[str, KeptRecord]
+
+
 @dataclass
 class Summary:
     """The commit records as a check last saw them, so the next check need not read them all.
 
     `committed`: every record name, as ranges of hours. `uncovered`: of those, records every
     check reads again (damaged ones). `kept`: of the others, the records a check still needs
-    (they list index files in live slices, have an older index format, or are the newest), with
-    the record's size and mtime when read and what the check uses of it; a covered record that
-    is not kept lists nothing a load reads (its files were deleted by retention or merged by
-    compaction), so it is not read again. `commits_mtime`: the ``_commits`` directory's mtime the
-    names were valid at; another mtime now means records were added, removed or replaced by name
-    since, and the names are listed again.
+    (they list index files in live slices, have an older index format, or are the newest); a
+    covered record that is not kept lists nothing a load reads (its files were deleted by
+    retention or merged by compaction), so it is not read again. `commits_mtime`: the
+    ``_commits`` directory's mtime the names were valid at; another mtime now means records were
+    added, removed or replaced by name since, and the names are listed again.
     """
 
     committed: HourSet = field(default_factory=HourSet)
     uncovered: set[str] = field(default_factory=set)
-    kept: dict[str, dict] = field(default_factory=dict)  # tag -> {sig, index_format, index_files}
+    kept: dict[str, KeptRecord] = field(default_factory=dict)
     commits_mtime: str | None = None
 
-    @staticmethod
-    def kept_entry(sig: list, index_format: int, files: Iterable[IndexFileEntry]) -> dict:
-        return {"sig": sig, "index_format": index_format,
-                "index_files": [f.to_json() for f in files]}
+    @classmethod
+    def of(cls, stored: SummaryFile) -> Summary | None:
+        if not all(is_tag(a) and is_tag(b) and a <= b for a, b in stored.committed):
+            return None
+        return cls(HourSet.of_ranges([list(r) for r in stored.committed]), set(stored.uncovered),
+                   dict(stored.kept), stored.commits_mtime)
+
+    def stored(self) -> SummaryFile:
+        return SummaryFile(version=SUMMARY_VERSION, commits_mtime=self.commits_mtime,
+                           committed=tuple((a, b) for a, b in self.committed.ranges()),
+                           uncovered=tuple(sorted(self.uncovered)),
+                           kept=dict(sorted(self.kept.items())))
 
 
 @dataclass
@@ -112,7 +138,7 @@ class CommitLog:
             | (set(prior.kept) & names))
         return ToCheck(HourSet.of(names), todo, prior, mtime)
 
-    def signature(self, tag: str) -> list | None:
+    def signature(self, tag: str) -> tuple[int, str] | None:
         """Size and modification time of a record: what tells a cached record from an edited
         one (None: no record)."""
         try:
@@ -120,33 +146,18 @@ class CommitLog:
         except FileNotFoundError:
             return None
         mtime = info.get("mtime", info.get("LastModified", info.get("last_modified")))
-        return [int(info.get("size") or 0), str(mtime)]
+        return int(info.get("size") or 0), str(mtime)
 
     def summary(self) -> Summary | None:
-        """The saved summary; None if there is none or it does not parse (then rebuilt)."""
+        """The saved summary; None if there is none, or it is damaged or of another version
+        (then it is rebuilt from the records)."""
         try:
-            raw = self.st.read_json(self.st.path(SUMMARY))
+            return Summary.of(SummaryFile.read_json(self.st.read_text(self.st.path(SUMMARY))))
         except FileNotFoundError:
             self._legacy = True  # the first save removes the old location's file, if any
             return None
-        except (ValueError, UnicodeDecodeError):
+        except ValueError:  # not UTF-8, not JSON, not a summary of this version
             return None
-        try:
-            if raw["version"] != SUMMARY_VERSION:
-                return None
-            kept = {t: Summary.kept_entry(list(k["sig"]), int(k["index_format"]),
-                                          map(IndexFileEntry.model_validate, k["index_files"]))
-                    for t, k in raw["kept"].items()}
-            ranges = raw["committed"]
-            if not all(is_tag(a) and is_tag(b) and a <= b for a, b in ranges):
-                return None
-            mtime = raw["commits_mtime"]
-            if mtime is not None and not isinstance(mtime, str):
-                return None
-            return Summary(HourSet.of_ranges(ranges), {str(t) for t in raw["uncovered"]}, kept,
-                           mtime)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            return None  # damaged: rebuilt from the records
 
     # ---------------------------------------------------------------- changing (lock holder)
     def follow(self, state: Summary | None) -> None:
@@ -194,11 +205,10 @@ class CommitLog:
                 return
             committed.add(add.load_hour)
             uncovered.discard(add.load_hour)
-            kept[add.load_hour] = Summary.kept_entry(sig, add.index_format, add.index_files)
-        self.st.write_text_atomic(self.st.path(SUMMARY), json.dumps(
-            {"version": SUMMARY_VERSION, "commits_mtime": self.expected,
-             "committed": committed.ranges(), "uncovered": sorted(uncovered),
-             "kept": dict(sorted(kept.items()))}, separators=(",", ":")))
+            kept[add.load_hour] = KeptRecord(sig=sig, index_format=add.index_format,
+                                             index_files=add.index_files)
+        saved = Summary(committed, uncovered, kept, self.expected).stored()
+        self.st.write_text_atomic(self.st.path(SUMMARY), saved.model_dump_json())
         if self._legacy:
             self.st.remove(self.st.path(*LEGACY_SUMMARY))  # never read: stale once records change
             self._legacy = False

@@ -168,7 +168,7 @@ class Terms(_Frozen):
         return cls(
             key=ds.key, fingerprint=ds.fingerprint, order_by=ds.order_by,
             expiry=None if e is None else ExpiryTerms(
-                column=e.column, period=e.period, period_text=e.period_text, basis=e.basis,
+                column=e.column, period=ds.expiry_period, period_text=e.period_text, basis=e.basis,
                 categories=e.categories),
             index=IndexTerms(store_keys=ds.index.store_keys,
                              buckets=ds.index.buckets if e is None else None,

@@ -69,7 +69,7 @@ def expiry_point(ds: DatasetConfig, latest: Number | None) -> Number | None:
     """X_H = L_H - period, or None when nothing can expire yet."""
     if ds.expiry is None or latest is None:
         return None
-    return _num(latest - ds.expiry.period)
+    return _num(latest - ds.expiry_period)
 
 
 X_COL = "_x"  # the column of `expiry_point_frame`

@@ -397,11 +397,9 @@ def with_period(ds: DatasetConfig, c: contract.Contract) -> DatasetConfig:
     """`ds` with the expiry period of contract `c` (the only term an evolvable change alters that
     verify recomputes; a breaking one was refused or migrated)."""
     e, ce = ds.expiry, c.terms.expiry
-    if e is None or ce is None or ce.column != e.column or ce.period == e.period:
+    if e is None or ce is None or ce.column != e.column or ce.period == ds.expiry_period:
         return ds
-    new = e.model_copy(update={"period_text": ce.period_text})
-    new._period = ce.period
-    return ds.model_copy(update={"expiry": new})
+    return ds.model_copy(update={"expiry": e.model_copy(update={"period_text": ce.period_text})})
 
 
 def _check_uniqueness(spark: SparkSession, ds: DatasetConfig, frames: dict[str, DataFrame | None],

@@ -43,7 +43,25 @@ from dedup_pipeline.engine.index.layout import (
     slice_number,
 )
 from dedup_pipeline.engine.index.store import LOAD_HOUR, entry_schema
+from dedup_pipeline.engine.records import Count, Record
 from dedup_pipeline.engine.storage import ROWS_PER_FILE, Storage
+
+
+class ManifestFile(Record):
+    """One file of a compacted directory as its manifest lists it (the slice is the directory's)."""
+
+    name: str
+    size: Count
+    rows: Count | None = None
+    sha256: str | None = None
+
+
+class Manifest(Record):
+    """A compacted directory's ``_manifest.json``: the loads it merged and its files."""
+
+    slice: int | None = None
+    loads: tuple[str, ...] = ()
+    files: tuple[ManifestFile, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -53,7 +71,7 @@ class Compacted:
     slice: int
     dir: str  # "compact=<first>_<last>"
     loads: tuple[str, ...]  # empty if the manifest is missing (a damaged directory)
-    files: tuple[dict, ...]  # {"name", "size", "rows"}
+    files: tuple[ManifestFile, ...]
 
     @property
     def rel(self) -> str:
@@ -61,9 +79,9 @@ class Compacted:
 
     def index_files(self) -> list[IndexFile]:
         """Its files as index files holding every load it merged."""
-        return [IndexFile(tag=min(self.loads, default=""), slice=self.slice, name=f["name"],
-                          size=int(f["size"]), rows=f.get("rows"), dir=self.dir, loads=self.loads,
-                          sha256=f.get("sha256"))
+        return [IndexFile(tag=min(self.loads, default=""), slice=self.slice, name=f.name,
+                          size=f.size, rows=f.rows, dir=self.dir, loads=self.loads,
+                          sha256=f.sha256)
                 for f in self.files]
 
 
@@ -77,24 +95,11 @@ def list_compacted(st: Storage) -> list[Compacted]:
             if not is_compact_dir(d):
                 continue
             try:
-                m = st.read_json(st.path(INDEX, sdir, d, MANIFEST))
-            except (FileNotFoundError, ValueError, UnicodeDecodeError):
-                m = {}
-            if not _valid_manifest(m):
-                m = {}  # a damaged manifest: the directory is damaged (rebuilt from unique)
-            out.append(Compacted(n, d, tuple(m.get("loads", ())), tuple(m.get("files", ()))))
+                m = Manifest.read_json(st.read_text(st.path(INDEX, sdir, d, MANIFEST)))
+            except (FileNotFoundError, ValueError):
+                m = Manifest()  # missing or damaged: the directory is damaged (rebuilt from unique)
+            out.append(Compacted(n, d, m.loads, m.files))
     return out
-
-
-def _valid_manifest(m: object) -> bool:
-    if not isinstance(m, dict):
-        return False
-    loads, files = m.get("loads", []), m.get("files", [])
-    return (isinstance(loads, list) and all(isinstance(t, str) for t in loads)
-            and isinstance(files, list)
-            and all(isinstance(f, dict) and isinstance(f.get("name"), str)
-                    and isinstance(f.get("size"), int) and isinstance(f.get("rows", 0), int | None)
-                    and isinstance(f.get("sha256", ""), str) for f in files))
 
 
 def covered(compacted: list[Compacted]) -> set[tuple[int, str]]:
@@ -112,11 +117,12 @@ def _write(spark: SparkSession, ds: DatasetConfig, st: Storage, n: int, name: st
         df = df.filter(F.col(LOAD_HOUR) != F.lit(drop))
     (df.coalesce(1).write.mode("overwrite").option("maxRecordsPerFile", ROWS_PER_FILE)
      .parquet(st.spark_path(WORK, slice_dir(n), name)))
-    files = [{"name": p.rsplit("/", 1)[1], "size": int(st.fs.info(p).get("size") or 0),
-              "rows": st.parquet_rows(p), "sha256": st.sha256(p)}
+    files = [ManifestFile(name=p.rsplit("/", 1)[1], size=int(st.fs.info(p).get("size") or 0),
+                          rows=st.parquet_rows(p), sha256=st.sha256(p))
              for p in st.list_files(work, ".parquet")]
     st.sync_tree(work)  # the data is on disk before the manifest that vouches for it
-    st.write_json_atomic(f"{work}/{MANIFEST}", {"slice": n, "loads": loads, "files": files})
+    manifest = Manifest(slice=n, loads=tuple(loads), files=tuple(files))
+    st.write_text_atomic(f"{work}/{MANIFEST}", manifest.model_dump_json())
     return work
 
 

@@ -23,7 +23,7 @@ from typing import Literal
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits
-from dedup_pipeline.engine.commit_log import CommitLog, Summary
+from dedup_pipeline.engine.commit_log import CommitLog, KeptRecord, Summary
 from dedup_pipeline.engine.index.compaction import covered, list_compacted
 from dedup_pipeline.engine.index.layout import (
     CHECKSUM_PATH,
@@ -222,9 +222,8 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
             committed.discard(tag)  # deleted since the listing
             continue
         cached = prior.kept.get(tag) if prior is not None else None
-        if cached is not None and cached["sig"] == sig:
-            fmt = cached["index_format"]
-            listed = [IndexFileEntry.model_validate(f) for f in cached["index_files"]]
+        if cached is not None and cached.sig == sig:
+            fmt, listed = cached.index_format, list(cached.index_files)
         else:
             try:
                 rec = commits.read_commit(st, tag)
@@ -247,7 +246,7 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
             damage.files[entry.rel] = entry
             live = True
         if live or old or tag == newest:
-            state.kept[tag] = Summary.kept_entry(sig, fmt, listed)
+            state.kept[tag] = KeptRecord(sig=sig, index_format=fmt, index_files=tuple(listed))
     damage.state = state
     for c in compacted:
         for entry in c.index_files():

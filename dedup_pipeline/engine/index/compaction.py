@@ -171,7 +171,7 @@ def remove_load(spark: SparkSession, ds: DatasetConfig, st: Storage, tag: str) -
         if not rest:
             st.remove(target)
         else:
-            sources = [st.read_path(INDEX, c.rel, f["name"]) for f in c.files]
+            sources = [st.read_path(INDEX, c.rel, f.name) for f in c.files]
             work = _write(spark, ds, st, c.slice, c.dir, sources, rest, drop=tag)
             st.replace_dir(work, target)
         rewritten += 1

@@ -7,17 +7,17 @@ turns pydantic's errors into one line. Nothing runs on a bad config.
 from dedup_pipeline.config.errors import ConfigError, config_error
 from dedup_pipeline.config.loading import load_config, parse_config
 from dedup_pipeline.config.models import (
-                                          BUILTIN_DEMO,
-                                          NAME_RE,
-                                          ChecksConfig,
-                                          CsvConfig,
-                                          DatasetConfig,
-                                          ExpiryConfig,
-                                          IndexConfig,
-                                          LandingConfig,
-                                          PipelineConfig,
-                                          SourceConfig,
-                                          SparkConfig,
+    BUILTIN_DEMO,
+    NAME_RE,
+    ChecksConfig,
+    CsvConfig,
+    DatasetConfig,
+    ExpiryConfig,
+    IndexConfig,
+    LandingConfig,
+    PipelineConfig,
+    SourceConfig,
+    SparkConfig,
 )
 
 __all__ = ["BUILTIN_DEMO", "NAME_RE", "ChecksConfig", "ConfigError", "CsvConfig", "DatasetConfig",

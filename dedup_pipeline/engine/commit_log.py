@@ -71,12 +71,12 @@ class Summary:
     def of(cls, stored: SummaryFile) -> Summary | None:
         if not all(is_tag(a) and is_tag(b) and a <= b for a, b in stored.committed):
             return None
-        return cls(HourSet.of_ranges([list(r) for r in stored.committed]), set(stored.uncovered),
-                   dict(stored.kept), stored.commits_mtime)
+        return cls(HourSet.of_ranges(stored.committed), set(stored.uncovered), dict(stored.kept),
+                   stored.commits_mtime)
 
     def stored(self) -> SummaryFile:
         return SummaryFile(version=SUMMARY_VERSION, commits_mtime=self.commits_mtime,
-                           committed=tuple((a, b) for a, b in self.committed.ranges()),
+                           committed=self.committed.ranges(),
                            uncovered=tuple(sorted(self.uncovered)),
                            kept=dict(sorted(self.kept.items())))
 

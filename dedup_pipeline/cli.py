@@ -195,8 +195,8 @@ def _run(cfg: PipelineConfig, dataset: str | None, first: str, last: str,
 
 def _with_file(cfg: PipelineConfig, text: str) -> str:
     """The engine's fix for this command: its `--config <file>` made this command's own file."""
-    return text if cfg.source == BUILTIN_DEMO else text.replace("--config <file>",
-                                                                f"--config {cfg.source}")
+    return text if cfg.config_file == BUILTIN_DEMO else text.replace("--config <file>",
+                                                                f"--config {cfg.config_file}")
 
 
 def _report_late_input(cfg: PipelineConfig, ds: DatasetConfig) -> None:
@@ -477,7 +477,7 @@ def migrate(config: str, dataset: str | None, verbose: bool) -> None:
 
     cfg, ds = _load_dataset(config, dataset)
     _progress_to_stdout()
-    click.echo(f"migrating {ds.name!r} ({ds.output}) to its config in {cfg.source}")
+    click.echo(f"migrating {ds.name!r} ({ds.output}) to its config in {cfg.config_file}")
     _execute_job(cfg, migrate_job_name(ds.name), verbose, {})
     from dedup_pipeline.engine.contract import read_history
     from dedup_pipeline.engine.storage import Storage

@@ -177,6 +177,25 @@ def test_errors_are_one_line_without_pydantic_s_dump(tmp_path: Path) -> None:
     assert "unknown key (allowed: " in _error(tmp_path, _with(("colour",), 1))
 
 
+def test_an_unknown_key_names_the_keys_allowed_where_it_stands(tmp_path: Path) -> None:
+    """SPEC C1's key lists, at the file, the dataset and inside a section (keys as the YAML spells
+    them: `schema`, `grace`, not the models' attribute names)."""
+    f = tmp_path / "dedup.yaml"
+    top = _write(tmp_path, {"datasets": [_dataset()], "sparkk": {}})
+    with pytest.raises(ConfigError) as ei:
+        load_config(top)
+    assert str(ei.value) == f"config error in {f}: field 'sparkk': unknown key (allowed: datasets, spark)"
+    assert _error(tmp_path, _with(("landing",), {"grace_s": "1h"})) == (
+        f"config error in {f}: dataset 'clicks', field 'landing.grace_s': unknown key (allowed: "
+        "check_every, grace, marker, watch_hours)")
+    assert _error(tmp_path, _with(("source", "csv"), {"header": True, "quote": "'"})) == (
+        f"config error in {f}: dataset 'clicks', field 'source.csv.quote': unknown key (allowed: "
+        "delimiter, header)")
+    assert _error(tmp_path, _with(("shema",), {})).endswith(
+        "field 'shema': unknown key (allowed: checks, expiry, fingerprint, index, key, landing, name, "
+        "on_damaged_index, order_by, output, output_format, source, start)")
+
+
 def test_a_dataset_without_a_name_is_named_by_its_position(tmp_path: Path) -> None:
     raw = _dataset()
     del raw["name"]

@@ -293,7 +293,7 @@ def test_index_of_an_older_layout_is_refused_then_rebuilt(spark, site, tmp_path:
 
 def test_cli_rebuild_index(spark, site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
-    cfg_file = str(Path(site.source).resolve())
+    cfg_file = str(Path(site.config_file).resolve())
     with dg.instance_for_test() as inst:
         assert run_range(site, "clicks", HOURS[0], HOURS[1], inst).success
     ds = site.datasets[0]
@@ -340,7 +340,7 @@ def test_run_failure_summary_lands_in_the_runs_log(spark, site) -> None:
 @pytest.mark.slow
 def test_two_concurrent_runs_never_interleave(spark, site, tmp_path: Path) -> None:
     """Two real `dedup-pipeline run` processes on one dataset: the second fails on the lock."""
-    cfg_file = str(Path(site.source).resolve())
+    cfg_file = str(Path(site.config_file).resolve())
     env = {**os.environ, "DEDUP_SPARK_CONF_spark__ui__enabled": "false",
            "DEDUP_SPARK_CONF_spark__sql__shuffle__partitions": "2", "SPARK_MASTER_URL": "local[1]"}
     env.pop("DAGSTER_HOME", None)

@@ -22,7 +22,7 @@ def parse_config(data: Any, source: str, base_dir: Path | None) -> PipelineConfi
     try:
         return PipelineConfig.model_validate(data, context=Where(source, base_dir))
     except ValidationError as e:
-        raise to_config_error(e, PipelineConfig, data, source) from None
+        raise to_config_error(e, data, source) from None
 
 
 def _given_twice(node: yaml.Node | None, loc: tuple[Any, ...] = ()

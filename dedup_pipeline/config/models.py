@@ -1,12 +1,12 @@
 """The config's models (SPEC C1): the YAML as frozen pydantic models that forbid unknown keys.
 
 A field's own shape is its type; rules that tie fields together are one after-validator of the
-model holding them all (`DatasetConfig._fits_its_schema`, `PipelineConfig._datasets_apart`). A
-`start` in the future is accepted: no hour of it is ready before then (sensor and schedule skip).
+model holding them all (`DatasetConfig._fits_its_schema`, `PipelineConfig._datasets_apart`).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -40,10 +41,8 @@ BUILTIN_DEMO = "<built-in demo>"
 # --- field types: the shape of a value, with its own message -------------------------------------
 
 def _written(v: Any) -> Any:
-    """A period or span as the user wrote it: a YAML number reads as its text ('24', '0.5')."""
-    if isinstance(v, int | float) and not isinstance(v, bool):
-        return str(v)
-    return v
+    """A value YAML typed (a number, a date) read as the text it was written as ('24', '0.5')."""
+    return v if v is None or isinstance(v, bool | list | dict) else str(v)
 
 
 def _unique(what: str) -> Any:
@@ -63,8 +62,7 @@ _names = _unique("column")
 
 
 def _optional_names(v: Any) -> Any:
-    """Absent (null) is none."""
-    return () if v is None else _names(v)
+    return () if v is None else _names(v)  # absent (null) is none
 
 
 def _seconds(v: Any) -> Any:
@@ -73,11 +71,6 @@ def _seconds(v: Any) -> Any:
         return parse_duration_micros(v) / 1e6
     except ValueError as e:
         raise problem(str(e)) from None
-
-
-def _text(v: Any) -> Any:
-    """A value YAML may have typed (a date) read as the text it was written as."""
-    return v if v is None else str(v)
 
 
 def _none_is_empty(v: Any) -> Any:
@@ -96,18 +89,46 @@ class _Model(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        """An unknown key is named with the keys allowed where it stands."""
+        if isinstance(data, dict):
+            allowed = sorted(f.alias or n for n, f in cls.model_fields.items())
+            if (key := next((k for k in data if k not in allowed), None)) is not None:
+                raise problem(f"unknown key (allowed: {', '.join(allowed)})", key=key)
+        return data
+
 
 @dataclass(frozen=True)
 class Where:
-    """The validation context: where the document came from, and its directory for relative
-    paths."""
+    """The validation context: the file the document came from, its directory for relative paths."""
 
     source: str
     base: Path | None
 
 
-def _base(info: ValidationInfo) -> Path | None:
-    return info.context.base if isinstance(info.context, Where) else None
+def _resolved(v: str, info: ValidationInfo) -> str:
+    """A path made absolute against the config file's directory (URIs are kept as written)."""
+    return resolve_path(info.context.base if isinstance(info.context, Where) else None, v)
+
+
+PathText = Annotated[str, AfterValidator(_resolved)]
+
+
+class _FromFile(_Model):
+    """A model that remembers the config file it was read from (commands in messages name it)."""
+
+    _config_file: str = PrivateAttr(BUILTIN_DEMO)
+
+    def model_post_init(self, context: Any, /) -> None:
+        if isinstance(context, Where):
+            self._config_file = context.source
+
+    @property
+    def config_file(self) -> str:
+        """The config file, or BUILTIN_DEMO."""
+        return self._config_file
 
 
 # --- the models -----------------------------------------------------------------------------------
@@ -122,15 +143,10 @@ class CsvConfig(_Model):
 class SourceConfig(_Model):
     """`source`: where hour H's files land ({path}/date=YYYY-MM-DD/hour=HH/) and how to read them."""
 
-    path: str
+    path: PathText
     format: Format
     schema_: dict[str, ColumnType] = Field(alias="schema", min_length=1)
     csv: Annotated[CsvConfig, Section] = CsvConfig()
-
-    @field_validator("path")
-    @classmethod
-    def _resolve(cls, v: str, info: ValidationInfo) -> str:
-        return resolve_path(_base(info), v)
 
     @field_validator("schema_")
     @classmethod
@@ -148,8 +164,7 @@ class SourceConfig(_Model):
 
 
 class ExpiryConfig(_Model):
-    """The `expiry:` section (R6). `period_text` is the period as written;
-    `DatasetConfig.expiry_period`, which knows the column's type, is it in the expiry value's units."""
+    """The `expiry:` section (R6); the period as written (`DatasetConfig.expiry_period` reads it)."""
 
     column: str
     period_text: Written = Field(alias="period")
@@ -162,9 +177,7 @@ class IndexConfig(_Model):
 
     store_keys: bool = False
     buckets: int = Field(8, ge=1, le=4096)  # hash buckets of the index when no expiry is configured
-    # width of an index slice as written (a duration or a number, like the period);
-    # `DatasetConfig.slice_span` is it in expiry-value units, or the default
-    slice_span: Written | None = None
+    slice_span: Written | None = None  # an index slice's width as written (`DatasetConfig.slice_span`)
     retention_lag_hours: int = Field(168, ge=0)  # keep expired index slices this long (R7, R10)
     compact_after: int = 8  # merge a slice's per-load directories once it has this many; 0: never
 
@@ -207,17 +220,17 @@ class ChecksConfig(_Model):
     max_rejected_rate: float = Field(0.05, ge=0, le=1)
 
 
-class DatasetConfig(_Model):
-    """One dataset (C1)."""
+class DatasetConfig(_FromFile):
+    """One dataset (C1). A `start` in the future is accepted: no hour is ready before it."""
 
     name: str
-    start: Annotated[str, BeforeValidator(_text)]  # partition key of the first hour (UTC)
+    start: Written  # partition key of the first hour (UTC)
     source: SourceConfig
     key: Names
     fingerprint: Annotated[tuple[str, ...], BeforeValidator(_optional_names)] = ()
     order_by: str | None = None
     expiry: ExpiryConfig | None = None
-    output: str
+    output: PathText
     index: Annotated[IndexConfig, Section] = IndexConfig()
     landing: Annotated[LandingConfig, Section] = LandingConfig()
     checks: Annotated[ChecksConfig, Section] = ChecksConfig()
@@ -225,16 +238,6 @@ class DatasetConfig(_Model):
     # delta: each output is a Delta table over its Parquet files (engine/lake.py), readers see
     # committed hours only; parquet: plain Hive-partitioned Parquet directories
     output_format: Literal["delta", "parquet"] = "delta"
-    _config_file: str = PrivateAttr(BUILTIN_DEMO)  # the file it came from
-
-    def model_post_init(self, context: Any, /) -> None:
-        if isinstance(context, Where):
-            self._config_file = context.source
-
-    @property
-    def config_file(self) -> str:
-        """The config file this dataset was read from (commands in messages name it)."""
-        return self._config_file
 
     @field_validator("name")
     @classmethod
@@ -256,11 +259,10 @@ class DatasetConfig(_Model):
 
     @field_validator("output")
     @classmethod
-    def _output_dir(cls, v: str, info: ValidationInfo) -> str:
-        out = resolve_path(_base(info), v)
-        if (why := file_in_the_way(out)) is not None:
+    def _output_dir(cls, v: str) -> str:
+        if (why := file_in_the_way(v)) is not None:
             raise problem(why)
-        return out
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -281,32 +283,26 @@ class DatasetConfig(_Model):
     def _fits_its_schema(self) -> DatasetConfig:
         """The columns named are in the schema; the expiry column's type decides what an expiry
         can be and how its period and the index slice span read (in the expiry value's units)."""
-        schema = self.source.schema
-        for fld, cols in (("key", self.key), ("fingerprint", self.fingerprint)):
-            for c in cols:
-                if c not in schema:
-                    raise problem(f"column {c!r} is not in source.schema", fld)
-        if self.order_by is not None and self.order_by not in schema:
-            raise problem(f"{self.order_by!r} is not a column of source.schema", "order_by")
-        e = self.expiry
+        schema, e = self.source.schema, self.expiry
+        named = [("key", c) for c in self.key] + [("fingerprint", c) for c in self.fingerprint]
+        named += [("order_by", self.order_by)] if self.order_by is not None else []
+        named += [("expiry.column", e.column)] if e is not None else []
+        for fld, c in named:
+            if c not in schema:
+                raise problem(f"column {c!r} is not in source.schema", fld)
         if e is None:
             if self.index.slice_span is not None:
                 raise problem("only applies when expiry is configured", "index.slice_span")
             return self
-        if e.column not in schema:
-            raise problem(f"{e.column!r} is not a column of source.schema", "expiry.column")
         ctype, categorical = schema[e.column], e.categories is not None
         kind = kind_of(ctype, categorical)
-        if kind is None and categorical:
-            raise problem(f"a categorical expiry needs a string column, {e.column!r} is {ctype}",
-                          "expiry.column")
         if kind is None:
-            raise problem(f"{e.column!r} has type {ctype}; expiry needs timestamp, date, long, "
-                          "double, or a string column with categories", "expiry.column")
-        if e.basis != "event" and categorical:
-            raise problem("a categorical expiry only supports basis 'event'", "expiry.basis")
-        if e.basis != "event" and kind != "timestamp":
-            raise problem("basis 'processing' needs a timestamp column", "expiry.basis")
+            raise problem(f"a categorical expiry needs a string column, {e.column!r} is {ctype}"
+                          if categorical else f"{e.column!r} has type {ctype}; expiry needs timestamp, "
+                          "date, long, double, or a string column with categories", "expiry.column")
+        if e.basis != "event" and (categorical or kind != "timestamp"):
+            raise problem("a categorical expiry only supports basis 'event'" if categorical
+                          else "basis 'processing' needs a timestamp column", "expiry.basis")
         for fld, written in (("expiry.period", e.period_text), ("index.slice_span", self.index.slice_span)):
             if written is None:
                 continue
@@ -345,11 +341,7 @@ class DatasetConfig(_Model):
 
 def _spark_conf(v: Any) -> Any:
     """Spark settings are strings; `spark.executor.cores: 2` is written as a YAML number."""
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise problem("expected a mapping of Spark settings")
-    return {str(k): str(x) for k, x in v.items()}
+    return {str(k): str(x) for k, x in v.items()} if isinstance(v, dict) else _none_is_empty(v)
 
 
 class SparkConfig(_Model):
@@ -372,43 +364,26 @@ def _datasets(v: Any) -> Any:
     return tuple(v)
 
 
-class PipelineConfig(_Model):
-    """The whole file: its datasets and the Spark settings; `source` is the file it came from."""
+class PipelineConfig(_FromFile):
+    """The whole file: its datasets and the Spark settings."""
 
     datasets: Annotated[tuple[DatasetConfig, ...], BeforeValidator(_datasets)]
     spark: Annotated[SparkConfig, Section] = SparkConfig()
-    _source: str = PrivateAttr(BUILTIN_DEMO)
-
-    def model_post_init(self, context: Any, /) -> None:
-        if isinstance(context, Where):
-            self._source = context.source
-
-    @property
-    def source(self) -> str:
-        """The file the config came from, or BUILTIN_DEMO."""
-        return self._source
 
     @model_validator(mode="after")
     def _datasets_apart(self) -> PipelineConfig:
         """C2: names are unique and each dataset owns its output tree (one output equal to or
         inside another corrupts it)."""
-        seen: set[str] = set()
-        for d in self.datasets:
-            if d.name in seen:
-                raise problem("two datasets share this name", "name", d.name)
-            seen.add(d.name)
+        names = [d.name for d in self.datasets]
+        if (twice := next((n for i, n in enumerate(names) if n in names[:i]), None)) is not None:
+            raise problem("two datasets share this name", "name", twice)
         roots = [(d, comparable_root(d.output)) for d in self.datasets]
-        for d, root in roots:
-            for other, other_root in roots:
-                if other is d:
-                    continue
-                if root == other_root:
-                    raise problem(f"{d.output} is also the output of dataset {other.name!r}",
-                                  "output", d.name)
-                if root.startswith(other_root):
-                    raise problem(f"{d.output} lies inside the output of dataset {other.name!r} "
-                                  f"({other.output}); each dataset needs its own directory",
-                                  "output", d.name)
+        for (d, root), (other, other_root) in itertools.permutations(roots, 2):
+            if root == other_root:
+                raise problem(f"{d.output} is also the output of dataset {other.name!r}", "output", d.name)
+            if root.startswith(other_root):
+                raise problem(f"{d.output} lies inside the output of dataset {other.name!r} "
+                              f"({other.output}); each dataset needs its own directory", "output", d.name)
         return self
 
     def dataset(self, name: str | None) -> DatasetConfig:
@@ -417,6 +392,6 @@ class PipelineConfig(_Model):
         if len(found) == 1:
             return found[0]
         names = ", ".join(d.name for d in self.datasets)
-        raise ConfigError(f"{self.source}: " + (
+        raise ConfigError(f"{self.config_file}: " + (
             f"several datasets ({names}); choose one with --dataset" if name is None
             else f"no dataset named {name!r} (have: {names})"))

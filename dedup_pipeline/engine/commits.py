@@ -6,10 +6,11 @@ crash at any point leaves H either fully committed or visibly not loaded. The lo
 these records, never the Dagster instance, so it holds whichever instance runs the load.
 
 `CommitRecord` (a frozen pydantic model, with one entry type per file kind: `IndexFileEntry`,
-`OutputFileEntry`, `InputFile`, `DigestFileEntry`) is the only way a record is written
-(`write_commit`) or read (`read_commit`, validated by the model); the JSON keeps the field names of
-every earlier version, and records those versions wrote (without hashes, row counts, inputs,
-output files, index format, check figures) still read.
+`OutputFileEntry`, `InputFile`, `DigestFileEntry`) is the only way a record is written or read
+(validated by the model); the product does both through `engine.commit_log.CommitLog` (`write`,
+`read`), which keeps the log's summary true. The JSON keeps the field names of every earlier
+version, and records those versions wrote (without hashes, row counts, inputs, output files, index
+format, check figures) still read.
 """
 
 from __future__ import annotations

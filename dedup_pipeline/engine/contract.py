@@ -38,7 +38,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.errors import UserError
 from dedup_pipeline.hours import HourSet, key_of, to_tag
@@ -492,7 +492,7 @@ def check(st: Storage, ds: DatasetConfig, hour_key: str, committed: Collection[s
 def _last_latest(st: Storage, last_committed: str | None) -> float | None:
     if last_committed is None:
         return None
-    rec = commits.read_commit(st, last_committed)
+    rec = CommitLog(st).read(last_committed)
     return rec.latest_point if rec is not None else None
 
 

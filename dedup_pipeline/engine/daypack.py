@@ -220,11 +220,12 @@ def after_commit(st: Storage, tag: str, committed: Container[str] | None = None
         return None
     day = day_of(tag)
     tags = [f"{day}-{h:02d}" for h in range(24)]
-    have_tags = committed if committed is not None else CommitLog(st).committed()
+    log = CommitLog(st)
+    have_tags = committed if committed is not None else log.committed()
     if any(t not in have_tags for t in tags):
         return None
     try:
-        records = {t: r for t in tags if (r := commits.read_commit(st, t)) is not None}
+        records = {t: r for t in tags if (r := log.read(t)) is not None}
         have = read_manifest(st, day)
         if have is not None and len(valid_hours(have, records, KEYS)) == len(records) \
                 and len(valid_hours(have, records, REJECTS)) == len(records):
@@ -238,11 +239,12 @@ def pack_all(st: Storage) -> list[str]:
     """Pack every day with committed hours whose packs are missing or stale (a history loaded
     before packs, or copied); returns the days written."""
     by_day: dict[str, list[str]] = {}
-    for t in sorted(CommitLog(st).committed()):
+    log = CommitLog(st)
+    for t in sorted(log.committed()):
         by_day.setdefault(day_of(t), []).append(t)
     done = []
     for day, tags in sorted(by_day.items()):
-        records = {t: r for t in tags if (r := commits.read_commit(st, t)) is not None}
+        records = {t: r for t in tags if (r := log.read(t)) is not None}
         if stale(st, day, records) and pack_day(st, day, records) is not None:
             done.append(day)
     return done

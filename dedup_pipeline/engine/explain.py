@@ -362,7 +362,8 @@ class History:
 def committed_history(st: Storage, first: str | None, last: str | None,
                       tags: list[str] | None = None) -> History:
     """The records of the committed hours (`tags`, else the commit log's) from `first` to `last`."""
-    tags = sorted(CommitLog(st).committed()) if tags is None else tags
+    log = CommitLog(st)
+    tags = sorted(log.committed()) if tags is None else tags
     lo = to_tag(parse_key(first)) if first else None
     hi = to_tag(parse_key(last)) if last else None
     records: dict[str, commits.CommitRecord] = {}
@@ -371,7 +372,7 @@ def committed_history(st: Storage, first: str | None, last: str | None,
         if (lo and t < lo) or (hi and t > hi):
             continue
         try:
-            rec = commits.read_commit(st, t)
+            rec = log.read(t)
         except commits.CommitRecordError:
             damaged.append(t)
             continue
@@ -981,7 +982,7 @@ def explain_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, s
     if hist.all_committed:
         newest = hist.all_committed[-1]
         try:
-            last_rec = hist.records.get(newest) or commits.read_commit(st, newest)
+            last_rec = hist.records.get(newest) or CommitLog(st).read(newest)
         except commits.CommitRecordError:
             last_rec = None
     x_now = last_rec.expiry_point if last_rec is not None else None
@@ -1044,7 +1045,7 @@ def sample_keys(spark: SparkSession, ds: DatasetConfig, tag: str, conflicts_only
     load, so `explain` tells its whole story).
     """
     st = Storage(ds.output)
-    rec = commits.read_commit(st, tag)
+    rec = CommitLog(st).read(tag)
     files = output_files(st, DUPLICATES, tag, rec) if rec is not None else []
     if not files:
         return []

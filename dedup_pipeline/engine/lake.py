@@ -322,12 +322,13 @@ def roll_forward(st: Storage, ds: DatasetConfig, tags: Iterable[str] | None = No
     say = say or (lambda _m: None)
     tables = {n: open_table(st, n) for n in OUTPUTS}
     held = {n: files_by_hour(dt) if dt is not None else {} for n, dt in tables.items()}
-    committed = CommitLog(st).committed()
+    log = CommitLog(st)
+    committed = log.committed()
     todo = set(committed) | {t for h in held.values() for t in h} if tags is None else set(tags)
     made: list[tuple[str, Published]] = []
     for tag in sorted(todo):
         try:
-            rec = commits.read_commit(st, tag) if tag in committed else None
+            rec = log.read(tag) if tag in committed else None
         except commits.CommitRecordError as e:
             say(f"{ds.name} {key_of(tag)}: tables not rolled forward: {e}")
             continue  # stays pending: the record's own problem is reported where it is read

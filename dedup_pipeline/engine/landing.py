@@ -177,7 +177,7 @@ def input_change(ds: DatasetConfig, hour: datetime, record: commits.CommitRecord
     were recorded) cannot be compared: None.
     """
     if record is None:
-        record = commits.read_commit(Storage(ds.output), to_tag(hour))
+        record = CommitLog(Storage(ds.output)).read(to_tag(hour))
     if record is None or record.inputs is None:
         return None
     # by name in the hour's directory (data files are directly in it): a landing zone moved or

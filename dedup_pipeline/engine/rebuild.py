@@ -71,10 +71,11 @@ def _unique_sources(st: Storage, targets: list[str],
     out: dict[str, list[str]] = {}
     table = lake.open_table(st, UNIQUE) if ds is not None and lake.enabled(ds) else None
     held = lake.files_by_hour(table) if table is not None else None
+    log = CommitLog(st)
     for tag in targets:
         part = st.path(*partition(UNIQUE, tag))
         try:
-            rec = commits.read_commit(st, tag)
+            rec = log.read(tag)
         except commits.CommitRecordError:
             rec = None
         problem = None

@@ -221,7 +221,7 @@ def _check_records(st: Storage, ds: DatasetConfig, rep: VerifyReport,
             rep.violations.append(f"{commits.COMMITS}/{name}: unexpected file among the commit "
                                   "records (not a record of any hour; remove it)")
     records: dict[str, commits.CommitRecord | None] = {}
-    start = to_tag(parse_key(ds.start))
+    start, log = to_tag(parse_key(ds.start)), CommitLog(st)
     for tag in committed:
         if tag < start:
             rep.violations.append(f"{_hour(tag)}: commit record {commits.commit_path(st, tag)} is "
@@ -231,7 +231,7 @@ def _check_records(st: Storage, ds: DatasetConfig, rep: VerifyReport,
             records[tag] = None
             continue
         try:
-            records[tag] = commits.read_commit(st, tag)
+            records[tag] = log.read(tag)
         except commits.CommitRecordError as e:
             rep.violations.append(f"{_hour(tag)}: {e}")
             rep.bad_hours.add(tag)

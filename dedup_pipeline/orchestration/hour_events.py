@@ -21,8 +21,8 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.checks import LoadCheckError
+from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.commits import CommitRecord
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import parse_key, to_tag
@@ -173,7 +173,7 @@ def restate(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str
     """Evaluations of an hour this run did not load but an earlier load committed: the checks of
     that committed load, again, so the failed run does not turn a loaded hour's status into
     "Execution failed". Nothing for an hour that was never loaded."""
-    rec = commits.read_commit(Storage(ds.output), to_tag(parse_key(pk)))
+    rec = CommitLog(Storage(ds.output)).read(to_tag(parse_key(pk)))
     if rec is None:
         return
     note = (f"restated from the committed load of {pk}: run {context.run.run_id} failed before "

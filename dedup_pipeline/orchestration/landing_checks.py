@@ -20,7 +20,7 @@ from typing import Any
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, landing
+from dedup_pipeline.engine import landing
 from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import compress_ranges, parse_key, to_key, to_tag
@@ -64,7 +64,7 @@ class HourState:
 
 
 def hour_state(ds: DatasetConfig, hour: datetime) -> HourState:
-    record = commits.read_commit(Storage(ds.output), to_tag(hour))
+    record = CommitLog(Storage(ds.output)).read(to_tag(hour))
     if record is None:
         return HourState(to_key(hour), loaded=False, comparable=False)
     if record.inputs is None:

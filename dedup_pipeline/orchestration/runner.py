@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import dagster as dg
 
 from dedup_pipeline.config import PipelineConfig
-from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.commits import CommitRecord
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
@@ -58,11 +58,7 @@ def run_range(cfg: PipelineConfig, dataset: str, first: str, last: str,
         run_config=QUIET_LOGGERS if quiet else None,
         raise_on_error=False,
     )
-    st = Storage(ds.output)
-    loaded = []
-    for h in hour_range(first, last):
-        rec = commits.read_commit(st, to_tag(h))
-        if rec is not None:
-            loaded.append(rec)
+    log = CommitLog(Storage(ds.output))
+    loaded = [rec for h in hour_range(first, last) if (rec := log.read(to_tag(h))) is not None]
     error = None if result.success else failure_message(result)
     return RangeRun(result.success, result.run_id, error, loaded)

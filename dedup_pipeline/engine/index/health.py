@@ -226,7 +226,7 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
             fmt, listed = cached.index_format, list(cached.index_files)
         else:
             try:
-                rec = commits.read_commit(st, tag)
+                rec = log.read(tag)
             except commits.CommitRecordError as e:
                 damage.bad_records[tag] = str(e)
                 state.uncovered.add(tag)

@@ -278,3 +278,14 @@ def test_a_key_given_twice_names_where_and_both_lines(tmp_path: Path, name: str,
         load_config(p)
     assert str(ei.value) == (f"config error in {p}: {where}: given twice (lines {lines[0]} and "
                              f"{lines[1]}); YAML would silently keep the last")
+
+
+def test_a_key_given_twice_inside_a_list_given_twice_is_a_config_error(tmp_path: Path) -> None:
+    """The dataset holding the duplicate is in the first `datasets:` list, which YAML drops: still
+    one config error, naming the dataset by its position."""
+    p = tmp_path / "twice.yaml"
+    p.write_text("datasets:\n  - name: a\n  - name: b\n    key: x\n    key: y\ndatasets:\n  - name: c\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    assert str(ei.value) == (f"config error in {p}: dataset '#2', field 'key': given twice (lines 4 "
+                             "and 5); YAML would silently keep the last")

@@ -60,7 +60,9 @@ def locate(loc: tuple[Any, ...], data: Any) -> tuple[Any, str]:
     written or else its position, and the field path in it."""
     dataset = None
     if len(loc) >= 2 and loc[0] == "datasets" and isinstance(loc[1], int):
-        item = data["datasets"][loc[1]]  # the location came from this list's item
+        # the list a duplicate key was found in may not be the one YAML kept (`datasets:` twice)
+        items = data.get("datasets") if isinstance(data, dict) else None
+        item = items[loc[1]] if isinstance(items, list) and loc[1] < len(items) else None
         name = item.get("name") if isinstance(item, dict) else None
         dataset, loc = (f"#{loc[1] + 1}" if name is None else name), loc[2:]
     return dataset, ".".join(str(p) for p in loc if isinstance(p, str) and p != "[key]")

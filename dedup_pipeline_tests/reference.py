@@ -295,7 +295,7 @@ def _parse_jsonl(data: bytes) -> list[Item]:
     # (`cat a.jsonl b.jsonl`) is kept in that line's text, and ignored by its JSON
     for bline in data.removeprefix(b"\xef\xbb\xbf").split(b"\n"):
         bline = bline.removesuffix(b"\r")
-        if bline.strip(b" ") == b"":
+        if bline.strip(b" \t\r") == b"":  # only JSON whitespace: a blank line
             continue
         line = _utf8(bline)
         if line is None or _LONE_SURROGATE.search(line):
@@ -382,8 +382,12 @@ def _parse_csv(data: bytes, ds: DatasetConfig) -> list[Item]:
 
 
 def _parquet_value(value: Any, arrow_type: Any, typ: str) -> Any:
-    """A Parquet value as the declared type: safe widening is kept, text is cast like text, a
-    value that does not fit (1.5 for a long, a number for a timestamp...) is a BadCast."""
+    """A Parquet value as the declared type. Parquet values are typed: text (strings, binary) and
+    decimals are cast like text; integers widen to long/double and are their digits for a
+    string; floats widen to double; a boolean is itself or `true`/`false` for a string; a
+    timestamp (any unit) fits a timestamp and a date a date. Any other value (a float for a
+    string or long, a timestamp for a date, a struct, list, map or duration for anything) is a
+    BadCast."""
     import pyarrow as pa
 
     if value is None:
@@ -392,17 +396,19 @@ def _parquet_value(value: Any, arrow_type: Any, typ: str) -> Any:
         arrow_type = arrow_type.value_type
     if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
         return cast_text(value, typ)
-    if typ == "string":
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, int):
+    if pa.types.is_decimal(arrow_type):  # its digits, as written
+        return cast_text(format(value, "f"), typ)
+    if isinstance(value, bytes):  # binary: its bytes as UTF-8 text (valid UTF-8 only here)
+        return cast_text(value.decode(), typ)
+    if pa.types.is_integer(arrow_type) and typ in ("string", "long", "double"):
+        if typ == "string":
             return str(value)
-        raise BadCast(repr(value))  # not in the corpus; how to spell other types is not decided
-    if typ == "long" and pa.types.is_integer(arrow_type):
-        if not -(2**63) <= value < 2**63:
+        if typ == "long" and not -(2**63) <= value < 2**63:
             raise BadCast(repr(value))
-        return value
-    if typ == "double" and (pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)):
+        return value if typ == "long" else float(value)
+    if typ == "string" and pa.types.is_boolean(arrow_type):
+        return "true" if value else "false"
+    if typ == "double" and pa.types.is_floating(arrow_type):
         return float(value)
     if typ == "boolean" and pa.types.is_boolean(arrow_type):
         return value
@@ -413,9 +419,42 @@ def _parquet_value(value: Any, arrow_type: Any, typ: str) -> Any:
     raise BadCast(repr(value))
 
 
+def _spark_reads(t: Any) -> bool:
+    """Can Spark's Parquet reader read a column of Arrow type `t` (nested ones: every leaf)?"""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_struct(t):
+        return t.num_fields > 0 and all(_spark_reads(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_map(t):
+        return _spark_reads(t.key_type) and _spark_reads(t.item_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _spark_reads(t.value_type)
+    if pa.types.is_decimal(t):
+        return t.precision <= 38
+    return any(test(t) for test in (
+        pa.types.is_null, pa.types.is_integer, pa.types.is_float32, pa.types.is_float64,
+        pa.types.is_boolean, pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+        pa.types.is_large_binary, pa.types.is_fixed_size_binary, pa.types.is_date,
+        pa.types.is_timestamp, pa.types.is_duration))
+
+
+def _jsonable(value: Any) -> Any:
+    """A Parquet value as its JSON form in `_raw` (a map as an object)."""
+    if isinstance(value, list) and value and all(isinstance(x, tuple) and len(x) == 2
+                                                 for x in value):
+        return {str(k): _jsonable(v) for k, v in value}
+    if isinstance(value, list):
+        return [_jsonable(x) for x in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
 def _parse_parquet(path: Path, ds: DatasetConfig) -> list[Item]:
-    """Each file against the declared schema, on its own (a column it lacks is null here only);
-    column names match case-insensitively, as Spark matches them."""
+    """Each file against the declared schema, on its own (a column it lacks, or of Arrow's null
+    type, is null here only); column names match case-insensitively, as Spark matches them."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -426,23 +465,19 @@ def _parse_parquet(path: Path, ds: DatasetConfig) -> list[Item]:
     lower = [f.name.lower() for f in table.schema]
     if len(set(lower)) < len(lower):
         raise Unreadable("columns whose names differ only in case")
-    for i, f in enumerate(table.schema):  # nanoseconds: truncated to the microsecond
+    for i, f in enumerate(table.schema):  # nanoseconds: floored to the microsecond
         if pa.types.is_timestamp(f.type) and f.type.unit == "ns":
-            table = table.set_column(i, f.name, table.column(i).cast(
-                pa.timestamp("us", f.type.tz), safe=False))
+            ns = table.column(i).cast(pa.int64()).to_pylist()
+            us = pa.array([None if x is None else x // 1000 for x in ns], pa.int64())
+            table = table.set_column(i, f.name, us.cast(pa.timestamp("us", f.type.tz)))
     types = {f.name.lower(): (f.name, f.type) for f in table.schema
              if f.name.lower() in {c.lower() for c in ds.source.schema}}
     for name, arrow_type in types.values():
-        t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
-        if not any(test(t) for test in (
-                pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,
-                pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary,
-                pa.types.is_date32, pa.types.is_timestamp, pa.types.is_decimal)) \
-                or pa.types.is_float16(t):
+        if not _spark_reads(arrow_type):
             raise Unreadable(f"column {name} has type {arrow_type}")
     out: list[Item] = []
     for row in table.to_pylist():
-        raw = json.dumps({k: v for k, v in row.items()
+        raw = json.dumps({k: _jsonable(v) for k, v in row.items()
                           if v is not None and k.lower() in types}, default=str)
 
         def get(col: str, typ: str, row: dict[str, Any] = row) -> Any:
@@ -588,6 +623,8 @@ def key_of(rec: Record, key: list[str]) -> tuple:
 
 
 def _num(x: float) -> int | float:
+    if isinstance(x, int):
+        return x
     return int(x) if float(x).is_integer() else x
 
 
@@ -652,7 +689,7 @@ class Reference:
                 cands = [c for c in (self.latest, max(vs) if vs else None) if c is not None]
                 self.latest = max(cands) if cands else None
             if self.latest is not None:
-                x = _num(self.latest - ds.expiry_period)
+                x = _num(_num(self.latest) - _num(ds.expiry_period))  # exact whole numbers
         live = []
         for r in valid:
             if x is not None and r.v is not None and r.v < x:

@@ -29,7 +29,7 @@ from pydantic import (
 from dedup_pipeline.config.errors import ConfigError, problem
 from dedup_pipeline.hours import PARTITION_FMT
 from dedup_pipeline.units import ExpiryKind, default_slice_span, in_units, kind_of, parse_duration_micros
-from dedup_pipeline.uris import comparable_root, file_in_the_way, resolve_path
+from dedup_pipeline.uris import comparable_root, file_in_the_way, local_path, resolve_path
 
 ColumnType = Literal["string", "long", "double", "boolean", "timestamp", "date"]
 Format = Literal["jsonl", "csv", "parquet"]
@@ -114,6 +114,7 @@ def _resolved(v: str, info: ValidationInfo) -> str:
 
 
 PathText = Annotated[str, AfterValidator(_resolved)]
+_DELTA_UNSAFE = re.compile(r"%[0-9A-Fa-f]{2}|[\\\x00-\x1f\x7f]")
 
 
 class _FromFile(_Model):
@@ -263,6 +264,19 @@ class DatasetConfig(_FromFile):
         if (why := file_in_the_way(v)) is not None:
             raise problem(why)
         return v
+
+    @model_validator(mode="after")
+    def _delta_can_open_the_root(self) -> DatasetConfig:
+        """delta-rs decodes a local table's path once more when it creates the table: a root
+        holding a percent escape (`%41`), a backslash or a control character would put the
+        table's log where it never reads it (docs/design.md R9a). Every other character works."""
+        local = local_path(self.output) if self.output_format == "delta" else None
+        if local is not None and (m := _DELTA_UNSAFE.search(local)) is not None:
+            raise problem(f"the Delta tables cannot live under {self.output!r}: it holds "
+                          f"{m.group()!r}, which the Delta library (delta-rs) cannot keep in a "
+                          "table's path; rename the directory, or set output_format: parquet",
+                          "output")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -31,8 +31,16 @@ Number = int | float
 
 
 def _num(x: Number) -> Number:
-    """Keep whole numbers as ints so JSON commit records and comparisons stay exact."""
+    """Keep whole numbers as ints so JSON commit records and comparisons stay exact (an int stays
+    itself: through a float, 2**63 - 1 would become 2**63)."""
+    if isinstance(x, int):
+        return x
     return int(x) if float(x).is_integer() else float(x)
+
+
+# X_H below the smallest value v can hold expires nothing; clamped there, it still fits the
+# column it is compared with (a long, or a date's int day number)
+_FLOOR = {"long": -(2**63), "timestamp": -(2**63), "date": -(2**31)}
 
 
 def expiry_value(ds: DatasetConfig) -> Column:
@@ -69,7 +77,9 @@ def expiry_point(ds: DatasetConfig, latest: Number | None) -> Number | None:
     """X_H = L_H - period, or None when nothing can expire yet."""
     if ds.expiry is None or latest is None:
         return None
-    return _num(latest - ds.expiry_period)
+    x = _num(_num(latest) - _num(ds.expiry_period))  # exact for whole numbers
+    floor = _FLOOR.get(ds.expiry_type or "")
+    return x if floor is None or x >= floor else floor
 
 
 X_COL = "_x"  # the column of `expiry_point_frame`

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -106,8 +107,17 @@ def app_id(tag: str) -> str:
     return f"{APP}:{tag}"
 
 
+def table_path(st: Storage, name: str) -> str:
+    """Output `name`'s table as a person or a reader names it (a local path stays plain)."""
+    return st.to_uri(st.path(name))
+
+
 def table_uri(st: Storage, name: str) -> str:
-    """The URI delta-rs opens for output `name` (``s3a://`` is Hadoop's spelling of ``s3://``)."""
+    """The URI delta-rs opens for output `name`: a local path as a percent-encoded ``file://`` URI
+    (given a plain path, delta-rs would decode a `%41` in it and cut it at a `#`); ``s3a://`` is
+    Hadoop's spelling of ``s3://``."""
+    if st.local:
+        return Path(st.path(name)).as_uri()
     uri = st.to_uri(st.path(name))
     if uri.startswith("memory://"):
         raise LakeError(f"{uri}: delta-rs cannot open fsspec's memory:// file system; set "

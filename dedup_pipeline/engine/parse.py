@@ -67,6 +67,7 @@ CORRUPT = "_corrupt_record"
 V = "_v"
 REASON = "_reject_reason"
 PRE = "_read_reason"  # a reason decided while reading (unreadable_file, bad_encoding)
+MISMATCHED = "_mismatched"  # Parquet: the declared columns whose value is of another kind
 UNREADABLE = "unreadable_file"
 BAD_ENCODING = "bad_encoding"
 META_COLS = ["_source_file", "_blk", "_rid", "_raw"]
@@ -417,6 +418,8 @@ def _with_encoding_check(df: DataFrame, ds: DatasetConfig,
     bad = F.lit(False) if also is None else also
     for c in checks:
         bad = bad | ~F.coalesce(F.is_valid_utf8(c), F.lit(True))
+    if MISMATCHED not in df.columns:  # only Parquet values have a kind of their own
+        df = df.withColumn(MISMATCHED, F.lit(None).cast("array<string>"))
     return df.withColumns({
         PRE: F.when(bad, F.lit(BAD_ENCODING)),
         "_raw": F.when(bad, F.base64(F.col("_raw").cast("binary"))).otherwise(F.col("_raw")),
@@ -433,7 +436,8 @@ def _read_jsonl(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> Data
                  "ELSE value END")
     txt = (spark.read.options(**READ_OPTIONS).option("lineSep", "\n").text(paths)
            .select(raw.alias("_raw"), *_origin(plan.base)))
-    txt = txt.filter(F.trim(F.col("_raw")) != "")  # blank lines are not records
+    # blank lines are not records: empty, or only JSON whitespace (space, tab, `\r`)
+    txt = txt.filter(F.btrim(F.col("_raw"), F.lit(" \t\r")) != "")
     opts = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
     # A byte-order mark before a line's JSON is not part of it (`cat a.jsonl b.jsonl` puts one
     # mid-file); `_raw` keeps it.
@@ -445,10 +449,14 @@ def _read_jsonl(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> Data
     # only a line holding a `]` is parsed once more, as `[line,[]]`, which must hold two.
     arr = F.from_json(F.concat(F.lit("["), body, F.lit("]")),
                       T.ArrayType(_string_schema(ds)), opts)
-    bracket_ok = F.json_array_length(F.concat(F.lit("["), body, F.lit(",[]]"))) == 2
+    # (read with the same parser and options as the record itself: `json_array_length` would
+    # refuse a NaN token that `from_json` takes, so a line's verdict would hang on a `]`)
+    pair = F.from_json(F.concat(F.lit("["), body, F.lit(",[]]")), T.ArrayType(T.StringType()), opts)
+    bracket_ok = F.size(pair) == 2
     one = (F.coalesce(F.size(arr) == 1, F.lit(False))
            & (~F.col("_raw").contains("]") | F.coalesce(bracket_ok, F.lit(False))))
-    parsed = txt.select("*", arr[0].alias("_j"), one.alias("_one"))
+    # `get`, not `arr[0]`: an empty array (a line of only a BOM) is null, never an error
+    parsed = txt.select("*", F.get(arr, 0).alias("_j"), one.alias("_one"))
     cols = [F.col(f"_j.{c}").alias(c) for c in ds.source.schema]
     malformed = ~F.col("_one") | F.col(f"_j.{CORRUPT}").isNotNull() | F.col("_j").isNull()
     df = parsed.select(*cols, *META_COLS, malformed.alias("_malformed"))
@@ -504,11 +512,14 @@ _ARROW_INTS = {(8, True): T.ByteType(), (16, True): T.ShortType(), (32, True): T
                (64, True): T.LongType(), (8, False): T.ShortType(), (16, False): T.IntegerType(),
                (32, False): T.LongType(), (64, False): T.DecimalType(20, 0)}
 NANOS = "nanos"  # an INT64 nanosecond timestamp: read as a long (nanosAsLong), floored to micros
+NULL = "null"  # a column of Arrow's null type: every value is null, nothing is read
+MISMATCH = "mismatch:"  # + the Spark type it is read as: a value of another kind than declared
 Layout = tuple[tuple[str, str, str], ...]  # (declared column, the file's column, how it is read)
 
 
 def _spark_type(arrow_type: pa.DataType, physical: str) -> T.DataType | str | None:
-    """How Spark reads a top-level Parquet column: its type, NANOS, or None (it cannot)."""
+    """How Spark reads a top-level Parquet scalar column: its type, NANOS, or None (not a scalar
+    Spark reads)."""
     t = arrow_type
     if pa.types.is_dictionary(t):
         t = t.value_type
@@ -523,13 +534,55 @@ def _spark_type(arrow_type: pa.DataType, physical: str) -> T.DataType | str | No
     simple = [(pa.types.is_boolean, T.BooleanType()), (pa.types.is_float32, T.FloatType()),
               (pa.types.is_float64, T.DoubleType()), (pa.types.is_string, T.StringType()),
               (pa.types.is_large_string, T.StringType()), (pa.types.is_binary, T.BinaryType()),
-              (pa.types.is_large_binary, T.BinaryType()), (pa.types.is_date32, T.DateType())]
+              (pa.types.is_large_binary, T.BinaryType()),
+              (pa.types.is_fixed_size_binary, T.BinaryType()), (pa.types.is_date, T.DateType())]
     for test, typ in simple:
         if test(t):
             return typ
     if pa.types.is_decimal(t) and t.precision <= 38:
         return T.DecimalType(t.precision, t.scale)
-    return None  # float16, time32/64, intervals, nested types ...
+    return None  # float16, time32/64, intervals, decimals over 38 digits, nested types
+
+
+def _nested_type(t: pa.DataType) -> T.DataType | None:
+    """The Spark type of a nested Parquet column (struct, list, map), or None if Spark cannot read
+    it (a leaf it cannot read, such as float16, anywhere inside)."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_struct(t):
+        fields = [(t.field(i).name, _nested_type(t.field(i).type)) for i in range(t.num_fields)]
+        if not fields or any(f is None for _, f in fields):
+            return None
+        return T.StructType([T.StructField(n, f) for n, f in fields])  # type: ignore[arg-type]
+    if pa.types.is_map(t):
+        k, v = _nested_type(t.key_type), _nested_type(t.item_type)
+        return None if k is None or v is None else T.MapType(k, v)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        e = _nested_type(t.value_type)
+        return None if e is None else T.ArrayType(e)
+    if pa.types.is_null(t):
+        return T.NullType()
+    if pa.types.is_duration(t):  # Spark reads a duration as its count of units
+        return T.LongType()
+    leaf = _spark_type(t, "")
+    return None if leaf is None or leaf == NANOS else leaf  # type: ignore[return-value]
+
+
+_KINDS: dict[str, tuple[type, ...]] = {
+    "string": (T.BooleanType,), "long": (), "double": (T.FloatType, T.DoubleType),
+    "boolean": (T.BooleanType,), "timestamp": (T.TimestampType, T.TimestampNTZType),
+    "date": (T.DateType,)}
+
+
+def _fits(declared: str, typ: T.DataType) -> bool:
+    """Does a Parquet value of Spark type `typ` hold a value of the declared type (docs/design.md
+    R9a: Parquet values are typed)? Text, binary and decimals always go through `try_cast`, as
+    text does; integers fit string, long and double."""
+    if isinstance(typ, T.StringType | T.BinaryType | T.DecimalType):
+        return True
+    if isinstance(typ, _WIDENS["long"]):
+        return declared in ("string", "long", "double")
+    return isinstance(typ, _KINDS[declared])
 
 
 def parquet_layout(ds: DatasetConfig, pf: pq.ParquetFile) -> Layout | Unreadable:
@@ -539,15 +592,27 @@ def parquet_layout(ds: DatasetConfig, pf: pq.ParquetFile) -> Layout | Unreadable
                 for i in range(len(pf.schema))}
     by_name = {fld.name.lower(): fld for fld in pf.schema_arrow}
     out = []
-    for c in ds.source.schema:
+    for c, declared in ds.source.schema.items():
         fld = by_name.get(c.lower())
         if fld is None:
             continue
+        if pa.types.is_null(fld.type):
+            out.append((c, fld.name, NULL))
+            continue
         typ = _spark_type(fld.type, physical.get(fld.name, ""))
-        if typ is None:
-            return Unreadable("", f"not a readable Parquet file: column {fld.name!r} has type "
-                              f"{fld.type}, which cannot be read as {ds.source.schema[c]}")
-        out.append((c, fld.name, typ if isinstance(typ, str) else typ.json()))
+        if typ == NANOS:
+            how = NANOS if declared == "timestamp" else MISMATCH + T.LongType().json()
+        elif isinstance(typ, T.DataType):
+            how = typ.json() if _fits(declared, typ) else MISMATCH + typ.json()
+        else:  # nested values and durations are never of a declared type
+            nested = _nested_type(fld.type)
+            if nested is None:
+                return Unreadable("", f"Spark cannot read column {fld.name!r}: its Parquet type "
+                                  f"is {fld.type} (declared {declared}); write the column as a "
+                                  f"type Spark reads (e.g. float32 for float16, a timestamp or "
+                                  f"text for a time of day) and land the file again")
+            how = MISMATCH + nested.json()
+        out.append((c, fld.name, how))
     return tuple(out)
 
 
@@ -555,37 +620,48 @@ def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def _read_type(how: str) -> T.DataType:
+    if how == NANOS:
+        return T.LongType()
+    return _parse_datatype_json_string(how.removeprefix(MISMATCH))
+
+
 def _parquet_group(spark: SparkSession, ds: DatasetConfig, paths: tuple[str, ...],
                    base: str) -> DataFrame:
     """Files of one physical schema, cast per column to the declared type (as text).
 
     Only the declared columns are read (an explicit read schema from the footer). A safe widening
-    (int32 -> long, float -> double) is a cast; anything else goes through text and `try_cast`
-    later, so a value that does not fit is `bad_value:<col>` for its row only. A declared column
-    the files lack is null for these files' rows only.
+    (int32 -> long, float -> double) is a cast; text and decimals go through `try_cast` later, so
+    a value that does not fit is `bad_value:<col>` for its row only; a value of another kind (a
+    struct, a float for a string, a timestamp for a date) is `bad_value:<col>` too (`MISMATCH`,
+    the row kept whole in `_raw`). A declared column the files lack, or of Arrow's null type, is
+    null for these files' rows only.
     """
     with Storage(base or paths[0]).fs.open(paths[0], "rb") as fh:
         layout = parquet_layout(ds, pq.ParquetFile(fh))
     assert not isinstance(layout, Unreadable)  # vetted by `plan_batch`
-    read = T.StructType([T.StructField(f, T.LongType() if how == NANOS
-                                       else _parse_datatype_json_string(how))
-                         for _, f, how in layout])
+    read = T.StructType([T.StructField(f, _read_type(how)) for _, f, how in layout
+                         if how != NULL])
     df = spark.read.options(**READ_OPTIONS).schema(read).parquet(*[spark_path(p) for p in paths])
-    present = {c: (f, how) for c, f, how in layout}
+    present = {c: (f, how) for c, f, how in layout if how != NULL}
     cols = []
+    wrong: list[Column] = []
     for c, decl in ds.source.schema.items():
         if c not in present:
             cols.append(F.lit(None).cast("string").alias(c))
             continue
         f, how = present[c]
-        if how == NANOS:  # read as nanoseconds (nanosAsLong): truncated to microseconds
-            q = _quoted(f)
-            ts = F.expr(f"timestamp_micros(({q} - pmod({q}, 1000)) div 1000)")  # exact, floor
-            cols.append(ts.cast("string").alias(c))
+        q = _quoted(f)
+        if how.startswith(MISMATCH):
+            cols.append(F.lit(None).cast("string").alias(c))
+            wrong.append(F.when(F.col(q).isNotNull(), F.lit(c)))
+        elif how == NANOS:  # read as nanoseconds (nanosAsLong): floored to microseconds
+            micros = F.expr(f"{q} div 1000 - CASE WHEN {q} % 1000 < 0 THEN 1 ELSE 0 END")
+            cols.append(F.timestamp_micros(micros).cast("string").alias(c))
         elif isinstance(read[f].dataType, _WIDENS.get(decl, ())):
-            cols.append(F.col(_quoted(f)).cast(SPARK_TYPES[decl]).cast("string").alias(c))
+            cols.append(F.col(q).cast(SPARK_TYPES[decl]).cast("string").alias(c))
         else:
-            cols.append(F.col(_quoted(f)).cast("string").alias(c))
+            cols.append(F.col(q).cast("string").alias(c))
     raw = F.to_json(F.struct(*[F.col(_quoted(f.name)) for f in read.fields]))
     out = df.select(
         *cols,
@@ -594,6 +670,8 @@ def _parquet_group(spark: SparkSession, ds: DatasetConfig, paths: tuple[str, ...
         F.col("_metadata.row_index").alias("_rid"),
         raw.alias("_raw"),
         F.lit(False).alias("_malformed"),
+        (F.filter(F.array(*wrong), lambda x: x.isNotNull()) if wrong
+         else F.lit(None).cast("array<string>")).alias(MISMATCHED),
     )
     return _with_encoding_check(out, ds)
 
@@ -616,6 +694,7 @@ def _batch_schema(ds: DatasetConfig) -> T.StructType:
         T.StructField("_raw", T.StringType()),
         T.StructField("_malformed", T.BooleanType()),
         T.StructField(PRE, T.StringType()),
+        T.StructField(MISMATCHED, T.ArrayType(T.StringType())),
     ]
     return T.StructType(fields)
 
@@ -627,7 +706,7 @@ def empty_batch(spark: SparkSession, ds: DatasetConfig) -> DataFrame:
 
 def _unreadable_rows(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> DataFrame:
     nulls = [None] * len(ds.source.schema)
-    rows = [(*nulls, u.path, 0, i, u.error, False, UNREADABLE)
+    rows = [(*nulls, u.path, 0, i, u.error, False, UNREADABLE, None)
             for i, u in enumerate(plan.unreadable)]
     return spark.createDataFrame(rows, _batch_schema(ds))
 
@@ -657,8 +736,13 @@ def type_and_reject(raw: DataFrame, ds: DatasetConfig) -> DataFrame:
     casted: dict[str, Column] = {}
     for c, typ in schema.items():
         text = F.col(c)
+        # a Parquet value of another kind (its text is null): bad_value:<c>, in schema order
+        wrong = (F.coalesce(F.array_contains(F.col(MISMATCHED), F.lit(c)), F.lit(False))
+                 if ds.source.format == "parquet" else None)
         if typ == "string":
             casted[c] = text
+            if wrong is not None and c != exp_col:
+                reason = reason.when(wrong, F.lit(f"bad_value:{c}"))
             continue
         casted[c] = text.try_cast(SPARK_TYPES[typ])
         if typ == "date":  # `YYYY-MM-DD`, or a timestamp: its date as written (offset not applied)
@@ -669,7 +753,8 @@ def type_and_reject(raw: DataFrame, ds: DatasetConfig) -> DataFrame:
             casted[c] = F.when(whole, casted[c])
         if c != exp_col:  # a bad expiry value has its own reason below
             failed = text.isNotNull() & (F.trim(text) != "") & casted[c].isNull()
-            reason = reason.when(failed, F.lit(f"bad_value:{c}"))
+            reason = reason.when(failed if wrong is None else failed | wrong,
+                                 F.lit(f"bad_value:{c}"))
     null_key: Column | None = None
     for k in ds.key:
         missing = casted[k].isNull()

@@ -100,7 +100,7 @@ def _unique_sources(st: Storage, targets: list[str],
             if set(in_table) != set(lake.record_files(st, UNIQUE, rec)):
                 raise IndexDamagedError(
                     f"cannot rebuild the index entries of hour {key_of(tag)}: the unique table "
-                    f"({lake.table_uri(st, UNIQUE)}) does not hold the files its commit record "
+                    f"({lake.table_path(st, UNIQUE)}) does not hold the files its commit record "
                     "lists. Roll the table forward first: dedup-pipeline verify --repair")
             out[tag] = [st.read_path(UNIQUE, p) for p in in_table]
         if not out[tag]:

@@ -91,7 +91,7 @@ def table_metadata(ds: DatasetConfig, name: str, tag: str) -> dict[str, Any]:
     found = lake.hour_files(st, name, tag)
     if found is None:
         return {}
-    return {"table_path": dg.MetadataValue.path(lake.table_uri(st, name)),
+    return {"table_path": dg.MetadataValue.path(lake.table_path(st, name)),
             "delta_version": found[0], "table_files": found[1]}
 
 

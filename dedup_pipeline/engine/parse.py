@@ -319,7 +319,7 @@ def _vet(ds: DatasetConfig, st: Storage, f: InputFile) -> tuple[str, ...] | Unre
                 codec(fh)
             else:
                 fh.read(1)  # readable at all (a directory, a permission, a vanished file)
-    except (OSError, EOFError, zlib.error, ValueError, pa.ArrowException) as e:
+    except Exception as e:  # noqa: BLE001 - whatever reading a landing file raises rejects it (R9)
         what = "Parquet" if ds.source.format == "parquet" else name.rsplit(".", 1)[-1]
         return Unreadable(f.path, f"not a readable {what} file: {type(e).__name__}: {e}"[:500])
     return None

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 from deltalake import DeltaTable
@@ -64,6 +65,10 @@ def _expected(ref: Reference, column: str | None = None) -> Counter:
     return want
 
 
+def _type(dt: DeltaTable, column: str) -> str:
+    return str(pa.schema(dt.schema().to_arrow()).field(column).type)
+
+
 def _record(ds: DatasetConfig, tag: str) -> commits.CommitRecord:
     rec = commits.read_commit(Storage(ds.output), tag)
     assert rec is not None
@@ -102,7 +107,7 @@ def test_migrating_the_expiry_column_to_another_type_rederives_l_and_the_expired
                                                         ref.results[tag].expiry_point)
     # the expired table's `_expiry_point` is the new column's type; older hours keep their number
     dt = DeltaTable(str(Path(new.output) / "expired"))
-    assert str(dt.schema().to_arrow().field("_expiry_point").type).lower() in ("int64", "long")
+    assert _type(dt, "_expiry_point") == "int64"
     points = {(r["load_hour"], r["rid"]): r["_expiry_point"]
               for r in dt.to_pyarrow_table().to_pylist()}
     assert points == {(tag, rec.values["rid"]): ref.results[tag].expiry_point
@@ -135,8 +140,7 @@ def test_a_retyped_column_is_migrated_by_one_overwrite_and_every_hour_stays_read
     ref.migrate(new, {"amount": java_double})
     for name in ("unique", "duplicates"):  # one overwrite commit, the old version intact
         dt = DeltaTable(str(Path(new.output) / name))
-        assert str(dt.schema().to_arrow().field("amount").type).lower() in ("utf8", "string",
-                                                                              "large_utf8")
+        assert _type(dt, "amount") == "string"
         old_rows = DeltaTable(str(Path(new.output) / name), version=before).to_pyarrow_table()
         assert all(isinstance(a, float) or a is None for a in old_rows["amount"].to_pylist())
     assert DeltaTable(str(Path(new.output) / "unique")).version() == before + 1

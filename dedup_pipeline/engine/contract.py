@@ -201,7 +201,10 @@ class Contract(_Frozen):
     terms: Terms
 
     def to_json(self) -> dict:
-        return self.model_dump(mode="json", by_alias=True)
+        out = self.model_dump(mode="json", by_alias=True)
+        if out.get("migration") and out["migration"].get("latest_points") is None:
+            del out["migration"]["latest_points"]  # without expiry: the format before it
+        return out
 
 
 def contract_path(st: Storage, version: int) -> str:

@@ -739,6 +739,33 @@ class Reference:
         self.results[tag] = res
         return res
 
+    def migrate(self, ds: DatasetConfig, cast: dict[str, Any] | None = None) -> None:
+        """`dedup-pipeline migrate` by the rules (design.md, "Migrate"): every loaded row keeps its
+        hour and output; a retyped column's values are cast (`cast`: column -> function, as Spark
+        casts); each non-rejected row's expiry value is taken under the new expiry terms and L
+        re-derived as their running max (basis event); the index is re-keyed from the unique rows."""
+        for _tag, out, rec in self.placed:
+            if out == "rejected":
+                continue
+            for col, f in (cast or {}).items():
+                if rec.values.get(col) is not None:
+                    rec.values[col] = f(rec.values[col])
+            exp = ds.expiry
+            if exp is not None:
+                value = rec.values.get(exp.column)
+                rec.v = (exp.categories.index(value) if exp.categories is not None
+                         and value in exp.categories else None if exp.categories is not None
+                         else value)
+        self.ds = ds
+        if ds.expiry is not None and ds.expiry.basis == "event":
+            vs = [r.v for _t, o, r in self.placed if o != "rejected" and r.v is not None]
+            self.latest = max(vs) if vs else None
+        self.index = {}
+        for tag, out, rec in self.placed:
+            if out == "unique":
+                self.index.setdefault(key_of(rec, ds.key), []).append(
+                    _Entry(tag, rec.v, self._fp(rec)))
+
     def run(self, start: datetime, hours: int) -> dict[str, HourResult]:
         for i in range(hours):
             self.load(start + i * HOUR)

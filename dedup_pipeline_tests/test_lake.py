@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import lake
+from dedup_pipeline.engine import commits, lake
 from dedup_pipeline.engine.index.health import IndexDamagedError
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.rebuild import rebuild_index
@@ -265,3 +265,67 @@ def test_vacuum_command_refuses_a_retention_below_one_hour_and_checkpoints(
     for name in OUTPUTS:
         assert f"clicks: {name}: 0 replaced file(s) deleted, checkpoint at version" in r.output
     assert _rids(ds, "unique")["deltalake"] == UNIQUE
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_a_crashed_rerun_leaves_no_hole_and_no_reader_sees_replaced_files(
+        spark: SparkSession, base: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rerun of hour 1 cut short after writing its files: every table still serves the hour's
+    last committed rows, explain answers from them and says a rerun is under way, the next
+    attempt swaps the hour in one commit (time travel: the old version, then the new one). Then
+    migrate, rebuild-index, verify and explain run with the replaced files still on disk, and
+    none of them counts them."""
+    from dedup_pipeline.engine import load as load_mod
+    from dedup_pipeline.engine.explain import explain_key
+    from dedup_pipeline.engine.migrate import migrate
+
+    ds = _copy(base, "crashed_rerun")
+    st = Storage(ds.output)
+    versions = {n: DeltaTable(str(Path(ds.output) / n)).version() for n in OUTPUTS}
+
+    def crash(point: str) -> None:
+        if point == "after_outputs":
+            raise _Crash(point)
+
+    monkeypatch.setattr(load_mod, "_fault", crash)
+    with pytest.raises(_Crash):
+        load_hours(spark, ds, [HOURS[1]])
+    monkeypatch.undo()
+    assert commits.read_commit(st, T1) is None  # the hour is not loaded...
+    for name in OUTPUTS:  # ...and its tables still serve it, unchanged
+        assert DeltaTable(str(Path(ds.output) / name)).version() == versions[name]
+    assert _rids(ds, "unique")["deltalake"] == UNIQUE
+    assert lake.drift(st, _records(st)) == []
+    seen = explain_key(spark, ds, {"event_id": "k4"})
+    assert [(o.load_hour, o.output) for o in seen.occurrences] == [(T1, "unique")]
+    assert any("a rerun of 2026-11-01-01:00 is in progress" in n for n in seen.notes)
+
+    load_hours(spark, ds, [HOURS[1]])  # the next attempt
+    for name in ("unique", "duplicates"):
+        now = DeltaTable(str(Path(ds.output) / name)).version()
+        assert now == versions[name] + 1  # one commit swapped the hour
+        for v in (versions[name], now):  # time travel: the hour whole in both
+            rows = DeltaTable(str(Path(ds.output) / name), version=v).to_pyarrow_table()
+            got = Counter(zip(rows["load_hour"].to_pylist(), rows["rid"].to_pylist(),
+                              strict=True))
+            assert got == (UNIQUE if name == "unique" else DUPLICATES)
+    assert lake.replaced_files(st, "unique")  # the old version's files are still on disk
+    assert _rids(ds, "unique")["directory"] != UNIQUE  # a plain read would count them
+
+    assert rebuild_index(spark, ds).entries == sum(UNIQUE.values())
+    rep = verify_dataset(spark, ds)
+    assert rep.ok, rep.violations
+    seen = explain_key(spark, ds, {"event_id": "k4"})
+    assert [(o.load_hour, o.output) for o in seen.occurrences] == [(T1, "unique")]
+    assert seen.index_agrees is True
+    raw = dataset_raw(start=HOURS[0], source=source_raw(str(base["root"] / "landing"), schema={
+        **CLICKS_SCHEMA, "rid": "string"}), fingerprint=["user_id", "url"], order_by="event_time",
+        expiry={"column": "event_time", "period": "24h"}, output=str(ds.output),
+        index={"store_keys": True})
+    keyed = pipeline_config(base["root"], raw, name="crashed_rerun_keys.yaml").datasets[0]
+    res = migrate(spark, keyed)  # its duplicate check reads the tables' rows only
+    assert res.to_version == 2 and res.entries == sum(UNIQUE.values())
+    assert verify_dataset(spark, keyed).ok

@@ -182,6 +182,9 @@ class Terms(_Frozen):
 class Migration(_Frozen):
     from_version: int | None  # None: from a history without a recorded contract
     changes: tuple[str, ...]
+    # L_H of every committed hour re-derived under the migrated terms (with expiry, basis event):
+    # a load whose previous hour was loaded under an older version continues from these
+    latest_points: dict[str, int | float | None] | None = None
 
 
 class Contract(_Frozen):
@@ -198,7 +201,10 @@ class Contract(_Frozen):
     terms: Terms
 
     def to_json(self) -> dict:
-        return self.model_dump(mode="json", by_alias=True)
+        out = self.model_dump(mode="json", by_alias=True)
+        if out.get("migration") and out["migration"].get("latest_points") is None:
+            del out["migration"]["latest_points"]  # without expiry: the format before it
+        return out
 
 
 def contract_path(st: Storage, version: int) -> str:
@@ -265,6 +271,16 @@ def read_history(st: Storage, last_committed: str | None) -> History:
     while kept and _tentative(kept[-1], last_committed):
         kept.pop()
     return History(tuple(kept), frozenset(done))
+
+
+def migrated_since(hist: History, version: int | None) -> Contract | None:
+    """The newest migration after contract `version` (None: a record from before contracts):
+    what an hour loaded under `version` derived (its L_H, its X_H) is not in the terms in force,
+    and the migration re-derived it."""
+    for c in reversed(hist.versions):
+        if c.migration is not None and (version is None or c.version > version):
+            return c
+    return None
 
 
 def _tentative(c: Contract, last_committed: str | None) -> bool:

@@ -42,7 +42,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, daypack, keydigest
+from dedup_pipeline.engine import commits, daypack, keydigest, lake
 from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, string_key_digest
 from dedup_pipeline.engine.index import layout, live, store
@@ -357,6 +357,7 @@ class History:
     records: dict[str, commits.CommitRecord]  # committed hours in the range, by tag, ascending
     damaged: list[str]
     all_committed: list[str]
+    reruns: list[str] = field(default_factory=list)  # hours answered from their last commit
 
 
 def committed_history(st: Storage, first: str | None, last: str | None,
@@ -378,7 +379,15 @@ def committed_history(st: Storage, first: str | None, last: str | None,
             continue
         if rec is not None:
             records[t] = rec
-    return History(records, damaged, tags)
+    # an hour being rerun (or whose rerun was cut short) answers from its last committed record,
+    # as its tables still serve it (L1b)
+    reruns = []
+    for t, rec in lake.reruns(st).items():
+        if t not in records and t not in damaged and not (lo and t < lo) and not (hi and t > hi):
+            records[t] = rec
+            reruns.append(t)
+    records = dict(sorted(records.items()))
+    return History(records, damaged, tags, sorted(reruns))
 
 
 def output_files(st: Storage, name: str, tag: str, rec: commits.CommitRecord) -> list[str]:
@@ -999,12 +1008,16 @@ def explain_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, s
         if hist.damaged:
             notes.append("commit records that do not read were skipped (hours "
                          f"{', '.join(key_of(t) for t in hist.damaged)}); {FIX.format(ds=ds.name)}")
+        if hist.reruns:
+            notes.append(f"a rerun of {', '.join(key_of(t) for t in hist.reruns)} is in progress "
+                         "(or was cut short): answered from its last committed load, which the "
+                         "tables still serve")
         if key.has_null:
             notes.append("a key with a null column is always rejected (null_key): only rejected "
                          "lines are searched")
         agree: bool | None = None
         problems: list[str] = []
-        if full_range and not key.has_null and not hist.damaged:
+        if full_range and not key.has_null and not hist.damaged and not hist.reruns:
             problems = _agreement(ds, st, hist, key_rows, entries.get(i, []))
             agree = not problems
             if problems:

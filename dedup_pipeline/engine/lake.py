@@ -87,6 +87,15 @@ class LakeError(UserError, RuntimeError):
            "{ds}, which publish it again")
 
 
+class PublishRefusedError(UserError, RuntimeError):
+    """The hour's written files could not be published to its tables: found before its commit
+    record is written, so nothing of the attempt is committed."""
+
+    stage = "checking that the hour can be published to its output tables (Delta), before its commit"
+    fix = ("nothing was committed and the tables still serve the hour's last committed version; "
+           "see the error for the cause (a column type change needs `dedup-pipeline migrate`)")
+
+
 @dataclass(frozen=True)
 class Published:
     """One output table after the publish of one hour."""
@@ -183,6 +192,39 @@ def _check_file(st: Storage, path: str, table: pa.Schema) -> int:
             raise LakeError(f"{path}: column {field.name!r} is {field.type}, its table's is "
                             f"{want}; rerun that hour")
     return rows
+
+
+def _type_changes(have: pa.Schema, want: pa.Schema) -> list[str]:
+    """The columns both schemas hold with different types, one phrase each."""
+    return [f"column {f.name!r} is {f.type} in the table and {want.field(f.name).type} in the "
+            "contract" for f in have if f.name in want.names and want.field(f.name).type != f.type]
+
+
+def check_publishable(st: Storage, ds: DatasetConfig, files: dict[str, list[str]], tag: str) -> None:
+    """Before hour `tag`'s commit record is written: each table can take the hour's files (the
+    table's columns have the contract's types; each file exists, reads, and has the table's
+    columns after the contract's new ones are added). Raises `PublishRefusedError`."""
+    if not enabled(ds):
+        return
+    for name in OUTPUTS:
+        target = arrow_schema(ds, name)
+        dt = open_table(st, name)
+        if dt is None:
+            schema = target
+        else:
+            have = _schema_of(dt)
+            bad = _type_changes(have, target)
+            if bad:
+                raise PublishRefusedError(
+                    f"hour {key_of(tag)} not committed: the {name} table's {bad[0]}; a column "
+                    f"type changes only through `dedup-pipeline migrate --config <file> --dataset "
+                    f"{ds.name}`, which rewrites the tables under the new schema")
+            schema = pa.schema([*have, *[f for f in target if f.name not in have.names]])
+        for path in files.get(name, []):
+            try:
+                _check_file(st, path, schema)
+            except LakeError as e:
+                raise PublishRefusedError(f"hour {key_of(tag)} not committed: {e}") from None
 
 
 def _evolve(dt: DeltaTable, want: pa.Schema) -> pa.Schema:
@@ -291,7 +333,41 @@ def publish_hour(st: Storage, ds: DatasetConfig, name: str, tag: str,
 
 
 def _mark(st: Storage, tag: str) -> None:
-    st.write_text_atomic(st.path(PENDING, tag), key_of(tag))
+    if previous_record(st, tag) is None:  # a rerun's mark keeps the hour's last committed record
+        st.write_text_atomic(st.path(PENDING, tag), key_of(tag))
+
+
+def mark_rerun(st: Storage, ds: DatasetConfig, rec: commits.CommitRecord) -> None:
+    """Before a rerun deletes hour `rec.load_hour`'s record: the mark keeps that record, so until
+    the rerun's own commit the tables keep serving it (a roll-forward publishes it, never
+    removes the hour) and `explain` answers from it."""
+    if enabled(ds):
+        st.write_text_atomic(st.path(PENDING, rec.load_hour), json.dumps(rec.to_json()))
+
+
+def previous_record(st: Storage, tag: str) -> commits.CommitRecord | None:
+    """The last committed record of hour `tag` while a rerun of it is under way (or was cut
+    short): kept in its pending mark; None otherwise (or if the mark does not read)."""
+    try:
+        text = st.read_text(st.path(PENDING, tag))
+    except (FileNotFoundError, OSError, UnicodeDecodeError):
+        return None
+    if not text.startswith("{"):
+        return None
+    try:
+        return commits.CommitRecord.from_text(text, tag)
+    except Exception:  # noqa: BLE001 - a damaged mark: the hour is treated as never committed
+        return None
+
+
+def reruns(st: Storage) -> dict[str, commits.CommitRecord]:
+    """Hours whose rerun is under way or was cut short, with their last committed record."""
+    out = {}
+    for tag in pending(st):
+        rec = previous_record(st, tag)
+        if rec is not None:
+            out[tag] = rec
+    return out
 
 
 def _unmark(st: Storage, tag: str) -> None:
@@ -342,6 +418,7 @@ def roll_forward(st: Storage, ds: DatasetConfig, tags: Iterable[str] | None = No
         except commits.CommitRecordError as e:
             say(f"{ds.name} {key_of(tag)}: tables not rolled forward: {e}")
             continue  # stays pending: the record's own problem is reported where it is read
+        rerun = rec is None and (rec := previous_record(st, tag)) is not None
         try:
             pubs = [publish_hour(st, ds, name, tag, rec, tables[name], held[name].get(tag, {}),
                                  trust_tokens) for name in OUTPUTS]
@@ -353,9 +430,11 @@ def roll_forward(st: Storage, ds: DatasetConfig, tags: Iterable[str] | None = No
                 if tables[name] is None:
                     tables[name] = open_table(st, name)
                 made.append((tag, pub))
-                what = "published" if rec is not None else "removed (no commit record)"
+                what = ("kept at its last committed version (a rerun of it is under way)" if rerun
+                        else "published" if rec is not None else "removed (no commit record)")
                 say(f"{ds.name} {key_of(tag)}: {name} table {what} at version {pub.version}")
-        _unmark(st, tag)
+        if not rerun:  # a rerun's mark stays until its own commit is published
+            _unmark(st, tag)
     return made
 
 
@@ -424,8 +503,11 @@ def hour_files(st: Storage, name: str, tag: str) -> tuple[int, int] | None:
 
 def drift(st: Storage, records: dict[str, commits.CommitRecord | None]) -> list[str]:
     """Where a table's files for an hour differ from the hour's commit record (`records`: the
-    committed hours' records, None for one that does not read), one line each."""
+    committed hours' records, None for one that does not read), one line each. An hour being
+    rerun is compared with its last committed record (the tables serve it until the rerun
+    commits)."""
     out = []
+    records = {**{t: r for t, r in reruns(st).items() if t not in records}, **records}
     for name in OUTPUTS:
         dt = open_table(st, name)
         if dt is None:
@@ -506,3 +588,49 @@ def place_files(st: Storage, tmp: str, target: str) -> list[str]:
         st.move(f, dst)
         out.append(dst)
     return sorted(out)
+
+
+def overwrite(st: Storage, ds: DatasetConfig, records: dict[str, commits.CommitRecord],
+              say: Say | None = None) -> list[Published]:
+    """`migrate`: each table whose schema is not the contract's (a column of another type, or
+    one the contract no longer has) gets ONE overwrite commit: the contract's schema, every
+    committed hour's files as its record lists them (each checked against it), every hour's
+    token. Readers see the old schema and rows, then the new, nothing between; time travel keeps
+    the old version. Tables that agree are left alone."""
+    say = say or (lambda _m: None)
+    if not enabled(ds):
+        return []
+    out = []
+    for name in OUTPUTS:
+        dt = open_table(st, name)
+        if dt is None:
+            continue  # the next load creates it from the records
+        target = arrow_schema(ds, name)
+        have = _schema_of(dt)
+        if not _type_changes(have, target) and set(have.names) <= set(target.names):
+            continue
+        now = int(time.time() * 1000)
+        adds, txns = [], []
+        for tag, rec in sorted(records.items()):
+            values = {PART: tag}
+            for rel, size in sorted(record_files(st, name, rec).items()):
+                path = st.path(name, rel)
+                rows = _check_file(st, path, target)
+                if size is None:
+                    size = int(st.fs.info(path)["size"])
+                adds.append(AddAction(rel, size, values, now, True,
+                                      json.dumps({"numRecords": rows})))
+            txns.append(Transaction(app_id(tag), record_token(rec)))
+        props = CommitProperties(app_transactions=txns,
+                                 custom_metadata={"dedup_pipeline.operation": "migrate"})
+        dt.create_write_transaction(adds, "overwrite", Schema.from_arrow(target),
+                                    partition_by=[PART], commit_properties=props,
+                                    post_commithook_properties=_HOOKS)
+        dt.update_incremental()
+        say(f"{ds.name}: {name} table rewritten under the contract's schema at version "
+            f"{dt.version()} ({len(adds)} file(s) of {len(records)} hour(s))")
+        out.append(Published(name, table_uri(st, name), dt.version(), len(adds), True))
+    for tag in records:
+        if previous_record(st, tag) is None:
+            _unmark(st, tag)
+    return out

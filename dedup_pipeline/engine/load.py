@@ -292,9 +292,17 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     healthy = ensure_healthy(spark, ds, st, say, rerun=tag, damage=first)
     log.follow(healthy.state)
     commits.check_later_hours(ds, hour, committed, run_tags | {tag}, set(first.bad_records))
-    # a rerun's hour is marked: its tables keep the old record's files until the new publish
+    # a rerun's hour is marked with its record: its tables keep serving that record's files
+    # until the new publish, also if this attempt crashes (L1b)
     if tag in committed:
-        lake.mark_pending(st, ds, tag)
+        try:
+            old = log.read(tag)
+        except commits.CommitRecordError:
+            old = None
+        if old is not None:
+            lake.mark_rerun(st, ds, old)
+        else:
+            lake.mark_pending(st, ds, tag)
     health = _forget_attempt(spark, ds, st, tag, healthy, log, say)
     lake.drop_unpublished(st, ds, tag)
     # the records this check read, for the next check; not H's, whose record is written later
@@ -303,9 +311,19 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     committed = health.state.committed.copy()
     committed.discard(tag)
     prev = log.read(to_tag(hour - HOUR)) if hour > parse_key(ds.start) else None
-    return Prepared(hour, tag, st, committed, health, log,
-                    prev.latest_point if prev else None, _parse(spark, ds, hour, partition_key, cache, say),
-                    verdict)
+    return Prepared(hour, tag, st, committed, health, log, _previous_latest(st, ds, prev),
+                    _parse(spark, ds, hour, partition_key, cache, say), verdict)
+
+
+def _previous_latest(st: Storage, ds: DatasetConfig, prev: CommitRecord | None) -> Number | None:
+    """L_{H-1}: the previous record's, unless a migration since its load re-derived it under the
+    terms in force (another expiry column or basis: its number is of another column)."""
+    if prev is None:
+        return None
+    mig = contract.migrated_since(contract.read_history(st, prev.load_hour), prev.contract_version)
+    if mig is None or mig.migration is None or mig.migration.latest_points is None:
+        return prev.latest_point
+    return mig.migration.latest_points.get(prev.load_hour)
 
 
 def _say_contract(log: CommitLog, ds: DatasetConfig, tag: str, partition_key: str,
@@ -521,6 +539,12 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
         key_digest=w.digest,
         publish_token=lake.new_token() if lake.enabled(ds) else None,
     )
+    # the publish's preconditions, before the record: an hour is never committed unpublishable
+    try:
+        lake.check_publishable(st, ds, w.out_files, tag)
+    except lake.PublishRefusedError:
+        _forget_outputs(st, tag, w.out_files if lake.enabled(ds) else None)
+        raise
     contract.record(st, p.contract)  # a new version first: the record names it
     _fault("after_contract")
     lake.mark_pending(st, ds, tag)  # the tables lag the record until `publish`
@@ -551,6 +575,9 @@ def housekeep(spark: SparkSession, ds: DatasetConfig, p: Prepared, record: Commi
     deleted = 0
     if ds.expiry is not None:  # never changes results: reads filter on v >= X_H anyway
         floor_rec = p.log.read(to_tag(p.hour - ds.index.retention_lag_hours * HOUR))
+        if floor_rec is not None and contract.migrated_since(
+                contract.read_history(st, p.tag), floor_rec.contract_version) is not None:
+            floor_rec = None  # its X_H is of the terms before a migration: nothing is deleted
         if floor_rec is not None:
             # never below this load's own X_H: a lengthened period (an evolvable contract change)
             # must find its window in the index; with one period all along X_{H-lag} <= X_H

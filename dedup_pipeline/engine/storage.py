@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import fsspec
+import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
@@ -264,6 +265,11 @@ class Storage:
             with self.fs.open(f, "rb") as fh:
                 total += pq.ParquetFile(fh).metadata.num_rows
         return total
+
+    def parquet_schema(self, path: str) -> pa.Schema:
+        """The Arrow schema of a Parquet file, from its footer."""
+        with self.fs.open(path, "rb") as fh:
+            return pq.ParquetFile(fh).schema_arrow
 
     def read_text(self, path: str) -> str:
         with self.fs.open(path, "r") as f:

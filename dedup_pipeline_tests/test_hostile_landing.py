@@ -91,6 +91,7 @@ def write_jsonl_hours(root: Path) -> None:
         "{}",  # no key
         obj(157, None),
         obj(158, ""),  # the empty string is a key, not a null
+        "\t", " \t ", "\r\t", "",  # only JSON whitespace: blank lines, not records
     ))
     # `cat a.jsonl b.jsonl` of two files with a byte-order mark: one mid-file
     (d / "cat.jsonl").write_bytes(b"\xef\xbb\xbf" + lines(obj(112)) + b"\xef\xbb\xbf"
@@ -332,15 +333,24 @@ def test_double_keys_and_parquet_types(spark: SparkSession, tmp_path: Path) -> N
     write("decl16.parquet", {"rid": pa.array([np.float16(407)], pa.float16()),
                              "k": pa.array(["k407"])})
     write("only-extra.parquet", {"other": pa.array([1], pa.int8())})  # no declared column
+    # an all-null column (pandas' None column) is nulls; a value of another kind is bad_value
+    write("allnull.parquet", {**base(408), "ts": pa.array([None], pa.null())})
+    write("struct.parquet", {**base(409), "ts": pa.array([{"a": 1}], pa.struct([("a", pa.int8())]))})
+    write("float-key.parquet", {"rid": pa.array([410]), "k": pa.array([1.5])})
     (d / "part-1.parquet.tmp").write_bytes(b"not yet")
     got = load_and_compare(spark, pqs, [H0])
     assert got[TAGS[0]] == {"401": U, "402": U, "403": U, "404": U, "405": U, "406": U,
+                            "408": U, "409": M("bad_value:ts"), "410": M("bad_value:k"),
                             "FILE:decl16.parquet": M("unreadable_file"),
                             "RAW:{}": M("null_key")}  # the row of only-extra.parquet
     rej = [r for f in (Path(pqs.output) / "rejected" / f"load_hour={TAGS[0]}").glob("*.parquet")
            for r in pq.read_table(f).to_pylist()]
     assert sorted(r["_source_file"].rsplit("/", 1)[-1] for r in rej) == [
-        "decl16.parquet", "only-extra.parquet"]
+        "decl16.parquet", "float-key.parquet", "only-extra.parquet", "struct.parquet"]
+    why = {r["_source_file"].rsplit("/", 1)[-1]: r["_raw"] for r in rej}
+    assert json.loads(why["struct.parquet"]) == {"rid": 409, "k": "k409", "ts": {"a": 1}}
+    assert why["decl16.parquet"].startswith("Spark cannot read column 'rid': its Parquet type is "
+                                            "halffloat (declared long)")
 
 
 @pytest.mark.slow

@@ -122,14 +122,19 @@ def _csv_field(draw: st.DrawFn) -> bytes:
     if kind == "edge":
         return draw(st.sampled_from(EDGE_NUMBERS + EDGE_TEXTS))
     if kind == "quoted":
-        return b'"' + draw(junk).replace(b'"', b'""') + b'"'
-    return draw(junk)
+        return b'"' + draw(csv_junk).replace(b'"', b'""') + b'"'
+    return draw(csv_junk)
+
+
+# CSV lines hold no `\r`: how Spark's parser reads one (it picks the file's line ending from its
+# first line) is a known limit (docs/notes.md), not a rule the reference model states
+csv_junk = st.lists(token.map(lambda b: b.replace(b"\r", b"")), max_size=14).map(b"".join)
 
 
 @st.composite
 def csv_line(draw: st.DrawFn) -> bytes:
     if draw(st.integers(0, 9)) == 0:
-        return draw(junk | long_line)
+        return draw(csv_junk | long_line)
     n = draw(st.sampled_from([len(TEXT_SCHEMA)] * 4 + [0, 1, len(TEXT_SCHEMA) + 1]))
     fields = [draw(st.sampled_from([b"k1", b"k2", b"k3"])) if i == 0 and draw(st.booleans())
               else _csv_field(draw) for i in range(n)]
@@ -137,9 +142,10 @@ def csv_line(draw: st.DrawFn) -> bytes:
 
 
 @st.composite
-def text_file(draw: st.DrawFn, line: st.SearchStrategy[bytes], header: bytes = b"") -> bytes:
+def text_file(draw: st.DrawFn, line: st.SearchStrategy[bytes], header: bytes = b"",
+              crlf: bool = True) -> bytes:
     lines = draw(st.lists(line, max_size=12))
-    sep = draw(st.sampled_from([b"\n", b"\n", b"\r\n"]))
+    sep = draw(st.sampled_from([b"\n", b"\n", b"\r\n"] if crlf else [b"\n"]))
     body = sep.join(([header] if header else []) + lines)
     if draw(st.booleans()):
         body += sep
@@ -274,7 +280,9 @@ def test_fuzzed_json_lines_always_load_and_agree_with_the_reference(
 
 @pytest.mark.slow
 @FUZZ
-@given(files=st.lists(text_file(csv_line(), header=b"k,n,x,b,t,d"), min_size=1, max_size=2))
+@given(files=st.lists(text_file(csv_line(), header=b"k,n,x,b,t,d", crlf=False), min_size=1,
+                      max_size=2))
+@example(files=[b"k,n,x,b,t,d\n k1 , 1,x ,\t,,\n"])  # fields keep their spaces in `_raw`
 def test_fuzzed_csv_always_loads_and_agrees_with_the_reference(
         spark: SparkSession, files: list[bytes]) -> None:
     with tempfile.TemporaryDirectory() as tmp:

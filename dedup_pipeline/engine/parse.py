@@ -493,7 +493,8 @@ def _read_csv(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> DataFr
     names = list(ds.source.schema)
     # re-serialized before the bytes are restored: to_csv would mangle invalid UTF-8
     as_text = F.to_csv(F.struct(*[F.col(c) for c in names]),
-                       {"sep": ds.source.csv.delimiter, "escape": '"'})
+                       {"sep": ds.source.csv.delimiter, "escape": '"',  # fields as they were:
+                        "ignoreLeadingWhiteSpace": "false", "ignoreTrailingWhiteSpace": "false"})
     df = df.select(*names, F.coalesce(F.col(CORRUPT), as_text).alias("_raw"),
                    F.col(CORRUPT).isNotNull().alias("_malformed"), *_origin(plan.base))
     df = df.select(*[original(c).alias(c) for c in names], "_source_file", "_blk", "_rid",

@@ -168,16 +168,32 @@ def failed_check(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str,
         pk, target)
 
 
-def restate(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str
-             ) -> Iterator[dg.AssetCheckEvaluation]:
-    """Evaluations of an hour this run did not load but an earlier load committed: the checks of
-    that committed load, again, so the failed run does not turn a loaded hour's status into
-    "Execution failed". Nothing for an hour that was never loaded."""
+def restate(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: list[dg.AssetKey],
+            pk: str) -> Iterator[Any]:
+    """The committed load of an hour this run planned but did not load (it was refused or failed
+    before or while loading it, and wrote nothing in it): that load's materializations and check
+    evaluations, again, marked as restated. Nothing for an hour that was never loaded.
+
+    Why materializations, not only evaluations: Dagster derives a partition's "Failed" status from
+    its latest planned-or-materialized event (`get_latest_asset_partition_materialization_attempts_
+    without_materializations`): the run's creation logs one ASSET_MATERIALIZATION_PLANNED per
+    partition, and if the run then fails with no materialization after it, the committed hour
+    turns red in every partition bar, and the failed-partition set of the status cache keeps it
+    until a later materialization of the hour. The restated materialization is that later one.
+    """
     rec = CommitLog(Storage(ds.output)).read(to_tag(parse_key(pk)))
     if rec is None:
         return
-    note = (f"restated from the committed load of {pk}: run {context.run.run_id} failed before "
-            "loading this hour and changed nothing in it")
+    note = (f"restated from the committed load of {pk}: run {context.run.run_id} did not load "
+            "this hour and changed nothing in it")
+    md = {**hour_metadata(ds, rec), "restated": note}
+    for key in keys:
+        yield dg.AssetMaterialization(asset_key=key, partition=pk,
+                                      metadata=output_metadata(ds, rec, key.path[-1], md))
     evals = [checks.Evaluation(e.name, e.passed, {**e.metadata, "note": note})
              for e in checks.evaluate(ds, rec)]
     yield from _evaluations(context.instance, ds, pk, evals)
+
+
+def committed(ds: DatasetConfig, pk: str) -> bool:
+    return CommitLog(Storage(ds.output)).read(to_tag(parse_key(pk))) is not None

@@ -156,11 +156,13 @@ def test_verify_and_run_report_changed_landing_files_and_verify_a_doubled_key(
     fix = f"dedup-pipeline run --config {cfg_path} --dataset clicks --from"
     assert violations == [
         f"VIOLATION: clicks: {H[0]}: landing files changed since the hour was loaded (new "
-        f"part-late.jsonl; removed part-1.jsonl); reload it through the latest loaded hour: "
-        f"{fix} {H[0]} --to {H[1]}",
+        f"part-late.jsonl; removed part-1.jsonl); reload {H[0]}..{H[1]} (through the latest "
+        f"loaded hour, {H[1]}) in one run: {fix} {H[0]} --to {H[1]}, or in the UI asset "
+        f"clicks/unique, Partitions tab, select {H[0]}..{H[1]}, Launch backfill",
         f"VIOLATION: clicks: {H[1]}: landing files changed since the hour was loaded (new "
-        f"part-2.jsonl; changed part-0.jsonl); reload it through the latest loaded hour: "
-        f"{fix} {H[1]} --to {H[1]}"]
+        f"part-2.jsonl; changed part-0.jsonl); reload {H[1]} (through the latest loaded hour, "
+        f"{H[1]}) in one run: {fix} {H[1]} --to {H[1]}, or in the UI asset clicks/unique, "
+        f"Partitions tab, select {H[1]}, Materialize"]
 
     # `run` of the latest hour (allowed) takes in 01's files and reports 00's late input
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))

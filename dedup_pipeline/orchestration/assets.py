@@ -48,8 +48,9 @@ DESCRIPTIONS = {
     RAW: "The hour's landing files ({path}/date=YYYY-MM-DD/hour=HH/), read where they are, not "
          "copied. Each load records how many files and rows it read here.",
     "unique": "The clean table: for each key, the first record ever seen, once. Later records "
-              "with a key already kept go to duplicates. Parquet at "
-              "{output}/unique/load_hour=YYYY-MM-DD-HH/. (Rules R3, R4 in docs/design.md.)",
+              "with a key already kept go to duplicates. {table} at {output}/unique, one "
+              "load_hour=YYYY-MM-DD-HH partition per loaded hour. (Rules R3, R4 in "
+              "docs/design.md.)",
     "duplicates": "Records whose key was already kept, in this hour or an earlier one: resends "
                   "(natural) and records that differ from the kept one (conflict), each naming "
                   "the hour that holds the kept record. (Rules R4, R5 in docs/design.md.)",
@@ -72,7 +73,8 @@ PRODUCT_COLUMNS = {
     outputs.EXPIRY_POINT: "The expiry point of the load that read the record: records whose "
                           "expiry column is older than this are expired (rule R6).",
     REASON: "Why the record was rejected: unreadable_file, bad_encoding, malformed, "
-            "bad_value:<column>, null_key, unknown_category or bad_expiry_value.",
+            "bad_value:COLUMN (a value of that column that does not parse as its type), "
+            "null_key, unknown_category or bad_expiry_value.",
     outputs.RAW: "The record's original text (a JSONL line, a CSV record, a Parquet row as JSON; "
                  "base64 of the bytes for bad_encoding), so it can be fixed and replayed.",
 }
@@ -108,6 +110,15 @@ def _index_schema(ds: DatasetConfig) -> dg.TableSchema:
         dg.TableColumn(f.name, f.dataType.simpleString(), description=INDEX_COLUMNS.get(f.name)
                        or _source_column(ds, f.name, ds.source.schema.get(f.name, "string")))
         for f in entry_schema(ds).fields])
+
+
+def _kind(ds: DatasetConfig) -> str:
+    """The storage kind tag the UI shows: delta for Delta tables, parquet for plain directories."""
+    return "delta" if ds.output_format == "delta" else "parquet"
+
+
+def _table_kind(ds: DatasetConfig) -> str:
+    return "A Delta table" if ds.output_format == "delta" else "Parquet directories"
 
 
 def _config_name(ds: DatasetConfig | None = None) -> str:
@@ -178,10 +189,10 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
         dg.AssetSpec(
             names.asset_key(ds.name, name),
             deps=[raw_key],
-            description=DESCRIPTIONS[name].format(output=ds.output),
+            description=DESCRIPTIONS[name].format(output=ds.output, table=_table_kind(ds)),
             partitions_def=pdef,
             group_name=names.group_name(ds.name),
-            kinds={"spark", "parquet"},
+            kinds={"spark", _kind(ds)},
             metadata={"dagster/column_schema": _column_schema(ds, name),
                       "path": f"{ds.output}/{name}"},
         )
@@ -195,7 +206,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             description=DESCRIPTIONS[INDEX],
             partitions_def=pdef,
             group_name=names.group_name(ds.name),
-            kinds={"spark", "parquet"},
+            kinds={"spark", _kind(ds)},
             metadata={"dagster/column_schema": _index_schema(ds), "path": f"{ds.output}/index"},
         )
     )

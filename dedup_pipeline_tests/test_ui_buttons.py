@@ -16,8 +16,10 @@ alone) and Execute all, and reads a failed load's cause and fix where its run pa
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
+import urllib.parse
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,7 +29,7 @@ import dagster as dg
 import pytest
 
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
-from dedup_pipeline.hours import HOUR, to_key, to_tag
+from dedup_pipeline.hours import HOUR, hour_range, to_key, to_tag
 from dedup_pipeline.orchestration.landing_checks import CHECK_NAME
 from dedup_pipeline_tests.daemon_walk import DATASET, Walk
 from dedup_pipeline_tests.spark_services import (
@@ -252,6 +254,57 @@ def _failure_in_view(page: Any, url: str, run_id: str, starts: str) -> str:
                          f"{page.inner_text('body')[-3000:]}")
 
 
+def _partition_status_in_browser(page: Any, url: str, shot: Path) -> dict[str, set[str]]:
+    """clicks/unique's Partitions tab as the browser loads it: the partition statuses in the
+    GraphQL responses the page received (what its partition bar is drawn from), by status."""
+    bodies: list[Any] = []
+
+    def keep(resp: Any) -> None:
+        if urllib.parse.urlsplit(resp.url).path.endswith("/graphql") and \
+                resp.request.method == "POST":
+            with contextlib.suppress(Exception):
+                bodies.append(resp.json())
+
+    page.on("response", keep)
+    try:
+        open_page(page, f"{url}/assets/{DATASET}/unique?view=partitions")
+        page.wait_for_load_state("networkidle")
+        page.screenshot(path=str(shot), full_page=True)
+    finally:
+        page.remove_listener("response", keep)
+    found: dict[str, set[str]] = {"MATERIALIZED": set(), "FAILED": set()}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            key = (node.get("assetKey") or {}).get("path")
+            ps = node.get("assetPartitionStatuses")
+            if key == [DATASET, "unique"] and isinstance(ps, dict):
+                for r in ps.get("ranges") or []:
+                    found.setdefault(r["status"], set()).update(
+                        to_key(h) for h in hour_range(r["startKey"], r["endKey"]))
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(bodies)
+    assert found["MATERIALIZED"], "the page received no partition status of clicks/unique"
+    return found
+
+
+def _check_counts_in_browser(page: Any, url: str, check: str, shot: Path) -> dict[str, int]:
+    """The check's Partitions tab: the count per status it shows."""
+    open_page(page, f"{url}/assets/{DATASET}/unique?view=checks&checkDetail={check}")
+    page.locator("button[role=tab]#partitions").click()
+    page.get_by_text("Partitions Selected").wait_for(timeout=60_000)
+    page.wait_for_load_state("networkidle")
+    page.screenshot(path=str(shot), full_page=True)
+    return {s: int(n) for s, n in re.findall(
+        r"(Missing|Passed|In Progress|Failed|Execution Failed|Skipped) \((\d+)\)",
+        page.inner_text("body"))}
+
+
 def test_the_browser_clicks_every_materialize_and_execute(ui: dict[str, Any], tmp_path: Path) -> None:
     """Headless Chromium presses each button once: every output's Materialize (its own hour),
     the launchpad without a partition, a Materialize that fails (an hour after a missing one),
@@ -319,6 +372,21 @@ def test_the_browser_clicks_every_materialize_and_execute(ui: dict[str, Any], tm
         assert f"dedup-pipeline run --config {w.config} --from {to_key(hours[5])}" in text, text
         assert "Traceback" not in text and 'File "' not in text, text
         assert to_tag(hours[6]) not in w.committed()
+
+        # a refused rerun (hour 1 while hours 2-4 are loaded): its fix names hours 1..4 in order;
+        # the partition bar and the checks still show hour 1 as committed; only hour 6, whose
+        # load committed nothing, is Failed
+        _materialize(page, url, "unique", to_key(hours[1]))
+        run = runs.next_finished("Materialize of a loaded hour before later loaded ones")
+        assert run.status == dg.DagsterRunStatus.FAILURE, run.run_id
+        text = _failure_in_view(page, url, run.run_id, f"Load of {DATASET} hour(s) {to_key(hours[1])}")
+        assert "LaterHoursLoadedError" in text, text
+        assert f"--from {to_key(hours[1])} --to {to_key(hours[4])}" in text, text
+        status = _partition_status_in_browser(page, url, shots / "after-refusal.png")
+        committed = {to_key(h) for h in hours[:5]}
+        assert status["MATERIALIZED"] == committed and status["FAILED"] == {to_key(hours[6])}, status
+        counts = _check_counts_in_browser(page, url, "conservation", shots / "check-after-refusal.png")
+        assert counts.get("Passed") == 5 and not counts.get("Failed") and not counts.get("Skipped"), counts
         w.land(hours[1], ["late"], name="part-late.jsonl", marker=False)  # after hour 1's load
 
         # every check: Execute is disabled where the UI cannot run the check alone (the load's

@@ -9,9 +9,10 @@ committed it and nothing changed. The load restates the committed hours of a run
 `assetNodes { assetPartitionStatuses partitionStats }` and each check's `partitionStatuses`, the
 queries behind the partition bar, the Partitions and the Checks tabs) on a SQLite and a PostgreSQL
 instance, after each kind of refusal or failure: later hours loaded, a broken contract, the
-dataset lock, a run without a partition, a load that fails in Spark (a rerun of committed hours,
-and a new hour), and a cancelled run. Only an hour whose load failed and left it uncommitted shows
-Failed. The refusal's printed command is run as printed, through the CLI.
+dataset lock, a run without a partition, a load that fails in Spark (a rerun, whose failing hour
+is then uncommitted, and a new hour), a cancelled run and a run that failed before its step. Only
+an hour whose load failed and left it uncommitted shows Failed. The refusal's printed command is
+run as printed, through the CLI.
 """
 
 from __future__ import annotations
@@ -234,12 +235,17 @@ def test_partition_status_is_the_commit_records_after_every_refusal_and_failure(
     _run_ended(inst, cfg, inst.get_run_by_id(run.run_id), RUN_FAILURE_SENSOR)
     ui.assert_truth("failed before its step")
 
-    # a rerun of committed hours that fails in Spark: they keep their committed loads
+    # a rerun of H2..H3 that fails in Spark at H2: the rerun withdrew H2's old commit record
+    # before writing (a rerun replaces it), so H2 is uncommitted and Failed; H3, not reached,
+    # keeps its committed load
     with monkeypatch.context() as m:
         _spark_fails_at(m, H[2])
         res = run_range(cfg, ds.name, H[2], H[3], inst)
     assert not res.success and "injected failure" in (res.error or ""), res.error
-    ui.assert_truth("Spark failure of a rerun")
+    assert "2026-11-01-02:00" not in {key_of(t) for t in CommitLog(Storage(ds.output)).committed()}
+    ui.assert_truth("Spark failure of a rerun", failed={H[2]})
+    assert run_range(cfg, ds.name, H[2], H[3], inst).success  # the fix: load them again
+    ui.assert_truth("H2..H3 loaded again")
 
     # a new hour whose load fails in Spark: uncommitted, and the only Failed hour
     with monkeypatch.context() as m:

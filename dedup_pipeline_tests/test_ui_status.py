@@ -141,7 +141,8 @@ def instance(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[P
         conn.close()
         text += (f"storage:\n  postgres:\n    postgres_db:\n      hostname: {pg['DAGSTER_PG_HOST']}\n"
                  f"      port: {pg['DAGSTER_PG_PORT']}\n      username: {pg['DAGSTER_PG_USER']}\n"
-                 f"      password: {pg['DAGSTER_PG_PASSWORD']}\n      db_name: {db}\n")
+                 f"      password: {pg['DAGSTER_PG_PASSWORD']}\n      db_name: {db}\n"
+                 "      scheme: postgresql+psycopg2\n")
     (home / "dagster.yaml").write_text(text)
     with dg.DagsterInstance.from_config(str(home)) as inst:
         yield home, inst

@@ -16,10 +16,8 @@ alone) and Execute all, and reads a failed load's cause and fix where its run pa
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
-import urllib.parse
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -254,43 +252,28 @@ def _failure_in_view(page: Any, url: str, run_id: str, starts: str) -> str:
                          f"{page.inner_text('body')[-3000:]}")
 
 
-def _partition_status_in_browser(page: Any, url: str, shot: Path) -> dict[str, set[str]]:
-    """clicks/unique's Partitions tab as the browser loads it: the partition statuses in the
-    GraphQL responses the page received (what its partition bar is drawn from), by status."""
-    bodies: list[Any] = []
+PARTITION_STATUS = """
+query Status($key: AssetKeyInput!) { assetNodeOrError(assetKey: $key) { ... on AssetNode {
+  assetPartitionStatuses { ... on TimePartitionStatuses { ranges { startKey endKey status } } } } } }
+"""
 
-    def keep(resp: Any) -> None:
-        if urllib.parse.urlsplit(resp.url).path.endswith("/graphql") and \
-                resp.request.method == "POST":
-            with contextlib.suppress(Exception):
-                bodies.append(resp.json())
 
-    page.on("response", keep)
-    try:
-        open_page(page, f"{url}/assets/{DATASET}/unique?view=partitions")
-        page.wait_for_load_state("networkidle")
-        page.screenshot(path=str(shot), full_page=True)
-    finally:
-        page.remove_listener("response", keep)
-    found: dict[str, set[str]] = {"MATERIALIZED": set(), "FAILED": set()}
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            key = (node.get("assetKey") or {}).get("path")
-            ps = node.get("assetPartitionStatuses")
-            if key == [DATASET, "unique"] and isinstance(ps, dict):
-                for r in ps.get("ranges") or []:
-                    found.setdefault(r["status"], set()).update(
-                        to_key(h) for h in hour_range(r["startKey"], r["endKey"]))
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(bodies)
-    assert found["MATERIALIZED"], "the page received no partition status of clicks/unique"
-    return found
+def _partition_status_in_browser(page: Any, url: str, shot: Path) -> tuple[dict[str, int],
+                                                                          dict[str, set[str]]]:
+    """clicks/unique's Partitions tab as the browser shows it: the count per status its filter
+    shows; and the hours per status from the same webserver's GraphQL (the partition bar's data)."""
+    open_page(page, f"{url}/assets/{DATASET}/unique?view=partitions")
+    page.get_by_text("Partitions Selected").wait_for(timeout=60_000)
+    page.wait_for_load_state("networkidle")
+    page.screenshot(path=str(shot), full_page=True)
+    counts = {s: int(n) for s, n in re.findall(r"(Failed|Materialized|Materializing|Missing) "
+                                               r"\((\d+)\)", page.inner_text("body"))}
+    node = gql(url, PARTITION_STATUS, {"key": {"path": [DATASET, "unique"]}})["assetNodeOrError"]
+    hours: dict[str, set[str]] = {"MATERIALIZED": set(), "FAILED": set()}
+    for r in node["assetPartitionStatuses"]["ranges"]:
+        hours.setdefault(r["status"], set()).update(
+            to_key(h) for h in hour_range(r["startKey"], r["endKey"]))
+    return counts, hours
 
 
 def _check_counts_in_browser(page: Any, url: str, check: str, shot: Path) -> dict[str, int]:
@@ -382,7 +365,8 @@ def test_the_browser_clicks_every_materialize_and_execute(ui: dict[str, Any], tm
         text = _failure_in_view(page, url, run.run_id, f"Load of {DATASET} hour(s) {to_key(hours[1])}")
         assert "LaterHoursLoadedError" in text, text
         assert f"--from {to_key(hours[1])} --to {to_key(hours[4])}" in text, text
-        status = _partition_status_in_browser(page, url, shots / "after-refusal.png")
+        counts, status = _partition_status_in_browser(page, url, shots / "after-refusal.png")
+        assert counts.get("Materialized") == 5 and counts.get("Failed") == 1, counts
         committed = {to_key(h) for h in hours[:5]}
         assert status["MATERIALIZED"] == committed and status["FAILED"] == {to_key(hours[6])}, status
         counts = _check_counts_in_browser(page, url, "conservation", shots / "check-after-refusal.png")

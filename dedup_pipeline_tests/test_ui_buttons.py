@@ -219,6 +219,7 @@ def _materialize(page: Any, url: str, asset: str, hour: str) -> None:
     launch is unavailable; one hour selected -> Launch 1 run."""
     open_page(page, f"{url}/assets/{DATASET}/{asset}")
     mat = button(page, "Materialize…")
+    mat.first.wait_for(timeout=60_000)  # the page renders it after its queries (slow when loaded)
     assert mat.count() == 1 and mat.is_enabled(), asset
     mat.click()
     dialog = _partition_dialog(page)

@@ -333,7 +333,9 @@ def test_run_failure_summary_lands_in_the_runs_log(spark, site) -> None:
         assert "LoadOrderError" in text and "\n" not in text
         assert (f"open asset clicks/unique, Partitions tab, select {HOURS[0]}..{HOURS[2]} and "
                 "Launch backfill") in text  # from the first hour not loaded
-        assert f"dedup-pipeline run --config <config.yaml> --from {HOURS[0]} --to {HOURS[2]}" in text
+        # the command names the run's own config file (no DEDUP_CONFIG in this process)
+        assert (f"dedup-pipeline run --config {site.datasets[0].config_file} --from {HOURS[0]} "
+                f"--to {HOURS[2]}") in text
         assert run.error is not None and run.error.startswith("LoadOrderError")  # what the CLI says
 
 

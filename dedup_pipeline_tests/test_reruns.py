@@ -171,8 +171,10 @@ def test_verify_and_run_report_changed_landing_files_and_verify_a_doubled_key(
     assert r.exit_code == 0, r.output
     late = [line for line in r.output.splitlines() if line.startswith("late input:")]
     assert late == [f"late input: clicks {H[0]}: landing files changed since the hour was loaded "
-                    f"(new part-late.jsonl; removed part-1.jsonl); reload it through the latest "
-                    f"loaded hour: {fix} {H[0]} --to {H[1]}"]
+                    f"(new part-late.jsonl; removed part-1.jsonl); reload {H[0]}..{H[1]} (through "
+                    f"the latest loaded hour, {H[1]}) in one run: {fix} {H[0]} --to {H[1]}, or in "
+                    f"the UI asset clicks/unique, Partitions tab, select {H[0]}..{H[1]}, Launch "
+                    "backfill"]
 
     # a key unique in two hours (what reloading 00 alone used to leave): hour 01's record set
     # aside so the engine reloads 00 alone, then put back

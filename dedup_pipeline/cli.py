@@ -26,13 +26,29 @@ from dedup_pipeline.engine.contract import ContractError
 
 SPARK_NOISE = "Spark is starting (10-20 s the first time)..."
 
+
+def spark_note(cfg: PipelineConfig | None) -> str:
+    """Which Spark the command uses: the Connect server the environment or the config names, or
+    local Spark starting (and how to use a warm server instead)."""
+    from dedup_pipeline.engine.session import SparkSettings
+
+    sp = cfg.spark if cfg is not None else None
+    s = SparkSettings(sp.master if sp else None, sp.remote if sp else None,
+                      dict(sp.conf) if sp else {}).resolved()
+    if s.remote:
+        src = "SPARK_REMOTE" if os.environ.get("SPARK_REMOTE") else "spark.remote of the config"
+        return f"Spark: the Connect server at {s.remote} ({src})"
+    return (f"{SPARK_NOISE} (local Spark; with `dedup-pipeline spark-server` running, export "
+            "SPARK_REMOTE=sc://127.0.0.1:15002 to use its warm Spark instead)")
+
 # The demo's DAGSTER_HOME/dagster.yaml (written when there is none): `dg dev` on it then
 # queues a second run of a dataset instead of failing it on the dataset lock (pool dedup_<ds>,
 # one run at a time, as deploy/dagster.yaml), and prints no telemetry notice.
 DEMO_INSTANCE_YAML = """\
 # Written by `dedup-pipeline demo`. Runs wait in a queue; the steps that write a dataset (load,
 # index rebuild, migration, table upkeep) use the pool dedup_<dataset>, limited to one RUN at a
-# time, so a UI backfill, a sensor run and a CLI rebuild of one dataset never overlap (SPEC R10).
+# time, so a UI backfill, a sensor run and a CLI rebuild of one dataset never overlap
+# (docs/operations.md, "One run at a time").
 # See deploy/dagster.yaml for a service.
 run_coordinator:
   module: dagster._core.run_coordinator
@@ -97,26 +113,48 @@ def _instance_lock(home: Path) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def _instance() -> Iterator[object]:
-    """The Dagster instance at DAGSTER_HOME, or a temporary one if unset (SPEC K2).
+BESIDE_CONFIG = "dagster_home"  # the instance the demo writes beside its config file
 
-    Opened (its storages created, the first time) under a file lock in DAGSTER_HOME; an error
-    opening it is one line naming DAGSTER_HOME and the cause."""
+
+def instance_home(cfg: PipelineConfig | None = None) -> Path | None:
+    """The Dagster instance a command records its runs in, so the CLI and the UI share one:
+    DAGSTER_HOME when set; else `dagster_home/` beside the config file when it holds a
+    dagster.yaml (what `dedup-pipeline demo` writes and its `dg dev` command uses); else None (a
+    temporary instance)."""
+    if os.environ.get("DAGSTER_HOME"):
+        return Path(os.environ["DAGSTER_HOME"])
+    if cfg is not None and cfg.config_file != BUILTIN_DEMO:
+        beside = Path(cfg.config_file).resolve().parent / BESIDE_CONFIG
+        if (beside / "dagster.yaml").is_file():
+            return beside
+    return None
+
+
+@contextlib.contextmanager
+def _instance(cfg: PipelineConfig | None = None) -> Iterator[object]:
+    """The Dagster instance at `instance_home` (SPEC K2), or a temporary one without one.
+
+    Opened (its storages created, the first time) under a file lock in its home; an error
+    opening it is one line naming the home and the cause."""
     import dagster as dg
 
     _quiet_dagster()
-    if os.environ.get("DAGSTER_HOME"):
-        home = Path(os.environ["DAGSTER_HOME"])
+    home = instance_home(cfg)
+    if home is not None:
+        if not os.environ.get("DAGSTER_HOME"):
+            click.echo(f"recording in the Dagster instance beside the config, {home} (the UI's; "
+                       "set DAGSTER_HOME to choose another)")
         try:
             home.mkdir(parents=True, exist_ok=True)
             with _instance_lock(home):
-                inst = dg.DagsterInstance.get()
+                inst = dg.DagsterInstance.from_config(str(home))
         except Exception as e:  # noqa: BLE001 - the cause in one line, not a traceback
             _fail(f"the Dagster instance at DAGSTER_HOME={home} cannot be opened: {one_line(e)}")
         with inst:
             yield inst
     else:  # in memory: nothing outlives the command (its commit records are the history)
+        click.echo("no DAGSTER_HOME: this run is recorded in a temporary instance no UI shows "
+                   "(the landing sensor of a running UI still sees the dataset's lock)")
         with dg.DagsterInstance.ephemeral() as inst:
             yield inst
 
@@ -173,9 +211,9 @@ def _run(cfg: PipelineConfig, dataset: str | None, first: str, last: str,
     ds = cfg.dataset(dataset)
     n = len(hour_range(first, last))
     click.echo(f"loading {n} hour(s) of {ds.name!r}, {first} .. {last}, in one Dagster run")
-    click.echo(SPARK_NOISE)
+    click.echo(spark_note(cfg))
     _progress_to_stdout()
-    with _instance() as inst:
+    with _instance(cfg) as inst:
         try:
             run = run_range(cfg, ds.name, first, last, inst,  # type: ignore[arg-type]
                             quiet=not verbose)
@@ -219,23 +257,29 @@ def _report_late_input(cfg: PipelineConfig, ds: DatasetConfig) -> None:
 
 @click.group()
 def main() -> None:
-    """Deduplicate hourly at-least-once batches into a clean Parquet lake table."""
+    """Deduplicate hourly at-least-once batches into clean Delta lake tables."""
 
 
 @main.command()
 @click.option("--config", "config", required=True, type=click.Path(dir_okay=False),
-              help="YAML config (SPEC section 2)")
+              help="the YAML config file (README, Configuration)")
 @click.option("--dataset", default=None, help="dataset name (needed if the file has several)")
 @click.option("--from", "first", required=True, help="first hour, e.g. 2026-11-01-00:00")
-@click.option("--to", "last", required=True, help="last hour (inclusive)")
+@click.option("--to", "last", default=None,
+              help="last hour (inclusive); optional with --cascade (then --from)")
 @click.option("--cascade", is_flag=True,
-              help="also reload every hour loaded after --to, in the same run (a rerun of an "
-              "earlier hour is refused while later loaded hours are left out)")
+              help="also reload every hour loaded after --to (or --from), in the same run (a "
+              "rerun of an earlier hour is refused while later loaded hours are left out)")
 @click.option("--verbose", "-v", is_flag=True,
               help="also print Dagster's own log of the run (tracebacks included)")
-def run(config: str, dataset: str | None, first: str, last: str, cascade: bool,
+def run(config: str, dataset: str | None, first: str, last: str | None, cascade: bool,
         verbose: bool) -> None:
     """Load hours FROM..TO in order, through Dagster (records in DAGSTER_HOME)."""
+    if last is None:
+        if not cascade:
+            raise click.UsageError("Missing option '--to' (or give --cascade: --from through the "
+                                   "latest loaded hour)")
+        last = first
     cfg = _load(config)
     try:
         ds = cfg.dataset(dataset)
@@ -286,7 +330,7 @@ def verify(config: str, dataset: str | None, repair: bool) -> None:
     from dedup_pipeline.engine.session import SparkSettings, get_session
     from dedup_pipeline.engine.verify import verify_dataset
 
-    click.echo(SPARK_NOISE)
+    click.echo(spark_note(cfg))
     spark = get_session(SparkSettings(cfg.spark.master, cfg.spark.remote, cfg.spark.conf))
     failed = False
     for name in names:
@@ -400,7 +444,7 @@ def explain(config: str, dataset: str | None, pairs: tuple[str, ...], key_json: 
     except (ConfigError, ExplainKeyError, ValueError) as e:
         _fail(str(e))
     if not as_json:
-        click.echo(SPARK_NOISE, err=True)
+        click.echo(spark_note(cfg), err=True)
     spark = get_session(SparkSettings(cfg.spark.master, cfg.spark.remote, cfg.spark.conf))
     try:
         ex = explain_key(spark, ds, given, first, last)
@@ -453,8 +497,8 @@ def _execute_job(cfg: PipelineConfig, job_name: str, verbose: bool, run_config: 
 
     _quiet_dagster()
     job = build_definitions(cfg).resolve_job_def(job_name)
-    click.echo(SPARK_NOISE)
-    with _instance() as inst:
+    click.echo(spark_note(cfg))
+    with _instance(cfg) as inst:
         res = job.execute_in_process(  # type: ignore[arg-type]
             instance=inst, run_config={**(QUIET_LOGGERS if not verbose else {}), **run_config},
             raise_on_error=False)
@@ -549,7 +593,9 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
         (home / "dagster.yaml").write_text(DEMO_INSTANCE_YAML)
     results = _run(cfg, ds.name, ds.start, last)
     click.echo("")
-    click.echo(f"done in {time.perf_counter() - t0:.0f}s. Outputs (Parquet, by load_hour):")
+    click.echo(f"done in {time.perf_counter() - t0:.0f}s. Outputs ("
+               + ("Delta tables" if ds.output_format == "delta" else "Parquet directories")
+               + ", partitioned by load_hour):")
     for name in WRITTEN:
         click.echo(f"  {name:<10} {ds.output}/{name}/")
     click.echo(f"Dagster runs recorded in DAGSTER_HOME={os.environ['DAGSTER_HOME']}")
@@ -573,6 +619,8 @@ def ui_hint(home: str, config: str, dataset: str, pending: str, marker: str) -> 
         f"  - in the UI: asset {dataset}/unique, Materialize…, Confirm (its five outputs are one "
         f"load), select {pending}, Launch 1 run;",
         f"  - or drop the marker and the landing sensor loads it within a minute: touch {marker}",
+        "The CLI (run, verify, explain) records in this instance too and uses the warm server "
+        "once you export SPARK_REMOTE=sc://127.0.0.1:15002 (else it starts local Spark, 20-30 s).",
     ]
 
 

@@ -141,3 +141,36 @@ def test_demo_loads_all_but_the_newest_hour_and_says_how_to_load_it(
             f"DEDUP_CONFIG={tmp_path / 'demo' / 'dedup.yaml'} .venv/bin/dg dev\n") in r.output
     assert f"hour {pending} has landed without its _SUCCESS marker" in r.output
     assert f"select {pending}, Launch" in r.output and f"touch {marker}" in r.output
+
+
+def test_cascade_needs_no_to_and_to_is_required_without_it(orders: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run --from H --cascade` (as docs/operations.md writes it) runs H through the latest loaded
+    hour; without --cascade, --to is required."""
+    import dedup_pipeline.cli as cli
+
+    calls: list[tuple[str, str]] = []
+    monkeypatch.setattr(cli, "_run", lambda cfg, ds, first, last, verbose=False: calls.append(
+        (first, last)))
+    r = CliRunner().invoke(main, ["run", "--config", str(orders), "--from", "2026-11-01-00:00"])
+    assert r.exit_code == 2 and "Missing option '--to'" in r.output and "--cascade" in r.output
+    r = CliRunner().invoke(main, ["run", "--config", str(orders), "--from", "2026-11-01-00:00",
+                                  "--cascade"])
+    assert r.exit_code == 0, r.output
+    assert calls == [("2026-11-01-00:00", "2026-11-01-00:00")]  # nothing loaded yet: H alone
+
+
+def test_the_cli_records_in_the_instance_beside_the_config(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without DAGSTER_HOME the CLI records where the demo's UI reads: dagster_home/ beside the
+    config when it holds a dagster.yaml; DAGSTER_HOME wins; with neither, a temporary instance."""
+    from dedup_pipeline.cli import DEMO_INSTANCE_YAML, instance_home
+
+    cfg = load_config(write_config(tmp_path, _orders()))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    assert instance_home(cfg) is None
+    (tmp_path / "dagster_home").mkdir()
+    (tmp_path / "dagster_home" / "dagster.yaml").write_text(DEMO_INSTANCE_YAML)
+    assert instance_home(cfg) == tmp_path.resolve() / "dagster_home"
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "elsewhere"))
+    assert instance_home(cfg) == tmp_path / "elsewhere"

@@ -33,7 +33,7 @@ from dedup_pipeline.orchestration.names import (
     rebuild_job_name,
     rebuild_op_name,
 )
-from dedup_pipeline.orchestration.recovery import build_recovery_sensor, run_failure_summary
+from dedup_pipeline.orchestration.recovery import build_recovery_sensor, build_run_end_sensors
 from dedup_pipeline.orchestration.runner import run_range
 from dedup_pipeline_tests.conftest import dataset_raw, pipeline_config, read_output, write_hour
 
@@ -315,7 +315,7 @@ def test_run_failure_summary_lands_in_the_runs_log(spark, site) -> None:
         ctx = dg.build_run_status_sensor_context(
             sensor_name=RUN_FAILURE_SENSOR, dagster_event=failure.dagster_event,
             dagster_instance=inst, dagster_run=dagster_run).for_run_failure()
-        run_failure_summary(ctx)
+        build_run_end_sensors(list(site.datasets))[0](ctx)
         texts = [e.message for e in inst.all_logs(run.run_id)]
         summary = [t for t in texts if t and t.startswith("dedup_pipeline run failure")]
         assert len(summary) == 1
@@ -333,7 +333,9 @@ def test_run_failure_summary_lands_in_the_runs_log(spark, site) -> None:
         assert "LoadOrderError" in text and "\n" not in text
         assert (f"open asset clicks/unique, Partitions tab, select {HOURS[0]}..{HOURS[2]} and "
                 "Launch backfill") in text  # from the first hour not loaded
-        assert f"dedup-pipeline run --config <config.yaml> --from {HOURS[0]} --to {HOURS[2]}" in text
+        # the command names the run's own config file (no DEDUP_CONFIG in this process)
+        assert (f"dedup-pipeline run --config {site.datasets[0].config_file} --from {HOURS[0]} "
+                f"--to {HOURS[2]}") in text
         assert run.error is not None and run.error.startswith("LoadOrderError")  # what the CLI says
 
 

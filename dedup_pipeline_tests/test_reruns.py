@@ -156,11 +156,13 @@ def test_verify_and_run_report_changed_landing_files_and_verify_a_doubled_key(
     fix = f"dedup-pipeline run --config {cfg_path} --dataset clicks --from"
     assert violations == [
         f"VIOLATION: clicks: {H[0]}: landing files changed since the hour was loaded (new "
-        f"part-late.jsonl; removed part-1.jsonl); reload it through the latest loaded hour: "
-        f"{fix} {H[0]} --to {H[1]}",
+        f"part-late.jsonl; removed part-1.jsonl); reload {H[0]}..{H[1]} (through the latest "
+        f"loaded hour, {H[1]}) in one run: {fix} {H[0]} --to {H[1]}, or in the UI asset "
+        f"clicks/unique, Partitions tab, select {H[0]}..{H[1]}, Launch backfill",
         f"VIOLATION: clicks: {H[1]}: landing files changed since the hour was loaded (new "
-        f"part-2.jsonl; changed part-0.jsonl); reload it through the latest loaded hour: "
-        f"{fix} {H[1]} --to {H[1]}"]
+        f"part-2.jsonl; changed part-0.jsonl); reload {H[1]} (through the latest loaded hour, "
+        f"{H[1]}) in one run: {fix} {H[1]} --to {H[1]}, or in the UI asset clicks/unique, "
+        f"Partitions tab, select {H[1]}, Materialize"]
 
     # `run` of the latest hour (allowed) takes in 01's files and reports 00's late input
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
@@ -169,8 +171,10 @@ def test_verify_and_run_report_changed_landing_files_and_verify_a_doubled_key(
     assert r.exit_code == 0, r.output
     late = [line for line in r.output.splitlines() if line.startswith("late input:")]
     assert late == [f"late input: clicks {H[0]}: landing files changed since the hour was loaded "
-                    f"(new part-late.jsonl; removed part-1.jsonl); reload it through the latest "
-                    f"loaded hour: {fix} {H[0]} --to {H[1]}"]
+                    f"(new part-late.jsonl; removed part-1.jsonl); reload {H[0]}..{H[1]} (through "
+                    f"the latest loaded hour, {H[1]}) in one run: {fix} {H[0]} --to {H[1]}, or in "
+                    f"the UI asset clicks/unique, Partitions tab, select {H[0]}..{H[1]}, Launch "
+                    "backfill"]
 
     # a key unique in two hours (what reloading 00 alone used to leave): hour 01's record set
     # aside so the engine reloads 00 alone, then put back

@@ -187,7 +187,9 @@ def test_landing_sensor_requests_each_complete_hour_once_in_order(spark, tmp_pat
             CHECK_NAME, H[1], False, dg.AssetCheckSeverity.WARN)
         assert ev.metadata["files_added"].value == 1
         msg = _skip(again := _tick(defs, inst, res.cursor))
-        assert f"late input for already-loaded hour(s) {H[1]}" in msg and f"Reprocess from {H[1]}" in msg
+        assert f"late input for already-loaded hour(s) {H[1]}" in msg
+        assert f"To take it in: reload {H[1]}" in msg
+        assert "latest loaded hour, " in msg and f"--from {H[1]} --to " in msg
         assert H[1] in msg and not again.run_requests
 
 
@@ -422,3 +424,25 @@ def test_a_failing_late_input_comparison_does_not_stop_the_loads(tmp_path: Path,
         assert cause not in capfd.readouterr().err
         monkeypatch.undo()  # the cause is gone: forgotten, so a recurrence is logged again
         assert json.loads(_tick(defs, inst, again.cursor).cursor)["errors"] == []
+
+
+def test_a_locked_dataset_is_not_requested_and_the_skip_names_the_holder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer the instance does not see (a CLI run recording elsewhere) holds the lock: the tick
+    requests nothing (the run would only fail on the lock) and names the holder; once it is
+    released the hours are requested."""
+    from dedup_pipeline.engine.storage import Lock, Storage
+
+    monkeypatch.chdir(tmp_path)
+    cfg = _cfg(tmp_path)
+    ds = cfg.datasets[0]
+    write_hour(ds, H[0], [_ev(1, 0)])
+    _marker(cfg, H[0])
+    defs = build_definitions(cfg)
+    with dg.instance_for_test() as inst:
+        with Lock(Storage(ds.output), owner="dagster run cli-run-1"):
+            res = _tick(defs, inst, None)
+        assert not res.run_requests, res
+        assert f"not loading {H[0]} yet: the dataset is locked by dagster run cli-run-1 (pid " \
+            in (res.skip_reason.skip_message or ""), res.skip_reason
+        assert _requested_hours(_only_request(_tick(defs, inst, res.cursor))) == (H[0], H[0])

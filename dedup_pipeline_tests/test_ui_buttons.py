@@ -27,7 +27,7 @@ import dagster as dg
 import pytest
 
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
-from dedup_pipeline.hours import HOUR, to_key, to_tag
+from dedup_pipeline.hours import HOUR, hour_range, to_key, to_tag
 from dedup_pipeline.orchestration.landing_checks import CHECK_NAME
 from dedup_pipeline_tests.daemon_walk import DATASET, Walk
 from dedup_pipeline_tests.spark_services import (
@@ -219,6 +219,7 @@ def _materialize(page: Any, url: str, asset: str, hour: str) -> None:
     launch is unavailable; one hour selected -> Launch 1 run."""
     open_page(page, f"{url}/assets/{DATASET}/{asset}")
     mat = button(page, "Materialize…")
+    mat.first.wait_for(timeout=60_000)  # the page renders it after its queries (slow when loaded)
     assert mat.count() == 1 and mat.is_enabled(), asset
     mat.click()
     dialog = _partition_dialog(page)
@@ -250,6 +251,42 @@ def _failure_in_view(page: Any, url: str, run_id: str, starts: str) -> str:
             return str(el.inner_text())
     raise AssertionError(f"no {starts!r} in view on the run page of {run_id}:\n"
                          f"{page.inner_text('body')[-3000:]}")
+
+
+PARTITION_STATUS = """
+query Status($key: AssetKeyInput!) { assetNodeOrError(assetKey: $key) { ... on AssetNode {
+  assetPartitionStatuses { ... on TimePartitionStatuses { ranges { startKey endKey status } } } } } }
+"""
+
+
+def _partition_status_in_browser(page: Any, url: str, shot: Path) -> tuple[dict[str, int],
+                                                                          dict[str, set[str]]]:
+    """clicks/unique's Partitions tab as the browser shows it: the count per status its filter
+    shows; and the hours per status from the same webserver's GraphQL (the partition bar's data)."""
+    open_page(page, f"{url}/assets/{DATASET}/unique?view=partitions")
+    page.get_by_text("Partitions Selected").wait_for(timeout=60_000)
+    page.wait_for_load_state("networkidle")
+    page.screenshot(path=str(shot), full_page=True)
+    counts = {s: int(n) for s, n in re.findall(r"(Failed|Materialized|Materializing|Missing) "
+                                               r"\((\d+)\)", page.inner_text("body"))}
+    node = gql(url, PARTITION_STATUS, {"key": {"path": [DATASET, "unique"]}})["assetNodeOrError"]
+    hours: dict[str, set[str]] = {"MATERIALIZED": set(), "FAILED": set()}
+    for r in node["assetPartitionStatuses"]["ranges"]:
+        hours.setdefault(r["status"], set()).update(
+            to_key(h) for h in hour_range(r["startKey"], r["endKey"]))
+    return counts, hours
+
+
+def _check_counts_in_browser(page: Any, url: str, check: str, shot: Path) -> dict[str, int]:
+    """The check's Partitions tab: the count per status it shows."""
+    open_page(page, f"{url}/assets/{DATASET}/unique?view=checks&checkDetail={check}")
+    page.locator("button[role=tab]#partitions").click()
+    page.get_by_text("Partitions Selected").wait_for(timeout=60_000)
+    page.wait_for_load_state("networkidle")
+    page.screenshot(path=str(shot), full_page=True)
+    return {s: int(n) for s, n in re.findall(
+        r"(Missing|Passed|In Progress|Failed|Execution Failed|Skipped) \((\d+)\)",
+        page.inner_text("body"))}
 
 
 def test_the_browser_clicks_every_materialize_and_execute(ui: dict[str, Any], tmp_path: Path) -> None:
@@ -319,6 +356,22 @@ def test_the_browser_clicks_every_materialize_and_execute(ui: dict[str, Any], tm
         assert f"dedup-pipeline run --config {w.config} --from {to_key(hours[5])}" in text, text
         assert "Traceback" not in text and 'File "' not in text, text
         assert to_tag(hours[6]) not in w.committed()
+
+        # a refused rerun (hour 1 while hours 2-4 are loaded): its fix names hours 1..4 in order;
+        # the partition bar and the checks still show hour 1 as committed; only hour 6, whose
+        # load committed nothing, is Failed
+        _materialize(page, url, "unique", to_key(hours[1]))
+        run = runs.next_finished("Materialize of a loaded hour before later loaded ones")
+        assert run.status == dg.DagsterRunStatus.FAILURE, run.run_id
+        text = _failure_in_view(page, url, run.run_id, f"Load of {DATASET} hour(s) {to_key(hours[1])}")
+        assert "LaterHoursLoadedError" in text, text
+        assert f"--from {to_key(hours[1])} --to {to_key(hours[4])}" in text, text
+        counts, status = _partition_status_in_browser(page, url, shots / "after-refusal.png")
+        assert counts.get("Materialized") == 5 and counts.get("Failed") == 1, counts
+        committed = {to_key(h) for h in hours[:5]}
+        assert status["MATERIALIZED"] == committed and status["FAILED"] == {to_key(hours[6])}, status
+        counts = _check_counts_in_browser(page, url, "conservation", shots / "check-after-refusal.png")
+        assert counts.get("Passed") == 5 and not counts.get("Failed") and not counts.get("Skipped"), counts
         w.land(hours[1], ["late"], name="part-late.jsonl", marker=False)  # after hour 1's load
 
         # every check: Execute is disabled where the UI cannot run the check alone (the load's

@@ -490,3 +490,39 @@ def test_spark_server_logs_warnings_and_one_line_per_session_by_default(tmp_path
     ended = [line for line in log.splitlines() if "session ended:" in line]
     assert len(started) == 1 and len(ended) == 1, log[-3000:]
     print(started[0], ended[0], sep="\n")
+
+
+def test_every_run_releases_its_connect_session(tmp_path: Path) -> None:
+    """A run opens one Connect session and releases it when it ends, whether it succeeded or was
+    refused: the server's open sessions (its "session started" lines minus its "session ended"
+    lines) are back to 0 after every run, not after the server's idle timeout."""
+    srv = WarmServer(tmp_path)
+    cmd = [str(VENV_BIN / "dedup-pipeline"), "spark-server", "--port", str(srv.port),
+           "--master", "local[1]", "--conf", "spark.ui.enabled=false"]
+    srv.service = start("dedup-pipeline spark-server", cmd, tmp_path / "server.log", env=clean_env(),
+                        cwd=tmp_path)
+    root = make_landing(tmp_path / "land", "sessions", seed=5, hours=2, rows=50)
+    env = clean_env(SPARK_REMOTE=srv.url, DAGSTER_HOME=str(tmp_path / "dagster_home"))
+    h0, h1 = FIRST, to_key(parse_key(FIRST) + HOUR)
+
+    def sessions() -> tuple[int, int]:
+        log = srv.service.tail(10**8) if srv.service else ""
+        return log.count("session started:"), log.count("session ended:")
+
+    def run(first: str, last: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(VENV_BIN / "dedup-pipeline"), "run", "--config",
+                               str(root / "dedup.yaml"), "--from", first, "--to", last], env=env,
+                              cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+    try:
+        srv.wait_ready()
+        for n, (first, last, ok) in enumerate([(h0, h1, True), (h0, h0, False)], start=1):
+            out = run(first, last)
+            assert (out.returncode == 0) == ok, out.stdout[-3000:] + out.stderr[-3000:]
+            assert "Spark: the Connect server at" in out.stdout, out.stdout[-2000:]
+            wait_until(f"run {n}'s session to end", lambda n=n: sessions() == (n, n) or None, 30,
+                       [srv.service])
+            print(f"run {n} ({first}..{last}, {'ok' if ok else 'refused'}): sessions "
+                  f"started/ended {sessions()}")
+    finally:
+        srv.kill()

@@ -492,11 +492,23 @@ def _tombstones(dt: DeltaTable) -> set[str] | None:
 
 
 def hour_files(st: Storage, name: str, tag: str) -> tuple[int, int] | None:
-    """(table version, files of hour `tag`) of output `name`'s table, or None without a table."""
+    """(the table version that committed hour `tag` as the table holds it now, its files) of
+    output `name`'s table, or None without a table. The version is the newest commit carrying the
+    hour's load_hour in its commit info (each publish of an hour is one such commit); the latest
+    version if log cleanup removed it (every later version holds the hour alike)."""
     dt = open_table(st, name)
     if dt is None:
         return None
-    return dt.version(), len(files_by_hour(dt).get(tag, {}))
+    return hour_version(dt, tag), len(files_by_hour(dt).get(tag, {}))
+
+
+def hour_version(dt: DeltaTable, tag: str, limit: int = 1000) -> int:
+    """The newest version of `dt` whose commit published hour `tag` (see `hour_files`)."""
+    key = key_of(tag)
+    for h in dt.history(limit):  # newest first; usually the hour's commit is among the first
+        if h.get("dedup_pipeline.load_hour") == key and "version" in h:
+            return int(h["version"])
+    return dt.version()
 
 
 # -- drift and upkeep ------------------------------------------------------------------------------

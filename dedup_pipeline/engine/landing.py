@@ -149,8 +149,18 @@ class InputChange:
         parts = [f"{w} {names(x)}" for x, w in ((self.added, "new"), (self.removed, "removed"),
                                                 (self.modified, "changed")) if x]
         return (f"{self.key}: landing files changed since the hour was loaded "
-                f"({'; '.join(parts)}); reload it through the latest loaded hour: dedup-pipeline "
-                f"run --config <file> --dataset {ds.name} --from {self.key} --to {latest}")
+                f"({'; '.join(parts)}); {reload_hint(ds.name, self.key, latest)}")
+
+
+def reload_hint(dataset: str, first: str, latest: str | None, config: str = "<file>") -> str:
+    """How to reprocess `first` through the latest loaded hour `latest` (partition keys, in
+    order), named, the CLI way and the UI way."""
+    last = latest if latest and parse_key(latest) >= parse_key(first) else first
+    hours = first if first == last else f"{first}..{last}"
+    return (f"reload {hours} (through the latest loaded hour, {last}) in one run: dedup-pipeline "
+            f"run --config {config} --dataset {dataset} --from {first} --to {last}, or in the UI "
+            f"asset {dataset}/unique, Partitions tab, select {hours}, "
+            + ("Materialize" if first == last else "Launch backfill"))
 
 
 def content_hash(path: str) -> str | None:
@@ -257,14 +267,19 @@ def reprocess_range(ds: DatasetConfig, committed: set[str] | None = None) -> Rep
     return Reprocess(min(starts), latest, changes)
 
 
-def describe_changes(changes: list[InputChange], limit: int = 5) -> str:
+def describe_changes(changes: list[InputChange], limit: int = 5, latest: str | None = None,
+                     dataset: str | None = None) -> str:
+    """The late input of `changes` in one paragraph; with `latest` (the latest loaded hour, a
+    partition key) and `dataset`, the reload named."""
     if not changes:
         return "no late input"
     shown = "; ".join(c.summary() for c in changes[:limit])
     more = f"; and {len(changes) - limit} more hour(s)" if len(changes) > limit else ""
     hours = compress_ranges([c.hour for c in changes])
-    return (f"late input for already-loaded hour(s) {hours}: {shown}{more}. Reprocess from "
-            f"{changes[0].key} through the latest loaded hour (docs/operations.md, 'Late files')")
+    fix = (reload_hint(dataset, changes[0].key, latest) if dataset and latest else
+           f"reprocess from {changes[0].key} through the latest loaded hour")
+    return (f"late input for already-loaded hour(s) {hours}: {shown}{more}. To take it in: "
+            f"{fix} (docs/operations.md, 'Late files')")
 
 
 def display_path(path: str, ds: DatasetConfig) -> str:

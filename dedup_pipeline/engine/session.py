@@ -130,6 +130,16 @@ def check_server(remote: str, timeout: float = 5.0) -> None:
             "Spark") from None
 
 
+def connect_session_exists() -> bool:
+    """Whether this process already has a Spark Connect session (which `get_session` reuses)."""
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError:  # no connect extra: no Connect session either
+        return False
+    return (ConnectSession._get_default_session() is not None  # noqa: SLF001 - no public twin
+            or ConnectSession.getActiveSession() is not None)
+
+
 def get_session(settings: SparkSettings) -> SparkSession:
     """Create (or reuse) the process's session. Never called while definitions load."""
     s = settings.resolved()

@@ -473,6 +473,22 @@ class Lock:
             f"it), delete {self.path}."
         )
 
+    @classmethod
+    def holder(cls, storage: Storage) -> str | None:
+        """Who holds the dataset's lock right now ("owner (pid P on host, since T)"), None if
+        nobody does (no lock file, or a stale one: its process is gone). Read only: a caller
+        deciding whether to launch a load that would meet the lock (the landing sensor)."""
+        probe = cls(storage, owner="")
+        probe.path = storage.path("_lock")
+        try:
+            held = probe._read()
+        except OSError:
+            return None
+        if not held or cls._is_stale(held):
+            return None
+        return (f"{held.get('owner')} (pid {held.get('pid')} on {held.get('host')}, since "
+                f"{held.get('since')})")
+
     def release(self) -> None:
         if not self.path:
             return

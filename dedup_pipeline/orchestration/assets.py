@@ -25,17 +25,18 @@ from typing import Any
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.config.models import BUILTIN_DEMO
 from dedup_pipeline.engine import landing, outputs
 from dedup_pipeline.engine.checks import LoadCheckError
 from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.commits import CommitRecord, LoadOrderError
+from dedup_pipeline.engine.commits import CommitRecord, LaterHoursLoadedError, LoadOrderError
 from dedup_pipeline.engine.digest import FP, H1, H2
 from dedup_pipeline.engine.index.store import LOAD_HOUR, entry_schema
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.outputs import OUTPUTS
 from dedup_pipeline.engine.parse import REASON, V
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import parse_key, to_key
+from dedup_pipeline.hours import parse_key, tag_hour, to_key
 from dedup_pipeline.orchestration import checks, hour_events, names, runs
 from dedup_pipeline.orchestration.names import INDEX, RAW
 from dedup_pipeline.orchestration.partitions import hourly_partitions
@@ -47,8 +48,9 @@ DESCRIPTIONS = {
     RAW: "The hour's landing files ({path}/date=YYYY-MM-DD/hour=HH/), read where they are, not "
          "copied. Each load records how many files and rows it read here.",
     "unique": "The clean table: for each key, the first record ever seen, once. Later records "
-              "with a key already kept go to duplicates. Parquet at "
-              "{output}/unique/load_hour=YYYY-MM-DD-HH/. (Rules R3, R4 in docs/design.md.)",
+              "with a key already kept go to duplicates. {table} at {output}/unique, one "
+              "load_hour=YYYY-MM-DD-HH partition per loaded hour. (Rules R3, R4 in "
+              "docs/design.md.)",
     "duplicates": "Records whose key was already kept, in this hour or an earlier one: resends "
                   "(natural) and records that differ from the kept one (conflict), each naming "
                   "the hour that holds the kept record. (Rules R4, R5 in docs/design.md.)",
@@ -71,7 +73,8 @@ PRODUCT_COLUMNS = {
     outputs.EXPIRY_POINT: "The expiry point of the load that read the record: records whose "
                           "expiry column is older than this are expired (rule R6).",
     REASON: "Why the record was rejected: unreadable_file, bad_encoding, malformed, "
-            "bad_value:<column>, null_key, unknown_category or bad_expiry_value.",
+            "bad_value:COLUMN (a value of that column that does not parse as its type), "
+            "null_key, unknown_category or bad_expiry_value.",
     outputs.RAW: "The record's original text (a JSONL line, a CSV record, a Parquet row as JSON; "
                  "base64 of the bytes for bad_encoding), so it can be fixed and replayed.",
 }
@@ -109,20 +112,56 @@ def _index_schema(ds: DatasetConfig) -> dg.TableSchema:
         for f in entry_schema(ds).fields])
 
 
-def _config_name() -> str:
-    return os.environ.get("DEDUP_CONFIG") or "<config.yaml>"
+def _kind(ds: DatasetConfig) -> str:
+    """The storage kind tag the UI shows: delta for Delta tables, parquet for plain directories."""
+    return "delta" if ds.output_format == "delta" else "parquet"
+
+
+def _table_kind(ds: DatasetConfig) -> str:
+    return "A Delta table" if ds.output_format == "delta" else "Parquet directories"
+
+
+def _config_name(ds: DatasetConfig | None = None) -> str:
+    """The config file a command in a message names: DEDUP_CONFIG (what the code location loaded),
+    else the file the dataset was read from (an in-process run of the CLI or a test)."""
+    if os.environ.get("DEDUP_CONFIG"):
+        return os.environ["DEDUP_CONFIG"]
+    if ds is not None and ds.config_file != BUILTIN_DEMO:
+        return ds.config_file
+    return "<config.yaml>"
+
+
+def rerun_range(ds: DatasetConfig, partition_keys: list[str], err: BaseException
+                ) -> tuple[str, str]:
+    """The hours to load again after `err`, first <= last, as the CLI's --from/--to take them.
+
+    A rerun refused because later hours are loaded (`LaterHoursLoadedError`): from the run's first
+    hour through the latest loaded one. Any other order error (an earlier hour is missing): from
+    the first hour not loaded through the run's last. Anything else: the run's own hours."""
+    keys = sorted(partition_keys, key=parse_key)
+    first, last = keys[0], keys[-1]
+    with contextlib.suppress(Exception):  # the fix's hours are a courtesy: never fail the failure
+        committed = CommitLog(Storage(ds.output)).committed()
+        if isinstance(err, LaterHoursLoadedError):
+            newest = committed.max()
+            latest = tag_hour(newest) if newest is not None else None
+            if latest is not None and latest > parse_key(last):
+                last = to_key(latest)
+        elif isinstance(err, LoadOrderError):
+            gap = landing.first_unloaded(ds, committed)
+            if gap < parse_key(first):
+                first = to_key(gap)
+    return first, last
 
 
 def _load_failure(ds: DatasetConfig, partition_keys: list[str], err: BaseException) -> dg.Failure:
     """The step's failure with the cause and the fix in front (the UI shows a Failure's
     description at the top of the step's error; the original traceback stays, as its cause)."""
     keys = sorted(partition_keys, key=parse_key)
-    rerun_first = keys[0]
-    if isinstance(err, LoadOrderError):  # the range must start at the first hour not loaded
-        with contextlib.suppress(Exception):
-            rerun_first = to_key(landing.first_unloaded(ds, CommitLog(Storage(ds.output)).committed()))
+    rerun_first, rerun_last = rerun_range(ds, keys, err)
     return dg.Failure(
-        description=runs.load_failure(ds.name, keys[0], keys[-1], err, rerun_first, _config_name()),
+        description=runs.load_failure(ds.name, keys[0], keys[-1], err, rerun_first, _config_name(ds),
+                                      rerun_last),
         metadata={"error": f"{type(err).__name__}: "
                            f"{(str(err).strip().splitlines() or [''])[0][:500]}"})
 
@@ -150,10 +189,10 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
         dg.AssetSpec(
             names.asset_key(ds.name, name),
             deps=[raw_key],
-            description=DESCRIPTIONS[name].format(output=ds.output),
+            description=DESCRIPTIONS[name].format(output=ds.output, table=_table_kind(ds)),
             partitions_def=pdef,
             group_name=names.group_name(ds.name),
-            kinds={"spark", "parquet"},
+            kinds={"spark", _kind(ds)},
             metadata={"dagster/column_schema": _column_schema(ds, name),
                       "path": f"{ds.output}/{name}"},
         )
@@ -167,7 +206,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             description=DESCRIPTIONS[INDEX],
             partitions_def=pdef,
             group_name=names.group_name(ds.name),
-            kinds={"spark", "parquet"},
+            kinds={"spark", _kind(ds)},
             metadata={"dagster/column_schema": _index_schema(ds), "path": f"{ds.output}/index"},
         )
     )
@@ -184,29 +223,35 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
     )
     def load(context: dg.AssetExecutionContext, spark: SparkResource) -> Iterator[Any]:
         if not (context.has_partition_key or context.has_partition_key_range):
-            raise dg.Failure(description=runs.no_partition_load(ds.name, _config_name()))
+            raise dg.Failure(description=runs.no_partition_load(ds.name, _config_name(ds)))
         partition_keys = list(context.partition_keys)
 
         def progress(msg: str) -> None:
             context.log.info(msg)
             PROGRESS_LOGGER.info(msg)
 
-        session = spark.get_session()
         results: list[CommitRecord] = []
+        session = None
         try:
+            session = spark.get_session()
             load_hours(session, ds, partition_keys, progress, f"dagster run {context.run.run_id}",
                        remote=spark.remote_url(), on_hour=results.append)
-        except Exception as err:
-            # Committed hours get their own events; the failing hour its failed check; hours this
-            # run did not load keep the status of their committed load (restated).
+        except (Exception, KeyboardInterrupt, dg.DagsterExecutionInterruptedError) as err:
+            # Committed hours get their own events; the failing hour its failed check; every other
+            # hour of the run that an earlier load committed gets that load's materializations and
+            # checks again (restated), so a refused or failed run never turns a committed hour
+            # "Failed" (hour_events.restate says why Dagster would).
             for r in results:
                 yield from hour_events.of_hour(context, ds, keys, raw_key, r, session)
             loaded = {parse_key(r.partition_key) for r in results}
             rest = [pk for pk in sorted(partition_keys, key=parse_key) if parse_key(pk) not in loaded]
-            if isinstance(err, LoadCheckError):  # load_hours stopped at the first hour not loaded
+            if isinstance(err, LoadCheckError) and not hour_events.committed(ds, rest[0]):
+                # load_hours stopped at the first hour not loaded; a rerun's old load stays
                 yield hour_events.failed_check(context, ds, rest.pop(0), err)
             for pk in rest:
-                yield from hour_events.restate(context, ds, pk)
+                yield from hour_events.restate(context, ds, keys, pk)
+            if not isinstance(err, Exception):  # interrupted (a cancelled run): as it came
+                raise
             raise _load_failure(ds, partition_keys, err) from err
         if len(results) == 1 and context.has_partition_key:
             # one partition (not a one-hour range, whose check results Dagster would record

@@ -16,7 +16,7 @@ from dedup_pipeline.orchestration.recovery import (
     build_migrate_job,
     build_rebuild_job,
     build_recovery_sensor,
-    run_failure_summary,
+    build_run_end_sensors,
 )
 from dedup_pipeline.orchestration.resources import SparkResource
 from dedup_pipeline.orchestration.schedules import build_hourly_schedule, build_reconcile_schedule
@@ -56,7 +56,7 @@ def build_definitions(cfg: PipelineConfig) -> dg.Definitions:
     """Every dataset's Definitions merged with what they share: the Spark resource, the
     in-process executor and the run-failure summary sensor."""
     shared = dg.Definitions(
-        sensors=[run_failure_summary],
+        sensors=build_run_end_sensors(list(cfg.datasets)),
         resources={"spark": SparkResource.from_config(cfg.spark)},
         executor=dg.in_process_executor,
     )

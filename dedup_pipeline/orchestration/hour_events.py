@@ -80,8 +80,8 @@ def hour_metadata(ds: DatasetConfig, r: CommitRecord) -> dict[str, Any]:
 
 
 def table_metadata(ds: DatasetConfig, name: str, tag: str) -> dict[str, Any]:
-    """Where a downstream asset reads output `name`'s hour `tag`: the Delta table's path, a table
-    version holding the hour as committed (the latest), and the hour's file count in it."""
+    """Where a downstream asset reads output `name`'s hour `tag`: the Delta table's path, the table
+    version that committed the hour, and the hour's file count in it."""
     from dedup_pipeline.engine import lake
     from dedup_pipeline.engine.storage import Storage
 
@@ -168,16 +168,87 @@ def failed_check(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str,
         pk, target)
 
 
-def restate(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str
-             ) -> Iterator[dg.AssetCheckEvaluation]:
-    """Evaluations of an hour this run did not load but an earlier load committed: the checks of
-    that committed load, again, so the failed run does not turn a loaded hour's status into
-    "Execution failed". Nothing for an hour that was never loaded."""
+def restate(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: list[dg.AssetKey],
+            pk: str) -> Iterator[Any]:
+    """The committed load of an hour this run planned but did not load (it was refused or failed
+    before or while loading it, and wrote nothing in it): that load's materializations and check
+    evaluations, again, marked as restated. Nothing for an hour that was never loaded.
+
+    Why materializations, not only evaluations: Dagster derives a partition's "Failed" status from
+    its latest planned-or-materialized event (`get_latest_asset_partition_materialization_attempts_
+    without_materializations`): the run's creation logs one ASSET_MATERIALIZATION_PLANNED per
+    partition, and if the run then fails with no materialization after it, the committed hour
+    turns red in every partition bar, and the failed-partition set of the status cache keeps it
+    until a later materialization of the hour. The restated materialization is that later one.
+    """
     rec = CommitLog(Storage(ds.output)).read(to_tag(parse_key(pk)))
     if rec is None:
         return
-    note = (f"restated from the committed load of {pk}: run {context.run.run_id} failed before "
-            "loading this hour and changed nothing in it")
+    note = (f"restated from the committed load of {pk}: run {context.run.run_id} did not load "
+            "this hour and changed nothing in it")
+    md = {**hour_metadata(ds, rec), "restated": note}
+    for key in keys:
+        yield dg.AssetMaterialization(asset_key=key, partition=pk,
+                                      metadata=output_metadata(ds, rec, key.path[-1], md))
     evals = [checks.Evaluation(e.name, e.passed, {**e.metadata, "note": note})
              for e in checks.evaluate(ds, rec)]
     yield from _evaluations(context.instance, ds, pk, evals)
+
+
+def committed(ds: DatasetConfig, pk: str) -> bool:
+    return CommitLog(Storage(ds.output)).read(to_tag(parse_key(pk))) is not None
+
+
+def run_hours(run: dg.DagsterRun) -> list[str]:
+    """The hours (partition keys) a run targeted, from Dagster's partition tags; [] for none."""
+    from dedup_pipeline.hours import hour_range, to_key
+    from dedup_pipeline.orchestration.names import PARTITION, RANGE_END, RANGE_START
+
+    start = run.tags.get(RANGE_START) or run.tags.get(PARTITION)
+    end = run.tags.get(RANGE_END) or start
+    if not start or not end:
+        return []
+    try:
+        return [to_key(h) for h in hour_range(start, end)]
+    except ValueError:
+        return []
+
+
+def restate_finished_run(instance: dg.DagsterInstance, ds: DatasetConfig, run: dg.DagsterRun
+                         ) -> list[str]:
+    """After a load run ended without success (cancelled, or failed before its step could restate
+    anything: a queued run cancelled, a resource that would not start, a killed worker): the
+    committed loads of the hours it targeted, restated into the run's own event log, so its
+    planned materializations and checks leave no committed hour Failed or Skipped. An hour the run
+    itself materialized (loaded, or restated in its step) is left alone. Returns the hours
+    restated."""
+    from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
+
+    log = CommitLog(Storage(ds.output))
+    keys = [names.asset_key(ds.name, n) for n in names.WRITTEN]
+    done: list[str] = []
+    for pk in run_hours(run):
+        rec = log.read(to_tag(parse_key(pk)))
+        if rec is None:
+            continue
+        latest = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=keys[0], asset_partitions=[pk]), limit=1).records
+        if latest and latest[0].run_id == run.run_id:
+            continue
+        note = (f"restated from the committed load of {pk}: run {run.run_id} "
+                f"({run.status.value.lower()}) did not load this hour and changed nothing in it")
+        md = {**hour_metadata(ds, rec), "restated": note}
+        for key in keys:
+            mat = dg.AssetMaterialization(asset_key=key, partition=pk,
+                                          metadata=output_metadata(ds, rec, key.path[-1], md))
+            instance.report_dagster_event(DagsterEvent(
+                DagsterEventType.ASSET_MATERIALIZATION.value, job_name=run.job_name,
+                event_specific_data=StepMaterializationData(mat)), run.run_id)
+        evals = [checks.Evaluation(e.name, e.passed, {**e.metadata, "note": note})
+                 for e in checks.evaluate(ds, rec)]
+        for ev in _evaluations(instance, ds, pk, evals):
+            instance.report_dagster_event(DagsterEvent(
+                DagsterEventType.ASSET_CHECK_EVALUATION.value, job_name=run.job_name,
+                event_specific_data=ev), run.run_id)
+        done.append(pk)
+    return done

@@ -23,7 +23,7 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import landing
 from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import compress_ranges, parse_key, to_key, to_tag
+from dedup_pipeline.hours import compress_ranges, key_of, parse_key, to_key, to_tag
 from dedup_pipeline.orchestration.names import RAW, asset_key, input_check_job_name
 from dedup_pipeline.orchestration.partitions import hourly_partitions
 
@@ -90,7 +90,7 @@ def _hour_result(ds: DatasetConfig, st: HourState) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         passed=False, severity=warn,
         description=f"landing files of {c.summary()} changed after the hour was loaded; "
-                    f"reprocess from {c.key} through the latest loaded hour",
+                    f"{landing.reload_hint(ds.name, c.key, _latest(ds))}",
         metadata={"loaded": True, **_change_metadata(ds, c)})
 
 
@@ -125,7 +125,13 @@ def _many_result(ds: DatasetConfig, scope: str, states: list[HourState],
                         "read")
     return cls(
         passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=md,
-        description=f"{scope}: {landing.describe_changes(changed)}")
+        description=f"{scope}: {landing.describe_changes(changed, latest=_latest(ds), dataset=ds.name)}")
+
+
+def _latest(ds: DatasetConfig) -> str | None:
+    """The latest loaded hour (a partition key), None with none."""
+    newest = CommitLog(Storage(ds.output)).committed().max()
+    return key_of(newest) if newest else None
 
 
 def build_input_check(ds: DatasetConfig) -> dg.AssetChecksDefinition:

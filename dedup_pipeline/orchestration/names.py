@@ -58,6 +58,7 @@ upkeep_schedule_name: PerDataset = "{}_table_upkeep_schedule".format
 # (deploy/dagster.yaml) runs of one dataset queue instead of failing on its lock.
 pool_name: PerDataset = "dedup_{}".format
 RUN_FAILURE_SENSOR = "dedup_run_failure_summary"  # one for all datasets
+RUN_CANCELED_SENSOR = "dedup_run_canceled_restate"  # one for all datasets
 
 
 # --- run tags: ours, and Dagster's own that we read or set

@@ -9,7 +9,9 @@
   record is reported (skip reason and warning naming file, hour and fix), not rebuilt: rerunning
   the hour repairs it.
 - `dedup_run_failure_summary`: on any failed run, writes one paragraph (dataset, hours, stage,
-  error) into that run's own event log, where the UI shows it next to the failure.
+  error) into that run's own event log, where the UI shows it next to the failure; with
+  `dedup_run_canceled_restate` it restates the committed hours a failed or cancelled load did not
+  load (`hour_events.restate_finished_run`).
 """
 
 
@@ -126,11 +128,42 @@ def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition) -> dg.Sensor
     return recovery
 
 
-@dg.run_failure_sensor(name=names.RUN_FAILURE_SENSOR, default_status=dg.DefaultSensorStatus.RUNNING)
-def run_failure_summary(context: dg.RunFailureSensorContext) -> None:
-    """Writes one paragraph (dataset, hours, cause, fix) into the failed run's own event log."""
-    run = context.dagster_run
-    err = runs.first_step_error(context.get_step_failure_events())
-    summary = runs.failure_summary(run, err, context.failure_event.message or "the run failed",
-                                   os.environ.get("DEDUP_CONFIG") or "<config.yaml>")
-    context.instance.report_engine_event(summary, run)
+def _restate(instance: dg.DagsterInstance, run: dg.DagsterRun,
+             datasets: dict[str, DatasetConfig]) -> None:
+    """The committed hours of a load run that ended without loading them, restated into its log
+    (`hour_events.restate_finished_run`); a load of an unknown dataset is left alone."""
+    from dedup_pipeline.orchestration import hour_events
+
+    ds = datasets.get(runs.dataset_of_run(run) or "")
+    if ds is not None and runs.is_load(run, ds.name):
+        hour_events.restate_finished_run(instance, ds, run)
+
+
+def build_run_end_sensors(datasets: list[DatasetConfig]) -> list[dg.SensorDefinition]:
+    """The sensors on runs that end without success, one of each for all datasets:
+    `dedup_run_failure_summary` (a failed run: the summary paragraph into its log, then the
+    committed hours it did not load restated) and `dedup_run_canceled_restate` (a cancelled load:
+    its committed hours restated). The load step restates what it can itself; these cover the runs
+    whose step never ran (cancelled in the queue, a resource that would not start, a killed worker)."""
+    by_name = {ds.name: ds for ds in datasets}
+
+    @dg.run_failure_sensor(name=names.RUN_FAILURE_SENSOR,
+                           default_status=dg.DefaultSensorStatus.RUNNING)
+    def run_failure_summary(context: dg.RunFailureSensorContext) -> None:
+        """Writes one paragraph (dataset, hours, cause, fix) into the failed run's own event log,
+        and restates the committed hours the run did not load."""
+        run = context.dagster_run
+        err = runs.first_step_error(context.get_step_failure_events())
+        summary = runs.failure_summary(run, err, context.failure_event.message or "the run failed",
+                                       os.environ.get("DEDUP_CONFIG") or "<config.yaml>")
+        context.instance.report_engine_event(summary, run)
+        _restate(context.instance, run, by_name)
+
+    @dg.run_status_sensor(name=names.RUN_CANCELED_SENSOR, run_status=dg.DagsterRunStatus.CANCELED,
+                          default_status=dg.DefaultSensorStatus.RUNNING,
+                          description="Restates the committed hours a cancelled load did not "
+                                      "load, so their partitions show their committed load.")
+    def run_canceled_restate(context: dg.RunStatusSensorContext) -> None:
+        _restate(context.instance, context.dagster_run, by_name)
+
+    return [run_failure_summary, run_canceled_restate]

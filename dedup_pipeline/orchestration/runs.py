@@ -218,10 +218,12 @@ def failure_summary(run: dg.DagsterRun, err: RootError | None, fallback: str,
 
 
 def load_failure(ds: str, first: str, last: str, err: BaseException, rerun_first: str,
-                 config: str) -> str:
+                 config: str, rerun_last: str | None = None) -> str:
     """The description of the `Failure` a load step raises: what failed, in which hours, and the
     fix (UI and CLI ways) in one paragraph; the error's traceback stays below it, as its cause.
-    `rerun_first` is the first hour to load again (for an order error: the first missing one)."""
+    `rerun_first`..`rerun_last` (default `last`) are the hours to load again, in order (for an
+    order error: from the first missing one; for a rerun refused because later hours are loaded:
+    through the latest loaded one)."""
     cls = type(err).__name__
     msg = (str(err).strip().splitlines() or [""])[0]
     root = root_error_of_exception(err) or RootError(cls, msg)
@@ -230,7 +232,7 @@ def load_failure(ds: str, first: str, last: str, err: BaseException, rerun_first
     stage, fix = _filled(stage, ds, hours), _filled(fix, ds, hours)
     cause = str(root).rstrip(".")  # an error's own last sentence ends with a period
     return (f"Load of {ds} hour(s) {hours} failed in {stage}: {cause}. Fix: {fix}. To load again: "
-            f"{rerun_ways(ds, rerun_first, last, config)}.")
+            f"{rerun_ways(ds, rerun_first, rerun_last or last, config)}.")
 
 
 def root_error_of_exception(err: BaseException) -> RootError | None:

@@ -53,8 +53,8 @@ import dagster as dg
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import contract, landing
 from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import compress_ranges, hour_range, parse_key, to_key, to_tag
+from dedup_pipeline.engine.storage import Lock, Storage
+from dedup_pipeline.hours import compress_ranges, hour_range, key_of, parse_key, to_key, to_tag
 from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.landing_checks import build_input_check, build_input_check_job
 from dedup_pipeline.orchestration.names import PARTITION, TRIGGER_TAG, landing_sensor_name, range_tags
@@ -220,7 +220,9 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
                 raise
 
         checks = errors.guard("requesting input-check runs", late_checks, [])
-        late = f" | {landing.describe_changes(changes)}" if changes else ""
+        newest = key_of(committed.max() or "") if committed.max() else None
+        late = (f" | {landing.describe_changes(changes, latest=newest, dataset=ds.name)}"
+                if changes else "")
 
         def result(load: dg.RunRequest | None, skip: str | None) -> dg.SensorResult:
             errors.report(context, cur)
@@ -265,6 +267,12 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
         ready = landing.ready_hours(ds, frontier, now_fn())
         if not ready.hours:
             return result(None, f"nothing to load: {ready.blocked_why}{late}")
+        holder = errors.guard("reading the dataset lock", lambda: Lock.holder(Storage(ds.output)),
+                              None)
+        if holder is not None:  # a writer this instance does not see (a CLI run elsewhere)
+            return result(None, f"not loading {compress_ranges(ready.hours)} yet: the dataset is "
+                                f"locked by {holder}; the hours are requested once it is "
+                                f"released{late}")
         first, last = to_key(ready.hours[0]), to_key(ready.hours[-1])
         try:  # a run under a config that breaks the dataset contract would only fail: say why
             contract.check(Storage(ds.output), ds, first, committed)

@@ -19,6 +19,7 @@ the last one, and 2-3 more CPU-seconds of JIT). As data, the code is the same ev
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -128,3 +129,18 @@ def is_expired(v: Column, x: Column | Number | None) -> Column:
     if x is None:
         return F.lit(False)
     return v < (x if isinstance(x, Column) else F.lit(x))
+
+
+def hour_maxima(ds: DatasetConfig, frames: Iterable[DataFrame | None], hour_col: str
+                ) -> dict[str, Number]:
+    """The largest expiry value v of each load hour over `frames` (outputs with the expiry column
+    and `hour_col`): what L_H is re-derived from (verify, migrate)."""
+    maxima: dict[str, Number] = {}
+    for df in frames:
+        if df is None:
+            continue
+        for row in df.groupBy(hour_col).agg(F.max(expiry_value(ds)).alias("m")).collect():
+            if row["m"] is not None:
+                cur = maxima.get(row[hour_col])
+                maxima[row[hour_col]] = row["m"] if cur is None else max(cur, row["m"])
+    return maxima

@@ -40,6 +40,7 @@ from dedup_pipeline.engine.expiry import (
     X_COL,
     expiry_point_column,
     expiry_value,
+    hour_maxima,
     is_live,
     latest_point,
 )
@@ -211,15 +212,7 @@ def latest_points(reader: Reader, committed: list[str]) -> dict[str, int | float
     ds = reader.ds
     if ds.expiry is None:
         return None
-    maxima: dict[str, float | int] = {}
-    for name in (UNIQUE, DUPLICATES, EXPIRED):
-        df = reader.frame(name)
-        if df is None:
-            continue
-        for row in df.groupBy(LOAD_HOUR).agg(F.max(expiry_value(ds)).alias("m")).collect():
-            if row["m"] is not None:
-                cur = maxima.get(row[LOAD_HOUR])
-                maxima[row[LOAD_HOUR]] = row["m"] if cur is None else max(cur, row["m"])
+    maxima = hour_maxima(ds, (reader.frame(n) for n in (UNIQUE, DUPLICATES, EXPIRED)), LOAD_HOUR)
     out: dict[str, int | float | None] = {}
     latest = None
     for tag in committed:

@@ -36,7 +36,7 @@ from pyspark.sql import functions as F
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits, contract, lake, landing, lookups
 from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.expiry import X_COL, expiry_point, expiry_value, is_live, latest_point
+from dedup_pipeline.engine.expiry import X_COL, expiry_point, expiry_value, hour_maxima, is_live, latest_point
 from dedup_pipeline.engine.index import health, layout
 from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, LOAD_HOUR, OUTPUTS, PARTITION, UNIQUE
 from dedup_pipeline.engine.parse import (
@@ -433,15 +433,7 @@ def _expiry_points(spark: SparkSession, ds: DatasetConfig, frames: dict[str, Dat
                    ) -> dict[str, float | int | None]:
     """X_H per committed hour, recomputed from the non-rejected outputs; `ds_of(tag)`: the terms
     hour `tag` was loaded under (default `ds`)."""
-    maxima: dict[str, float | int] = {}
-    for name in (UNIQUE, DUPLICATES, EXPIRED):
-        df = frames[name]
-        if df is None:
-            continue
-        for row in df.groupBy(LOAD_HOUR).agg(F.max(expiry_value(ds)).alias("m")).collect():
-            if row["m"] is not None:
-                cur = maxima.get(row[LOAD_HOUR])
-                maxima[row[LOAD_HOUR]] = row["m"] if cur is None else max(cur, row["m"])
+    maxima = hour_maxima(ds, (frames[n] for n in (UNIQUE, DUPLICATES, EXPIRED)), LOAD_HOUR)
     out: dict[str, float | int | None] = {}
     latest = None
     for tag in committed:

@@ -739,14 +739,21 @@ class Reference:
         self.results[tag] = res
         return res
 
-    def migrate(self, ds: DatasetConfig, cast: dict[str, Any] | None = None) -> None:
+    def migrate(self, ds: DatasetConfig, cast: dict[str, Any] | None = None,
+                renames: dict[str, str] | None = None) -> None:
         """`dedup-pipeline migrate` by the rules (design.md, "Migrate"): every loaded row keeps its
-        hour and output; a retyped column's values are cast (`cast`: column -> function, as Spark
-        casts); each non-rejected row's expiry value is taken under the new expiry terms and L
-        re-derived as their running max (basis event); the index is re-keyed from the unique rows."""
+        hour and output; a renamed column keeps its values under the new name (`renames`: old ->
+        new), a column the old schema lacked is null, a retyped column's values are cast (`cast`:
+        column -> function, as Spark casts); each non-rejected row's expiry value is taken under
+        the new expiry terms and L re-derived as their running max (basis event); the index is
+        re-keyed from the unique rows."""
         for _tag, out, rec in self.placed:
             if out == "rejected":
                 continue
+            for o, n in (renames or {}).items():
+                rec.values[n] = rec.values.pop(o, None)
+            for col in ds.source.schema:
+                rec.values.setdefault(col, None)
             for col, f in (cast or {}).items():
                 if rec.values.get(col) is not None:
                     rec.values[col] = f(rec.values[col])

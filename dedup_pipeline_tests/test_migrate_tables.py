@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline.hours import parse_key
 from dedup_pipeline_tests.conftest import CLICKS_SCHEMA, dataset_raw, pipeline_config, source_raw, write_hour
-from dedup_pipeline_tests.reference import Reference, java_double
+from dedup_pipeline_tests.reference import Reference, java_double, micros
 
 pytestmark = pytest.mark.slow
 
@@ -191,3 +192,127 @@ def test_a_load_whose_files_its_tables_cannot_take_commits_nothing(
     assert rows == {1: "12.5", 2: "3.0", 4: "1.5"}
     rep = verify_dataset(spark, new)
     assert rep.ok, rep.violations
+
+
+# --- every edit migrate accepts -------------------------------------------------------------------
+
+BASE_SCHEMA = {"event_id": "string", "user_id": "string", "event_time": "timestamp",
+               "url": "string", "rid": "long", "seen": "timestamp"}
+BASE: dict[str, Any] = {"key": ["event_id"], "fingerprint": ["url"],
+                        "expiry": {"column": "event_time", "period": "24h"}}
+# edit -> (the old config's fields, the new config's fields, renames old -> new)
+EDITS: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, str]]] = {
+    "key widened": ({}, {"key": ["event_id", "user_id"]}, {}),
+    "key narrowed": ({"key": ["event_id", "user_id"]}, {}, {}),
+    "column renamed": ({}, {"schema": {**{("user" if c == "user_id" else c): t
+                                          for c, t in BASE_SCHEMA.items()}}}, {"user_id": "user"}),
+    "columns reordered": ({}, {"schema": {"rid": "long", **{c: t for c, t in BASE_SCHEMA.items()
+                                                            if c != "rid"}}}, {}),
+    "column added in the middle": ({}, {"schema": {"event_id": "string", "region": "string",
+                                                   **{c: t for c, t in BASE_SCHEMA.items()
+                                                      if c != "event_id"}}}, {}),
+    "fingerprint": ({}, {"fingerprint": ["url", "user_id"]}, {}),
+    "order_by": ({}, {"order_by": "seen"}, {}),
+    "expiry column of the same type": ({}, {"expiry": {"column": "seen", "period": "24h"}}, {}),
+    "expiry basis": ({}, {"expiry": {"column": "event_time", "period": "24h",
+                                     "basis": "processing"}}, {}),
+    "index.store_keys": ({}, {"index": {"store_keys": True}}, {}),
+}
+
+
+def _edit_ds(tmp: Path, fields: dict[str, Any]) -> DatasetConfig:
+    f = {**BASE, **fields}
+    schema = f.pop("schema", BASE_SCHEMA)
+    return pipeline_config(tmp, dataset_raw(start=H[0], source=source_raw(schema=schema),
+                                            **f)).datasets[0]
+
+
+def _row(rid: int, key: str, user: str, url: str, t: str, seen: str,
+         user_col: str = "user_id") -> dict[str, Any]:
+    return {"rid": rid, "event_id": key, user_col: user, "url": url,
+            "event_time": f"2026-11-01T{t}Z" if "-" not in t else t,
+            "seen": f"2026-11-01T{seen}Z" if "-" not in seen else seen, "region": "eu"}
+
+
+def _landing(user_col: str) -> list[list[Any]]:
+    """Three hours: the first loaded under the old contract, the next two under the new one.
+    Each output and each decision the edits change has rows (in-batch and cross-batch
+    duplicates, a conflict, an order the `seen` column reverses, expired rows, a key shared by
+    two users, a malformed line)."""
+    def r(*a: Any) -> dict[str, Any]:
+        return _row(*a, user_col="user_id")
+
+    def n(*a: Any) -> dict[str, Any]:
+        return _row(*a, user_col=user_col)
+    return [
+        [r(1, "k1", "u1", "/a", "00:10:00", "00:20:00"), r(2, "k2", "u1", "/a", "00:20:00",
+         "00:05:00"), r(3, "k2", "u1", "/b", "00:30:00", "00:01:00"),
+         r(4, "k3", "u1", "/a", "2026-10-30T00:00:00Z", "00:00:00"), "{broken"],
+        [n(5, "k1", "u2", "/a", "01:10:00", "01:10:00"), n(6, "k4", "u1", "/c", "01:20:00",
+         "01:50:00"), n(7, "k4", "u1", "/d", "01:30:00", "01:00:00"),
+         n(8, "k2", "u1", "/a", "01:40:00", "2026-10-30T00:00:00Z"),
+         n(9, "k5", "u1", "/a", "2026-10-31T00:30:00Z", "01:00:00")],
+        [n(10, "k3", "u1", "/a", "02:10:00", "02:10:00"), n(11, "k1", "u1", "/e", "02:20:00",
+         "02:20:00"), n(12, "k6", "u3", "/a", "2026-10-29T00:00:00Z", "02:00:00"),
+         n(13, "k6", "u3", "/a", "02:30:00", "2026-10-29T00:00:00Z"), "[1,2]"],
+    ]
+
+
+def _value(v: Any) -> Any:
+    return micros(v) if isinstance(v, datetime) else v
+
+
+def _whole_tables(ds: DatasetConfig) -> Counter:
+    """Every row of the four tables read with deltalake: its output, hour and values in the
+    schema's columns (duplicates: and its kind and first hour; rejected: its line)."""
+    got: Counter = Counter()
+    for name in OUTPUTS:
+        for r in DeltaTable(str(Path(ds.output) / name)).to_pyarrow_table().to_pylist():
+            if name == "rejected":
+                got[(name, r["load_hour"], r["_raw"])] += 1
+                continue
+            vals = tuple(_value(r[c]) for c in ds.source.schema)
+            extra = (r["_duplicate_kind"], r["_first_load_hour"]) if name == "duplicates" else ()
+            got[(name, r["load_hour"], vals) + extra] += 1
+    return got
+
+
+def _whole_expected(ref: Reference) -> Counter:
+    want: Counter = Counter()
+    for tag, out, rec in ref.placed:
+        if out == "rejected":
+            want[(out, tag, rec.raw)] += 1
+            continue
+        vals = tuple(rec.values.get(c) for c in ref.ds.source.schema)
+        extra = ref.duplicate_of[id(rec)] if out == "duplicates" else ()
+        want[(out, tag, vals) + tuple(extra)] += 1
+    return want
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_every_edit_migrate_accepts_ends_in_exact_tables(
+        spark: SparkSession, tmp_path: Path, edit: str) -> None:
+    old_fields, new_fields, renames = EDITS[edit]
+    old = _edit_ds(tmp_path, old_fields)
+    landing = _landing(next(iter(renames.values()), "user_id"))
+    for h, rows in zip(H, landing, strict=False):
+        write_hour(old, h, rows)
+    load_hours(spark, old, H[:1])
+    ref = Reference(old)
+    ref.load(parse_key(H[0]))
+
+    new = _edit_ds(tmp_path, new_fields)
+    r = CliRunner().invoke(main, ["migrate", "--config", str(tmp_path / "dedup.yaml")])
+    assert r.exit_code == 0, r.output
+    ref.migrate(new, renames=renames)
+    load_hours(spark, new, H[1:3])
+    for h in H[1:3]:
+        ref.load(parse_key(h))
+
+    assert _whole_tables(new) == _whole_expected(ref)
+    for tag in TAGS[1:3]:
+        rec = _record(new, tag)
+        assert (rec.latest_point, rec.expiry_point) == (ref.results[tag].latest,
+                                                        ref.results[tag].expiry_point)
+    r = CliRunner().invoke(main, ["verify", "--config", str(tmp_path / "dedup.yaml")])
+    assert r.exit_code == 0, r.output

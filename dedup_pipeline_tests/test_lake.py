@@ -276,10 +276,12 @@ def test_a_crashed_rerun_leaves_no_hole_and_no_reader_sees_replaced_files(
     """A rerun of hour 1 cut short after writing its files: every table still serves the hour's
     last committed rows, explain answers from them and says a rerun is under way, the next
     attempt swaps the hour in one commit (time travel: the old version, then the new one). Then
-    migrate, rebuild-index, verify and explain run with the replaced files still on disk, and
-    none of them counts them."""
+    rebuild-index, verify, explain, the checks' sample keys, index compaction, another rerun's
+    written-files checks and migrate run with the replaced files still on disk, and none of them
+    counts them."""
     from dedup_pipeline.engine import load as load_mod
-    from dedup_pipeline.engine.explain import explain_key
+    from dedup_pipeline.engine.explain import explain_key, sample_keys
+    from dedup_pipeline.engine.index.compaction import compact
     from dedup_pipeline.engine.migrate import migrate
 
     ds = _copy(base, "crashed_rerun")
@@ -321,6 +323,16 @@ def test_a_crashed_rerun_leaves_no_hole_and_no_reader_sees_replaced_files(
     seen = explain_key(spark, ds, {"event_id": "k4"})
     assert [(o.load_hour, o.output) for o in seen.occurrences] == [(T1, "unique")]
     assert seen.index_agrees is True
+    # the failing checks' sample keys read the files the hour's record lists
+    assert sample_keys(spark, ds, T1, conflicts_only=False) == [{"event_id": "k1"}]
+    # the index compaction merges both loads' entries, and nothing else
+    two = ds.model_copy(update={"index": ds.index.model_copy(update={"compact_after": 2})})
+    assert compact(spark, two, st, set(commits.committed_tags(st))) >= 1
+    assert verify_dataset(spark, ds).ok
+    # another rerun with the replaced files beside it: its written-files checks count its own
+    load_hours(spark, ds, [HOURS[1]])
+    assert _rids(ds, "unique")["deltalake"] == UNIQUE
+    assert _rids(ds, "duplicates")["deltalake"] == DUPLICATES
     raw = dataset_raw(start=HOURS[0], source=source_raw(str(base["root"] / "landing"), schema={
         **CLICKS_SCHEMA, "rid": "string"}), fingerprint=["user_id", "url"], order_by="event_time",
         expiry={"column": "event_time", "period": "24h"}, output=str(ds.output),

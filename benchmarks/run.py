@@ -1,4 +1,4 @@
-"""The benchmark: this pipeline against its peers, side by side in one run (SPEC N1, N2).
+"""The benchmark: this pipeline against its peers, side by side in one run (design.md N1, N2).
 
     ./scripts/bench.sh            # the full run (1-1.75 h on 2 cores; writes RESULTS.md)
     ./scripts/bench.sh --quick    # tiny data, a few minutes: what the test suite runs
@@ -557,6 +557,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def targets(plan: Plan, samples: list[Sample], backfill: dict[str, Any] | None,
             fresh: list[dict[str, Any]] | None = None,
             ui: dict[str, Any] | None = None) -> list[dict]:
+    """The targets of docs/design.md "Targets (T)", bounds as in RESULTS.md: T1 the load's growth
+    with history, T2 against the naive anti-join, T3 against streaming, T4 against the plain copy,
+    T5 the single-run backfill, T6 and T6f peak driver memory, T7a and T7b the index read without
+    expiry, T8, T8d and T8ui the deployed run. A target whose inputs were not measured is left out
+    or has no value."""
     lo, hi = min(plan.points), max(plan.points)
     a = {p: _median(samples, "pipeline", p) for p in plan.points}
     out: list[dict] = []

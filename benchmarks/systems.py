@@ -1,4 +1,4 @@
-"""The systems the benchmark compares, each loading one landing hour (SPEC N2).
+"""The systems the benchmark compares, each loading one landing hour (design.md N2).
 
 (a) `pipeline`        this package's hourly load (`engine.load.run_load`), with the dataset's expiry;
 (f) `pipeline_noexp`  the same without expiry (the index keeps every key forever);

@@ -1,4 +1,4 @@
-"""T8 and T8d (SPEC N5): what one hour costs as Dagster runs it, a fresh run process per hour.
+"""T8 and T8d (design.md N5): what one hour costs as Dagster runs it, a fresh run process per hour.
 
     .venv/bin/python -m benchmarks.warm [--rows 100000] [--hours 3] [--warmup 2]
                                         [--skip-local] [--skip-streaming]

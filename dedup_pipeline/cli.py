@@ -1,4 +1,4 @@
-"""`dedup-pipeline`: demo, run, verify, rebuild-index, migrate, generate, spark-server (SPEC K1,
+"""`dedup-pipeline`: demo, run, verify, rebuild-index, migrate, generate, spark-server (design.md K1,
 K2, K4, K5, N5)."""
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def instance_home(cfg: PipelineConfig | None = None) -> Path | None:
 
 @contextlib.contextmanager
 def _instance(cfg: PipelineConfig | None = None) -> Iterator[object]:
-    """The Dagster instance at `instance_home` (SPEC K2), or a temporary one without one.
+    """The Dagster instance at `instance_home` (design.md K2), or a temporary one without one.
 
     Opened (its storages created, the first time) under a file lock in its home; an error
     opening it is one line naming the home and the cause."""
@@ -412,6 +412,7 @@ def vacuum(config: str, dataset: str | None, retention_hours: int) -> None:
             _fail(str(e))
 
 
+# design.md K6: the key's story (engine/explain.py); its help text is the docstring below.
 @main.command()
 @click.option("--config", "config", required=True, type=click.Path(dir_okay=False))
 @click.option("--dataset", default=None, help="dataset name (needed if the file has several)")

@@ -1,7 +1,7 @@
 """The code location: `dg dev` (pyproject [tool.dg]) or `dagster dev -w workspace.yaml` loads `defs`
-from here.
+from here, with no other step (design.md D7).
 
-The config comes from DEDUP_CONFIG, or the built-in demo dataset when unset (SPEC C1). Loading
+The config comes from DEDUP_CONFIG, or the built-in demo dataset when unset (design.md C1). Loading
 reads and validates YAML only; Spark starts inside a run.
 """
 

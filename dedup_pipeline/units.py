@@ -1,4 +1,4 @@
-"""Units: durations as written in the YAML, and the units of the expiry value v (SPEC R6).
+"""Units: durations as written in the YAML, and the units of the expiry value v (design.md R6).
 
 Pure Python (no Spark, no Dagster), below both the config and the engine: the config reads a period
 or a slice span in v's units when it is loaded, `engine/expiry.py` holds the rule (v as a column,

@@ -1,7 +1,7 @@
-"""A pure-Python reference implementation of SPEC R1-R9a: the independent oracle of test_reference
+"""A pure-Python reference implementation of docs/design.md R1-R9a: the independent oracle of test_reference
 and of the hostile landing corpus (test_landing_files).
 
-No Spark, nothing from `dedup_pipeline.engine`: the rules are implemented directly from the SPEC,
+No Spark, nothing from `dedup_pipeline.engine`: the rules are implemented directly from design.md,
 the simple way (dicts and sorted lists), so that the Spark engine can be checked against it.
 
 Rows are returned in a plain comparable form, per output:
@@ -36,7 +36,7 @@ Which files are read and how (R9a, docs/design.md "Reading landing files"):
   floats to double, text is cast like text; any other value (1.5 for a long, a boolean for a
   long, ...) is `bad_value:<col>`; a column the file lacks is null for its rows.
 
-Interpretations of the SPEC made here (the engine agrees):
+Interpretations of design.md made here (the engine agrees):
 - JSONL: a line that is empty or only spaces is not a record; any other line that is not a JSON
   object is `malformed`; a field that is absent or JSON null is null; a JSON scalar given for a
   string column is taken as its JSON text.

@@ -225,7 +225,7 @@ def test_profiler_reports_every_load_and_the_reruns(spark, tmp_path: Path) -> No
 @pytest.mark.slow
 def test_the_ui_benchmark_materializes_an_hour_from_the_ui(tmp_path: Path) -> None:
     """`benchmarks.ui.measure_ui` at its smallest, with real parts (its own Spark Connect server
-    and `dagster dev`): the UI run succeeds and commits the hour the SPEC oracle expects."""
+    and `dagster dev`): the UI run succeeds and commits the hour the design.md oracle expects."""
     from benchmarks.ui import measure_ui
     from dedup_pipeline.config import load_config
     from dedup_pipeline.engine import commits

@@ -1,4 +1,4 @@
-"""The command line (SPEC K2, K4): run through Dagster into DAGSTER_HOME, verify from files."""
+"""The command line (design.md K2, K4): run through Dagster into DAGSTER_HOME, verify from files."""
 
 from __future__ import annotations
 

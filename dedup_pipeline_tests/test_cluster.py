@@ -1,4 +1,4 @@
-"""Scale-out (SPEC C3, N3): the same load on a real Spark standalone cluster and through a real
+"""Scale-out (design.md C3, N3): the same load on a real Spark standalone cluster and through a real
 Spark Connect server gives exactly the rows of a local-mode load.
 
 One generated landing zone (3 hours) is loaded three times into separate output directories:

@@ -1,4 +1,4 @@
-"""Index compaction never changes results (SPEC R4, R7, R10, R12).
+"""Index compaction never changes results (design.md R4, R7, R10, R12).
 
 The same landing data is loaded twice, with compaction after every 2 per-load directories and
 without compaction. Every output of every hour and the whole set of index entries must be equal;

@@ -1,4 +1,4 @@
-"""Configuration (SPEC C1, C2): bad files fail at load time naming the file, dataset and field.
+"""Configuration (design.md C1, C2): bad files fail at load time naming the file, dataset and field.
 
 No Spark here: every test writes a YAML file into tmp_path and calls `load_config` on it.
 """
@@ -178,7 +178,7 @@ def test_errors_are_one_line_without_pydantic_s_dump(tmp_path: Path) -> None:
 
 
 def test_an_unknown_key_names_the_keys_allowed_where_it_stands(tmp_path: Path) -> None:
-    """SPEC C1's key lists, at the file, the dataset and inside a section (keys as the YAML spells
+    """design.md C1's key lists, at the file, the dataset and inside a section (keys as the YAML spells
     them: `schema`, `grace`, not the models' attribute names)."""
     f = tmp_path / "dedup.yaml"
     top = _write(tmp_path, {"datasets": [_dataset()], "sparkk": {}})
@@ -271,7 +271,7 @@ def test_a_key_given_twice_names_where_and_both_lines(tmp_path: Path, name: str,
                                                       top: str, where: str,
                                                       lines: tuple[int, int]) -> None:
     """YAML keeps the last of two equal keys silently; the config refuses it, naming the dataset,
-    the field path and the two lines (SPEC C2)."""
+    the field path and the two lines (design.md C2)."""
     p = tmp_path / "twice.yaml"
     p.write_text(_TWO.replace("{name}", name).replace("{twice}", twice).replace("{top}", top))
     with pytest.raises(ConfigError) as ei:

@@ -1,4 +1,4 @@
-"""Idempotent, crash-safe loads (SPEC R10, L3): kill the process at each fault point, rerun, compare.
+"""Idempotent, crash-safe loads (design.md R10, L3): kill the process at each fault point, rerun, compare.
 
 The engine's fault hook (`DEDUP_FAULT=<point>`) makes the process `os._exit(137)` at a named
 point of a load. A subprocess (its own local[1] Spark) loads the last hour with the fault set; it

@@ -1,4 +1,4 @@
-"""The landing sensor under a real `dagster-daemon run` (SPEC D2): a new hour's marker lands, the
+"""The landing sensor under a real `dagster-daemon run` (design.md D2): a new hour's marker lands, the
 daemon's tick launches a run of the load job, and the run loads the hour on local Spark."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Dagster surface (SPEC D1, D5, D6, D7, R11) with real materializations on local Spark."""
+"""The Dagster surface (design.md D1, D5, D6, D7, R11) with real materializations on local Spark."""
 
 from __future__ import annotations
 

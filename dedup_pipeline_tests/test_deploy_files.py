@@ -135,7 +135,7 @@ def _confs(cmd: list[str]) -> dict[str, str]:
 
 
 def test_compose_runs_are_clients_of_the_warm_spark_connect_server(compose: dict[str, Any]) -> None:
-    """SPEC N5: the code server's runs use one warm Connect server (SPARK_REMOTE), started by
+    """design.md N5: the code server's runs use one warm Connect server (SPARK_REMOTE), started by
     `dedup-pipeline spark-server` (the package's start-up settings, no copy of them here), which
     is the driver of the standalone cluster: executors reach it by its hostname."""
     services = compose["services"]

@@ -1,4 +1,4 @@
-"""Key digest (SPEC R2): unambiguous, type-aware, null-explicit, and stable across Spark versions.
+"""Key digest (design.md R2): unambiguous, type-aware, null-explicit, and stable across Spark versions.
 
 Stability is shown by recomputing the digest without Spark: a pure-Python XXH64 (the published
 algorithm) over the documented canonical encoding (`dedup_pipeline.engine.digest`): per column a

@@ -1,4 +1,4 @@
-"""The sample / benchmark generator (SPEC K5): layout, determinism, and the promised mix of rows.
+"""The sample / benchmark generator (design.md K5): layout, determinism, and the promised mix of rows.
 
 The mix is measured by parsing the written files, not by trusting `GenerateStats`; no Spark.
 """

@@ -1,4 +1,4 @@
-"""Commands starting at the same instant on a brand-new DAGSTER_HOME (SPEC K2; N: infrastructure
+"""Commands starting at the same instant on a brand-new DAGSTER_HOME (design.md K2; N: infrastructure
 errors in one line).
 
 Dagster creates its SQLite storages on first use with "create table" and no retry, so two CLI runs

@@ -1,7 +1,7 @@
 """Hostile landing zones. Every data file is read exactly once whatever its name, no file
 content stops a load (R9), and every record lands in exactly one output (R8).
 
-Each record carries an id; the expected output of every id is written down here from the SPEC
+Each record carries an id; the expected output of every id is written down here from the design.md
 rules and the README's reject reasons, never taken from what the engine printed. A rejected row
 is identified by the id inside its original text (`_raw`, base64-decoded for `bad_encoding`), an
 unreadable file by its name. Outputs are read with pyarrow (item 5: every output stays readable).
@@ -70,7 +70,7 @@ BAD_BYTES = {
 
 
 def jsonl_corpus(hour_dir: Path, expiring: bool = False) -> dict[str, tuple[str, str | None]]:
-    """Write the corpus; returns id -> (output, reject reason) per the SPEC and README rules.
+    """Write the corpus; returns id -> (output, reject reason) per the design.md and README rules.
 
     `expiring`: for EXPIRY_OLD (categories old < gold < silver, period 1), one more file whose
     `silver` record moves the latest point to silver, so the `old` record expires (R6).

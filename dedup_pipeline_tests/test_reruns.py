@@ -1,4 +1,4 @@
-"""Reruns never leave later hours stale, from every path (SPEC R10, R11, D6, K2).
+"""Reruns never leave later hours stale, from every path (design.md R10, R11, D6, K2).
 
 A load of hour H while later hours are loaded is refused unless the same run reloads them: the
 engine decides (`commits.check_later_hours`), so the UI's Materialize of one partition, a UI

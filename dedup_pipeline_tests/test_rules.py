@@ -1,4 +1,4 @@
-"""The semantics (SPEC R1, R3-R6, R8, R9, R11) on small hand-written batches through `load_hours`.
+"""The semantics (design.md R1, R3-R6, R8, R9, R11) on small hand-written batches through `load_hours`.
 
 Every expectation below is derived by hand from the rule it tests, never from the engine's output.
 Every landing line carries a `rid` (row id) so that each output row can be traced back to the

@@ -1,5 +1,5 @@
 """The landing sensor never gets stuck, under a real `dagster-daemon run` on SQLite and on
-PostgreSQL (SPEC D2, D4).
+PostgreSQL (design.md D2, D4).
 
 The walk: two hours land and load; a file lands late in the first one (the input check records a
 failing WARN for it); the hours are reprocessed (the check turns green); another file lands late in

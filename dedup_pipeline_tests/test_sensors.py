@@ -1,4 +1,4 @@
-"""Landing sensor, schedules and the late-input check (SPEC D2, R10, R11) against a real Dagster test
+"""Landing sensor, schedules and the late-input check (design.md D2, R10, R11) against a real Dagster test
 instance, with the requested runs executed for real on local Spark between ticks."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Dagster as a service on PostgreSQL (SPEC D6, R10, N3; deploy/dagster.yaml, deploy/workspace.yaml).
+"""Dagster as a service on PostgreSQL (design.md D6, R10, N3; deploy/dagster.yaml, deploy/workspace.yaml).
 
 Real processes on loopback: a PostgreSQL server from Debian's packages (initdb into a temp dir,
 password auth), `dagster code-server start` serving the code location, `dagster-webserver` and

@@ -1,4 +1,4 @@
-"""Storage primitives (SPEC L3, R10): atomic partition replace, the dataset lock, and storage roots
+"""Storage primitives (design.md L3, R10): atomic partition replace, the dataset lock, and storage roots
 given as URIs (file://, non-local fsspec file systems). No Spark."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ process groups on free loopback ports. Launched the way the webserver's buttons 
 Then asserted through GraphQL, the queries the UI's pages make: each check's Partitions tab
 (`partitionStatuses`) shows every loaded hour Passed for every check, nothing else; each output's
 materialization for each hour carries that hour's own figures, the expected numbers computed by
-the independent SPEC oracle (`reference.py`) from the generated files; every run succeeded and each
+the independent design.md oracle (`reference.py`) from the generated files; every run succeeded and each
 hour was loaded by exactly one run. The browser test at the end of this file reuses these servers.
 """
 
@@ -176,7 +176,7 @@ def latest_figures(url: str, asset: str) -> dict[str, dict[str, Any]]:
 
 
 def expected_figures(root: Path) -> dict[str, dict[str, int]]:
-    """Each hour's figures by the SPEC oracle, from the generated landing files."""
+    """Each hour's figures by the design.md oracle (`reference.py`), from the generated landing files."""
     (ds,) = load_config(str(root / "dedup.yaml")).datasets
     ref = Reference(ds).run(parse_key(FIRST), len(HOURS))
     out = {}

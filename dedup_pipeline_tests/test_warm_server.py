@@ -1,4 +1,4 @@
-"""The warm Spark topology (SPEC N5): one Spark Connect server started by
+"""The warm Spark topology (design.md N5): one Spark Connect server started by
 `dedup-pipeline spark-server`, fresh `dedup-pipeline run` processes as its clients.
 
 One server is started for the module with the command users run (its own process group, killed

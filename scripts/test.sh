@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite (real local Spark, real Dagster), slow tests included: what CI runs.
+# The whole test suite (real local Spark, real Dagster), slow tests included: what CI runs, and the
+# README's test command, which installs what it needs first (setup.sh; design.md N4).
 #   ./scripts/test.sh --fast   the fast tier only (pytest marker `fast`), in under 2 minutes: every
 #                              test that starts no Spark and no service (marked by conftest.py) plus
 #                              every rule R1-R12 on small data and a Dagster materialization; the map

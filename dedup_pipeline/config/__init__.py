@@ -1,4 +1,4 @@
-"""Dataset configuration (SPEC C1, C2): `models` holds the YAML, `loading` reads a file into them,
+"""Dataset configuration (design.md C1, C2): `models` holds the YAML, `loading` reads a file into them,
 `errors` says what is wrong in one line naming file, dataset and field. Nothing runs on a bad config.
 """
 

@@ -1,4 +1,4 @@
-"""Config errors in one line: `config error in FILE: dataset 'D', field 'F': problem` (SPEC C2).
+"""Config errors in one line: `config error in FILE: dataset 'D', field 'F': problem` (design.md C2).
 
 Validators raise `problem(...)`; `to_config_error` turns the first of pydantic's errors into a
 `ConfigError` naming the file, the dataset and the field, so users never see pydantic's dump.

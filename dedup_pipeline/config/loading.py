@@ -1,4 +1,4 @@
-"""Reading a config file (SPEC C1, C2): UTF-8 YAML, no key given twice, validated as
+"""Reading a config file (design.md C1, C2): UTF-8 YAML, no key given twice, validated as
 `PipelineConfig` with paths relative to the file.
 """
 

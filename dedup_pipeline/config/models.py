@@ -1,4 +1,4 @@
-"""The config's models (SPEC C1): the YAML as frozen pydantic models that forbid unknown keys.
+"""The config's models (design.md C1): the YAML as frozen pydantic models that forbid unknown keys.
 
 A field's own shape is its type; rules that tie fields together are one after-validator of the
 model holding them all (`DatasetConfig._fits_its_schema`, `PipelineConfig._datasets_apart`).
@@ -191,7 +191,7 @@ class IndexConfig(_Model):
 
 
 class LandingConfig(_Model):
-    """When an hour's input is complete (the landing sensor, SPEC D2)."""
+    """When an hour's input is complete (the landing sensor, design.md D2)."""
 
     marker: str | None = "_SUCCESS"  # file whose presence in the hour's directory closes the hour
     grace_s: Seconds = Field(900.0, alias="grace")  # without a marker: complete this long after
@@ -213,7 +213,7 @@ def _whole(v: Any) -> Any:
 
 
 class ChecksConfig(_Model):
-    """Thresholds of the asset checks (SPEC D4); a breach is a WARN, not a failure."""
+    """Thresholds of the asset checks (design.md D4); a breach is a WARN, not a failure."""
 
     max_index_keys: Annotated[int, BeforeValidator(_whole)] = Field(1_000_000_000, ge=0)
     max_duplicate_rate: float = Field(0.5, ge=0, le=1)

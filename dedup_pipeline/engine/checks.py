@@ -1,4 +1,4 @@
-"""Correctness checks of one load, computed from the files it wrote, before its commit (SPEC D4).
+"""Correctness checks of one load, computed from the files it wrote, before its commit (design.md D4).
 
 They re-read what was written instead of trusting the classification's own counts:
 - conservation (R8): rows in the batch = rows in the four written partitions (Parquet footers);

@@ -1,4 +1,4 @@
-"""Split one parsed batch into unique / duplicates / expired / rejected (SPEC R3, R4, R5, R6).
+"""Split one parsed batch into unique / duplicates / expired / rejected (design.md R3, R4, R5, R6).
 
 In-batch (R3): records sharing a key are ordered by (order_by asc nulls last, expiry value,
 `_source_file`, position in the file); the first is the candidate for unique.

@@ -1,4 +1,4 @@
-"""Commit records: the dataset's own memory of which hours are loaded (SPEC R10, R11).
+"""Commit records: the dataset's own memory of which hours are loaded (design.md R10, R11).
 
 A load of hour H is committed iff ``{output}/_commits/load_hour=H.json`` exists. It is written
 last (atomically), after the outputs and the index, and removed first when H is loaded again, so a
@@ -308,7 +308,8 @@ def later_loaded(committed: HourSet, hour: datetime, run_tags: AbstractSet[str],
 def check_later_hours(ds: DatasetConfig, hour: datetime, committed: HourSet,
                       run_tags: AbstractSet[str],
                       damaged: AbstractSet[str] = frozenset()) -> None:
-    """A (re)load of H while later hours are loaded must reload them in the same run (R10, R11).
+    """A (re)load of H while later hours are loaded must reload them in the same run (design.md
+    R11a; R10, R11).
 
     Each later hour was classified against the index as H left it: a reload of H alone that
     changes H's rows (late or removed files) would leave a key unique in H and again in a later

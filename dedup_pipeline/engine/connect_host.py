@@ -1,4 +1,4 @@
-"""The warm Spark Connect server's driver program (SPEC N5): `dedup-pipeline spark-server` hands
+"""The warm Spark Connect server's driver program (design.md N5): `dedup-pipeline spark-server` hands
 this file to `spark-submit`, whose settings load Spark's `SparkConnectPlugin`; the program only
 keeps the application alive until its JVM stops.
 

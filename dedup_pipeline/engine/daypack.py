@@ -1,5 +1,5 @@
 """Day packs: the key digests and rejected lines of a day's hours, one file each, for `explain`
-(docs/design.md, "Explaining a key").
+(docs/design.md L2c and "Explaining a key").
 
 A point lookup over a long history is bound by files opened, not bytes read: 720 hourly key
 digests and 720 rejected files cost more than the few rows of the key. Once every hour of a day

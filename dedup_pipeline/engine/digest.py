@@ -1,4 +1,4 @@
-"""Key digest (SPEC R2) and fingerprint hash (R5), from Spark built-ins only.
+"""Key digest (design.md R2) and fingerprint hash (R5), from Spark built-ins only.
 
 Spark's multi-column hash/xxhash64 skip NULLs and concat_ws drops them, so ("a", null, "b") and
 ("a", "b", null) would collide. We first build a canonical encoding of the key tuple: per column a

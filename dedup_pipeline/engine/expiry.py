@@ -1,4 +1,4 @@
-"""The expiry rule (SPEC R6), its one home: the expiry value v, latest point L_H, expiry point
+"""The expiry rule (design.md R6), its one home: the expiry value v, latest point L_H, expiry point
 X_H = L_H - period, and v < X_H expires.
 
 v is the record's expiry value in numeric form (`expiry_value`): microseconds for timestamps, days

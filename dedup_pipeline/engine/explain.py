@@ -1,20 +1,21 @@
 """Explain a key: where each of its records went, and which rule put it there (docs/design.md,
 "Explaining a key").
 
-Correct by construction: every line is read back from what a load committed, never recomputed by
-running the rules again.
+Correct by construction (design.md E1): every line is read back from what a load committed, never
+recomputed by running the rules again.
 - The hours are the committed ones (a commit record exists); an hour without one (never loaded, or
   being loaded again right now) is not reported. Of each hour only the Parquet files its commit
   record lists are read (records of earlier versions without a file list: the partition).
-- The output a row went to, its `_duplicate_kind`, `_first_load_hour` and `_expiry_point` are
-  the columns the load wrote; X_H is the commit record's `expiry_point`. The in-batch winner is
-  the unique row of its hour; which R3 criterion separated it from a loser is read off the two
-  rows (order_by, then expiry value, then source file, then position in the file).
+- The rule of each line (E2): the output a row went to, its `_duplicate_kind`, `_first_load_hour`
+  and `_expiry_point` are the columns the load wrote; X_H is the commit record's `expiry_point`.
+  The in-batch winner is the unique row of its hour; which R3 criterion separated it from a loser
+  is read off the two rows (order_by, then expiry value, then source file, then position in the
+  file).
 - Rejected rows have no typed key: a rejected row is listed when its `_raw` holds every non-null
   value of the key (as given, or JSON- / CSV-escaped).
-- The index state is the entries of committed loads with the key's digest.
+- The index state (E3) is the entries of committed loads with the key's digest.
 
-Speed (a point lookup must not scan every output row): each committed hour's key digest
+Speed (E5: a point lookup must not scan every output row): each committed hour's key digest
 (`engine/keydigest.py`, listed in its commit record) names the hours that can hold the key, so
 whole rows are read of only those hours (one Spark job; bloom filters and row-group statistics
 prune within them). An hour without a usable digest is searched in two passes as before: its key
@@ -95,7 +96,7 @@ class ExplainKeyError(ValueError):
 
 def parse_key_args(ds: DatasetConfig, pairs: Sequence[str] = (), key_json: str | None = None
                    ) -> dict[str, str | None]:
-    """`col=value` pairs and/or a JSON object -> {key column: text, or None for null}.
+    """`col=value` pairs and/or a JSON object -> {key column: text, or None for null} (design.md E4).
 
     `--key col=value`: everything after the first `=` is the value, verbatim (commas, quotes,
     `=`, unicode; `col=` is the empty string). `--key-json '{"col": value}'`: JSON, where `null` is
@@ -172,8 +173,8 @@ TYPE_ON_DRIVER = True
 
 def type_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, str | None]]
               ) -> list[Key]:
-    """Cast each key's text exactly as a load casts landing values; compute its digest. One job,
-    or none when every key column is a string (nothing to cast: the digest on the driver)."""
+    """Cast each key's text exactly as a load casts landing values; compute its digest (E4). One
+    job, or none when every key column is a string (nothing to cast: the digest on the driver)."""
     schema = ds.source.schema
     if TYPE_ON_DRIVER and all(schema[k] == "string" for k in ds.key):
         try:
@@ -679,7 +680,7 @@ def _find_rejected(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: Hi
 
 def _index_entries(spark: SparkSession, ds: DatasetConfig, st: Storage,
                    keys: dict[int, Key], committed: set[str]) -> dict[int, list[dict]]:
-    """The index entries of committed loads with the keys' digests: of every slice with expiry
+    """The index entries of committed loads with the keys' digests (E3): of every slice with expiry
     (a point lookup does not know the key's expiry value), of the keys' hash slices without.
     Read by pyarrow (no Spark job); by Spark if a file does not read that way."""
     out: dict[int, list[dict]] = {i: [] for i in keys}
@@ -925,7 +926,7 @@ def _occurrences(ds: DatasetConfig, hist: History, rows: list[tuple[str, dict]],
 
 def _agreement(ds: DatasetConfig, st: Storage, hist: History, rows: list[tuple[str, dict]],
                entries: list[dict]) -> list[str]:
-    """What the index holds for the key against what its unique rows say it must hold."""
+    """What the index holds for the key against what its unique rows say it must hold (E3)."""
     problems = []
     uniques = {r[LOAD_HOUR]: r for name, r in rows if name == UNIQUE}
     by_load = {e[store.LOAD_HOUR]: e for e in entries}

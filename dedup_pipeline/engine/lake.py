@@ -1,6 +1,6 @@
 """Each output as a Delta table over the Parquet files the load wrote (delta-rs; no file rewritten).
 
-The commit record stays the product's truth; the tables are rolled forward to it:
+The commit record stays the product's truth; the tables are rolled forward to it (design.md L1a):
 - a load writes its files under ``<output>/load_hour=<tag>/`` beside any earlier version's (a
   rerun's new files never replace files a reader may be reading), writes its commit record, then
   gives each table ONE Delta commit for the hour: adds of the record's files, removes of the files

@@ -1,4 +1,4 @@
-"""When is an hour's input complete, and which loaded hours got new input since (SPEC D2, R11).
+"""When is an hour's input complete, and which loaded hours got new input since (design.md D2, R11).
 
 Pure functions over the landing zone and the dataset's commit records: no Dagster, no Spark. The
 landing sensor and the reconciliation schedule (``orchestration/sensors.py``,

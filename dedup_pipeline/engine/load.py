@@ -1,4 +1,4 @@
-"""One hourly load, end to end and crash-safe (SPEC L1-L3, R8-R11).
+"""One hourly load, end to end and crash-safe (design.md L1-L3, R8-R11).
 
 `run_load` is its phases, each a function with a typed result:
  1. `prepare`: order check (every hour since `start` before H has a commit record, R11); the index
@@ -12,7 +12,7 @@
     tables: its files are moved in beside the files a table version may still list); the index
     entries are staged;
  4. `verify_written`: conservation on the written footers, then the staged entries are moved in
-    place, then unique keys and index agreement on the written files (SPEC D4);
+    place, then unique keys and index agreement on the written files (design.md D4);
  5. `commit`: the commit record is written (atomic rename) - only now is H loaded; then
     `publish`: one Delta commit per output table (engine/lake.py; rolled forward by the next load
     if a crash cuts it short);

@@ -4,7 +4,7 @@
 Neither decides an answer: an hour without a usable digest is searched in its outputs, a day
 without a valid pack is read hour by hour, so a lost or altered one costs time, never a wrong
 answer. Hence `verify` warns about them (`missing`) and `verify --repair` writes them again
-(`repair`) rather than failing: digests from the committed outputs the records list, then the
+(`repair`) rather than failing (design.md L2d): digests from the committed outputs the records list, then the
 packs of every complete day (all 24 hours committed, as a load packs) they no longer match.
 """
 

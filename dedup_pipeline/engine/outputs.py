@@ -1,4 +1,4 @@
-"""The output contract (SPEC L1, L2): the four outputs, their columns and the columns' types.
+"""The output contract (design.md L1, L2): the four outputs, their columns and the columns' types.
 
 One home for what a reader of the lake relies on: classification names rows' outputs with these
 names, the load writes exactly these columns in these types, and the Dagster layer shows them as
@@ -71,11 +71,11 @@ def select_output(classified: DataFrame, ds: DatasetConfig, name: str) -> DataFr
     return classified.filter(F.col(OUT) == name).select(*cols)
 
 
-# Parquet bloom filters on the key columns of unique, duplicates and expired (rejected has no
-# typed key): `explain`'s point lookup skips every row group whose filter rules its key out,
-# where min/max statistics of an unsorted key column rule out almost nothing. Sized for the
-# batch's rows at a 1% false-positive rate (parquet-mr's default NDV of 1e6 would write ~1 MB per
-# column per file). Cost and footprint: docs/notes.md, "Explain locates a key".
+# Parquet bloom filters on the key columns of unique, duplicates and expired (design.md L2a;
+# rejected has no typed key): `explain`'s point lookup skips every row group whose filter rules
+# its key out, where min/max statistics of an unsorted key column rule out almost nothing. Sized
+# for the batch's rows at a 1% false-positive rate (parquet-mr's default NDV of 1e6 would write
+# ~1 MB per column per file). Cost and footprint: docs/notes.md, "Explain locates a key".
 BLOOM_FILTERS = True
 BLOOM_FPP = 0.01
 

@@ -1,6 +1,6 @@
 """Read one landing hour into typed rows; anything that does not parse is rejected with a reason.
 
-SPEC R1, R9. Untrusted input is read as text and cast with `try_cast` (Spark 4's ANSI mode would
+docs/design.md R1, R9. Untrusted input is read as text and cast with `try_cast` (Spark 4's ANSI mode would
 otherwise raise on a bad value and stop the load). Every row keeps its origin
 (`_source_file`, and `_blk`/`_rid`, which order rows exactly as they stand in the file, whatever
 the file splitting) and its original text in `_raw`.

@@ -1,4 +1,4 @@
-"""Rebuild the key index from the unique output (SPEC R12, K3).
+"""Rebuild the key index from the unique output (design.md R12, K3).
 
 The index is derived data: every entry is a function of one unique row (digest of its key, its
 expiry value, its fingerprint) and the load hour of its partition. So a rebuild reads only unique

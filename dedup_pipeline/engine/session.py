@@ -1,4 +1,4 @@
-"""Build the SparkSession from config and environment (SPEC C3), without Dagster.
+"""Build the SparkSession from config and environment (design.md C3), without Dagster.
 
 Precedence: environment (SPARK_REMOTE, SPARK_MASTER_URL, DEDUP_SPARK_CONF_<KEY>) over the config
 file's `spark:` section over defaults. DEDUP_SPARK_CONF_spark__sql__shuffle__partitions=8 sets
@@ -64,7 +64,7 @@ BASE_CONF = {
 STATIC_CONF = {"spark.sql.codegen.cache.maxEntries"}
 CONF_PREFIX = "DEDUP_SPARK_CONF_"
 
-# The warm Spark Connect server (SPEC N5; `dedup-pipeline spark-server`, deploy/).
+# The warm Spark Connect server (design.md N5; `dedup-pipeline spark-server`, deploy/).
 CONNECT_PORT = 15002
 # Settings only the server takes, on top of BASE_CONF (which it gets whole: its start-up part
 # can be set nowhere else, its SQL part is the default of every client session).

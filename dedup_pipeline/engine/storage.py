@@ -5,7 +5,7 @@ A root may be a plain path, a ``file://`` URI or any URI that both Spark and fss
 (``hdfs://namenode:8020/lake`` through pyarrow's HDFS client, ``s3a://bucket/lake`` through s3fs).
 fsspec strips the scheme (and for HDFS the namenode) from the paths it returns; `to_uri` puts the
 root's own back, so what Spark is given always names the same file system the root did.
-Atomicity (SPEC L3): on a local Linux file system a partition is swapped in with
+Atomicity (design.md L3): on a local Linux file system a partition is swapped in with
 ``renameat2(RENAME_EXCHANGE)``, so a reader sees the old complete directory or the new one, never
 neither. Elsewhere it is two renames (old aside, new in): readers may briefly see no partition, never
 a mix (HDFS renames a directory atomically). On object stores a "rename" is copy+delete and is not
@@ -383,7 +383,7 @@ class Storage:
             self.fs.mv(src, dst, recursive=True)
 
     def replace_dir(self, new: str, target: str) -> None:
-        """Make directory `new` become `target`, replacing any old `target` (SPEC L3).
+        """Make directory `new` become `target`, replacing any old `target` (design.md L3).
 
         The replaced version is parked in `{root}/_trash/` rather than deleted, so a reader that
         resolved the old directory just before the swap can still finish reading it; `purge_trash`
@@ -418,7 +418,7 @@ class Storage:
 
 
 class DatasetLockedError(UserError, RuntimeError):
-    """Another run holds the dataset's lock (SPEC R10)."""
+    """Another run holds the dataset's lock (design.md R10)."""
 
     stage = "the dataset lock (another run of {ds} held it)"
     fix = ("nothing was written; wait for the other run to finish and launch {hours} again only if "
@@ -430,7 +430,8 @@ class Lock:
     """An exclusive lock file in the dataset's storage, so runs from any process never interleave.
 
     A lock whose owner process is gone (same host, dead pid) is stale and taken over, so a killed
-    run needs no manual clean-up. Locks from other hosts are honoured until removed.
+    run needs no manual clean-up; two takers of one stale lock never both win (design.md R10a).
+    Locks from other hosts are honoured until removed.
 
     Local POSIX file system: every acquire and release runs under an OS lock (``flock``) on the
     guard file ``_lock.guard``, so "read the lock, see it stale, replace it" is one step that no

@@ -1,4 +1,4 @@
-"""Recheck a dataset from its files alone, trusting neither the index nor the counts (SPEC K4).
+"""Recheck a dataset from its files alone, trusting neither the index nor the counts (design.md K4).
 
 - Landing content: every committed hour's landing files are the ones its load read (the commit
   record's inputs: path, size, SHA-256 of the content); a file added, removed or changed since is

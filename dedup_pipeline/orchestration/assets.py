@@ -1,5 +1,5 @@
 """Per dataset: the raw batch (an external asset over the landing files) and one PySpark multi-asset
-that materializes unique, duplicates, expired, rejected and the key index together (SPEC D1, D5, D6).
+that materializes unique, duplicates, expired, rejected and the key index together (design.md D1, D5, D6).
 
 Why one multi-asset: the four outputs and the index are one atomic decision per hour; splitting
 them would parse and classify the batch several times. Why the raw batch is external (observed,
@@ -99,7 +99,8 @@ def _source_column(ds: DatasetConfig, col: str, typ: str) -> str:
 
 
 def _column_schema(ds: DatasetConfig, output: str) -> dg.TableSchema:
-    """The output contract (`engine.outputs`) as Dagster shows it, every column described."""
+    """The output contract (`engine.outputs`) as Dagster shows it, every column described
+    (design.md D4b)."""
     return dg.TableSchema(columns=[
         dg.TableColumn(c, t, description=PRODUCT_COLUMNS.get(c) or _source_column(ds, c, t))
         for c, t in outputs.columns(ds, output)])
@@ -156,7 +157,8 @@ def rerun_range(ds: DatasetConfig, partition_keys: list[str], err: BaseException
 
 def _load_failure(ds: DatasetConfig, partition_keys: list[str], err: BaseException) -> dg.Failure:
     """The step's failure with the cause and the fix in front (the UI shows a Failure's
-    description at the top of the step's error; the original traceback stays, as its cause)."""
+    description at the top of the step's error; the original traceback stays, as its cause;
+    design.md D4b)."""
     keys = sorted(partition_keys, key=parse_key)
     rerun_first, rerun_last = rerun_range(ds, keys, err)
     return dg.Failure(

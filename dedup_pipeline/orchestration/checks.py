@@ -1,4 +1,4 @@
-"""Asset checks of every load (SPEC D4), evaluated inside the load itself.
+"""Asset checks of every load (design.md D4), evaluated inside the load itself.
 
 Blocking (ERROR): conservation and unique_keys on `unique`, index_agrees on `index`. The engine
 computes them from the written files before committing and raises on a breach, so a failed check

@@ -1,5 +1,6 @@
 """One hour's events for the Dagster UI: its materializations with that hour's own figures,
-and its check evaluations targeting exactly those materializations (SPEC D4, D5).
+and its check evaluations targeting exactly those materializations (design.md D4, D5; per-hour
+truth in the UI, D4a / D5a).
 
 Why this module exists: in Dagster 1.13 a partition's check status is its latest evaluation
 targeting its latest materialization, and neither `MaterializeResult` nor `AssetCheckResult`

@@ -1,4 +1,4 @@
-"""The late-input check: did a loaded hour's landing files change after its load? (SPEC D2, D4)
+"""The late-input check: did a loaded hour's landing files change after its load? (design.md D2, D4)
 
 `{ds}/raw_batch` check `input_unchanged_since_load`, hourly partitioned, severity WARN. It runs on
 its own (UI: the check's "Execute" for a partition; no Spark, it lists files and reads the commit
@@ -137,7 +137,8 @@ def _latest(ds: DatasetConfig) -> str | None:
 def build_input_check(ds: DatasetConfig) -> dg.AssetChecksDefinition:
     """The check for one dataset. With a partition selected it evaluates that hour; a range, each
     hour of it; none (the UI's Execute without a partition), every loaded hour the landing sensor
-    watches (`landing.watch_hours` back from the latest) - one result either way."""
+    watches (`landing.watch_hours` back from the latest) - one result either way, so the UI's
+    Execute works with and without a partition (design.md D4b)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.PreviewWarning)
 

@@ -1,4 +1,4 @@
-"""Hourly UTC partitions per dataset, keyed like `2026-11-01-05:00` (SPEC D1)."""
+"""Hourly UTC partitions per dataset, keyed like `2026-11-01-05:00` (design.md D1)."""
 
 from __future__ import annotations
 

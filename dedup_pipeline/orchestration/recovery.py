@@ -1,4 +1,4 @@
-"""Index recovery (SPEC R12, D3) and the run failure summary.
+"""Index recovery (design.md R12, D3) and the run failure summary.
 
 - `{ds}_index_rebuild` job: rebuilds index entries from unique, for the given hours or all.
 - `{ds}_index_recovery_sensor`: compares the index files with the commit records (listing only;

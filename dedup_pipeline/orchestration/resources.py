@@ -1,6 +1,6 @@
 """The Spark resource: typed settings, env vars resolved by us, the session started lazily.
 
-It reads SPARK_MASTER_URL / SPARK_REMOTE / DEDUP_SPARK_CONF_* at run time (SPEC C3) and builds the
+It reads SPARK_MASTER_URL / SPARK_REMOTE / DEDUP_SPARK_CONF_* at run time (design.md C3) and builds the
 session with `engine.session.get_session`. Why not dagster-pyspark (not a dependency): its resource
 is a session builder, the one part we need to differ. `dg.EnvVar` inside its `spark_config` becomes
 the conf key `spark.master.env` (the session falls back to local[*]), and it hands every setting to

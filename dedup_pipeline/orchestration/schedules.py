@@ -1,4 +1,4 @@
-"""Schedules per dataset (SPEC D2): the hourly load, and a daily reconciliation of late input.
+"""Schedules per dataset (design.md D2): the hourly load, and a daily reconciliation of late input.
 
 - `{ds}_hourly_schedule` (STOPPED by default): the alternative to the landing sensor for sources
   that write no marker. Each tick requests one partition of the load job, the hour that just

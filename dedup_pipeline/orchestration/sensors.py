@@ -1,4 +1,4 @@
-"""The landing sensor (SPEC D2, R10, R11): load every hour whose input is complete, in order, once.
+"""The landing sensor (design.md D2, R10, R11): load every hour whose input is complete, in order, once.
 
 One sensor per dataset, `{ds}_landing_sensor`, on by default (RUNNING); the hourly schedule is the
 documented alternative (``orchestration/schedules.py``). Each tick:

@@ -1,4 +1,4 @@
-"""The demo dataset (SPEC C1): the config `dedup-pipeline generate` and `demo` write beside their
+"""The demo dataset (design.md C1): the config `dedup-pipeline generate` and `demo` write beside their
 data, and the one the Dagster definitions show when no config is given.
 """
 

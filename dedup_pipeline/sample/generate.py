@@ -1,4 +1,4 @@
-"""The sample / benchmark landing-zone generator (SPEC K5) behind `dedup-pipeline generate`/`demo`.
+"""The sample / benchmark landing-zone generator (design.md K5) behind `dedup-pipeline generate`/`demo`.
 
 It writes hourly batches that exercise every rule the pipeline has: in-batch duplicates (R3),
 cross-batch replays (R4), conflicts (R5), late and expired records (R6) and bad input (R9), plus a

@@ -1,4 +1,4 @@
-"""The persisted key index, the "HashSet index" (SPEC R2, R4, R6, R7, R12, N1).
+"""The persisted key index, the "HashSet index" (design.md R2, R4, R6, R7, R12, N1).
 
 One entry per unique row: the 128-bit digest (`_h1`, `_h2`), the load that wrote it
 (`_load_hour`), and when configured the expiry value `_v`, the fingerprint hash `_fp` and the key

@@ -1,5 +1,5 @@
 """Is the index what the commit records say it is? Detecting damage cheaply, and the manifests
-that make that possible (SPEC R12, R12a).
+that make that possible (design.md R12, R12a).
 
 Each commit record lists the index files its load wrote (`index_file_manifest`: name, size, rows,
 SHA-256), each compacted directory its own. Damage detection has two levels (docs/operations.md,

@@ -1,10 +1,10 @@
 """Idempotent, crash-safe loads (design.md R10, L3): kill the process at each fault point, rerun, compare.
 
-The engine's fault hook (`DEDUP_FAULT=<point>`) makes the process `os._exit(137)` at a named
-point of a load. A subprocess (its own local[1] Spark) loads the last hour with the fault set; it
-must die, leave that hour without a commit record, and a rerun (here, in the test's Spark session)
-must leave every output of every hour and the index exactly as a clean run of the same landing
-data into another output directory left them.
+The test's fault (`DEDUP_FAULT=<point>`, installed through the engine's hooks by faults.py) makes
+the process `os._exit(137)` at a named point of a load. A subprocess (its own local[1] Spark)
+loads the last hour with the fault set; it must die, leave that hour without a commit record,
+and a rerun (here, in the test's Spark session) must leave every output of every hour and the
+index exactly as a clean run of the same landing data into another output directory left them.
 
 To keep Spark start-ups down, the state before the crashing load (hours 0-1 committed, or hours
 0-2 committed for a crash during a rerun) is a copy of the clean run's directory at that point.
@@ -54,6 +54,7 @@ SCRIPT = textwrap.dedent("""
     import sys
     from dedup_pipeline.config import load_config
     from dedup_pipeline.engine.load import load_hours
+    from dedup_pipeline_tests.faults import install_from_env
     from dedup_pipeline.engine.session import SparkSettings, get_session
 
     ds = load_config(sys.argv[1]).datasets[0]
@@ -62,6 +63,7 @@ SCRIPT = textwrap.dedent("""
         # a short-lived driver: C1-only JIT and the serial GC start ~30% faster
         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}))
     spark.sparkContext.setLogLevel("ERROR")
+    install_from_env()
     load_hours(spark, ds, sys.argv[2].split(","))
     print("LOADED", flush=True)
 """)
@@ -244,6 +246,7 @@ MIGRATE_SCRIPT = textwrap.dedent("""
     import sys
     from dedup_pipeline.config import load_config
     from dedup_pipeline.engine.migrate import migrate
+    from dedup_pipeline_tests.faults import install_from_env
     from dedup_pipeline.engine.session import SparkSettings, get_session
 
     ds = load_config(sys.argv[1]).datasets[0]
@@ -251,6 +254,7 @@ MIGRATE_SCRIPT = textwrap.dedent("""
         "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}))
     spark.sparkContext.setLogLevel("ERROR")
+    install_from_env()
     migrate(spark, ds)
     print("MIGRATED", flush=True)
 """)

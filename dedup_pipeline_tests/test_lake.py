@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, lake
+from dedup_pipeline.engine import commits, hooks, lake
 from dedup_pipeline.engine.index.health import IndexDamagedError
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.rebuild import rebuild_index
@@ -36,6 +36,7 @@ from dedup_pipeline_tests.conftest import (
     table_readers,
     write_hour,
 )
+from dedup_pipeline_tests.faults import injected
 
 pytestmark = pytest.mark.slow
 
@@ -272,14 +273,13 @@ class _Crash(Exception):
 
 
 def test_a_crashed_rerun_leaves_no_hole_and_no_reader_sees_replaced_files(
-        spark: SparkSession, base: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+        spark: SparkSession, base: dict[str, Any]) -> None:
     """A rerun of hour 1 cut short after writing its files: every table still serves the hour's
     last committed rows, explain answers from them and says a rerun is under way, the next
     attempt swaps the hour in one commit (time travel: the old version, then the new one). Then
     rebuild-index, verify, explain, the checks' sample keys, index compaction, another rerun's
     written-files checks and migrate run with the replaced files still on disk, and none of them
     counts them."""
-    from dedup_pipeline.engine import load as load_mod
     from dedup_pipeline.engine.explain import explain_key, sample_keys
     from dedup_pipeline.engine.index.compaction import compact
     from dedup_pipeline.engine.migrate import migrate
@@ -288,14 +288,13 @@ def test_a_crashed_rerun_leaves_no_hole_and_no_reader_sees_replaced_files(
     st = Storage(ds.output)
     versions = {n: DeltaTable(str(Path(ds.output) / n)).version() for n in OUTPUTS}
 
-    def crash(point: str) -> None:
-        if point == "after_outputs":
-            raise _Crash(point)
+    class CrashAfterOutputs(hooks.Hooks):
+        def at(self, point: str) -> None:
+            if point == "after_outputs":
+                raise _Crash(point)
 
-    monkeypatch.setattr(load_mod, "_fault", crash)
-    with pytest.raises(_Crash):
+    with injected(CrashAfterOutputs()), pytest.raises(_Crash):
         load_hours(spark, ds, [HOURS[1]])
-    monkeypatch.undo()
     assert commits.read_commit(st, T1) is None  # the hour is not loaded...
     for name in OUTPUTS:  # ...and its tables still serve it, unchanged
         assert DeltaTable(str(Path(ds.output) / name)).version() == versions[name]

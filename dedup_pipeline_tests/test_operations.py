@@ -20,7 +20,6 @@ from dedup_pipeline.cli import main
 from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.engine.explain import explain_key
 from dedup_pipeline.engine.index.health import IndexDamagedError, check_index
-from dedup_pipeline.engine.load import FAULT_ENV
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.definitions import build_definitions
@@ -36,6 +35,7 @@ from dedup_pipeline.orchestration.names import (
 from dedup_pipeline.orchestration.recovery import build_recovery_sensor, build_run_end_sensors
 from dedup_pipeline.orchestration.runner import run_range
 from dedup_pipeline_tests.conftest import dataset_raw, pipeline_config, read_output, write_hour
+from dedup_pipeline_tests.faults import Faults, injected
 
 REPO = Path(__file__).resolve().parents[1]
 HOURS = [f"2026-11-01-{h:02d}:00" for h in range(5)]
@@ -122,7 +122,7 @@ def test_checks_pass_on_a_clean_hour(spark, site) -> None:
     ("lose_row:index", "index_agrees"),
 ])
 def test_blocking_check_failure_commits_nothing_and_stops_downstream(
-        spark, site, monkeypatch: pytest.MonkeyPatch, fault: str, check: str) -> None:
+        spark, site, fault: str, check: str) -> None:
     ds = site.datasets[0]
     defs = build_definitions(site)
     load = next(a for a in defs.assets if isinstance(a, dg.AssetsDefinition))
@@ -130,10 +130,10 @@ def test_blocking_check_failure_commits_nothing_and_stops_downstream(
     with dg.instance_for_test() as inst:
         assert dg.materialize([load, report], partition_key=HOURS[0], instance=inst,
                               resources={"spark": defs.resources["spark"]}).success
-        monkeypatch.setenv(FAULT_ENV, fault)
-        res = dg.materialize([load, report], partition_key=HOURS[1], instance=inst,
-                             resources={"spark": defs.resources["spark"]}, raise_on_error=False)
-        monkeypatch.delenv(FAULT_ENV)
+        with injected(Faults(fault)):
+            res = dg.materialize([load, report], partition_key=HOURS[1], instance=inst,
+                                 resources={"spark": defs.resources["spark"]},
+                                 raise_on_error=False)
         assert not res.success
         asset = "index" if check == "index_agrees" else "unique"
         key = dg.AssetCheckKey(asset_key("clicks", asset), check)

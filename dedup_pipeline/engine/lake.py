@@ -48,7 +48,7 @@ from deltalake.transaction import (
 )
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits
+from dedup_pipeline.engine import commits, hooks
 from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.outputs import LOAD_HOUR, OUTPUTS, columns, partition
 from dedup_pipeline.engine.storage import Lock, Storage
@@ -64,7 +64,6 @@ DEFAULT_RETENTION_HOURS = 24
 # After each commit delta-rs writes a checkpoint every 100 commits (kept: opens stay fast) and, by
 # default, lists the whole log to delete expired entries (dropped: `vacuum` does it, on schedule)
 _HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
-FAULT_ENV = "DEDUP_FAULT"
 
 Say = Callable[[str], None]
 
@@ -148,13 +147,6 @@ def record_token(rec: commits.CommitRecord) -> int:
         at = datetime.strptime(rec.committed_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
         return int(at.timestamp()) * 1_000_000
     return 1
-
-
-def _fault(point: str) -> None:
-    import os
-
-    if os.environ.get(FAULT_ENV) == point:
-        os._exit(137)
 
 
 # -- the schema ------------------------------------------------------------------------------------
@@ -389,7 +381,7 @@ def publish_load(st: Storage, ds: DatasetConfig, rec: commits.CommitRecord) -> d
     out = {}
     for name in OUTPUTS:
         out[name] = publish_hour(st, ds, name, rec.load_hour, rec)
-        _fault(f"after_publish:{name}")
+        hooks.at(f"after_publish:{name}")
     _unmark(st, rec.load_hour)
     return out
 

@@ -26,7 +26,6 @@ reading only entries of loads before H, produces the same rows and the same inde
 from __future__ import annotations
 
 import math
-import os
 import time
 import uuid
 from collections.abc import Callable, Collection
@@ -41,7 +40,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import checks, commits, contract, daypack, keydigest, lake
+from dedup_pipeline.engine import checks, commits, contract, daypack, hooks, keydigest, lake
 from dedup_pipeline.engine.classify import candidates, classify
 from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.commits import CommitRecord, DigestFileEntry, OutputFileEntry
@@ -100,29 +99,7 @@ from dedup_pipeline.hours import HOUR, HourSet, parse_key, to_key, to_tag
 # no faster (interleaved in one warm process, 1e5-row hours: median 9.78 s vs 8.81 s).
 CACHE = StorageLevel.MEMORY_AND_DISK
 TMP = "_tmp"
-FAULT_ENV = "DEDUP_FAULT"  # fault injection for the crash tests: kill the process at a named point
-
 Progress = Callable[[str], None]
-
-def _fault(point: str) -> None:
-    if os.environ.get(FAULT_ENV) == point:
-        os._exit(137)
-
-
-def _sabotage(df: DataFrame, what: str, stale: DataFrame | None = None) -> DataFrame:
-    """Fault injection for the check tests: lose one row, swap one for a copy of another, or
-    (`stale_row`) swap one for a row of `stale` (a duplicate of a key an earlier load kept)."""
-    fault = os.environ.get(FAULT_ENV, "")
-    if fault not in (f"lose_row:{what}", f"dup_row:{what}", f"stale_row:{what}"):
-        return df
-    n = df.count()
-    if fault == f"stale_row:{what}" and stale is not None and n > 0:
-        return df.limit(n - 1).unionByName(stale.select(*df.columns).limit(1))
-    if fault == f"lose_row:{what}" and n > 0:
-        return df.limit(n - 1)
-    if fault == f"dup_row:{what}" and n > 1:
-        return df.limit(n - 1).unionByName(df.limit(1))
-    return df
 
 
 class Persisted:
@@ -432,7 +409,7 @@ def write(ds: DatasetConfig, p: Prepared, c: Classified) -> Written:
 
     def write_output(name: str) -> str:
         tmp = f"{run_tmp}/{name}"
-        out_df = _sabotage(select_output(c.frame, ds, name), name,
+        out_df = hooks.frame(select_output(c.frame, ds, name), name,
                            select_output(c.frame, ds, DUPLICATES) if name == UNIQUE else None)
         (out_df.coalesce(n_files).write.mode("overwrite")
          .option("maxRecordsPerFile", ROWS_PER_FILE)
@@ -445,7 +422,7 @@ def write(ds: DatasetConfig, p: Prepared, c: Classified) -> Written:
         keydigest.write_digest(st, c.frame.filter(F.col(OUT) != REJECTED), tmp)
         return tmp
 
-    entries = _sabotage(c.frame.filter(F.col(OUT) == UNIQUE), "index")
+    entries = hooks.frame(c.frame.filter(F.col(OUT) == UNIQUE), "index")
     with ThreadPoolExecutor(max_workers=len(OUTPUTS) + 2) as pool:
         written = {name: pool.submit(write_output, name) for name in OUTPUTS}
         staging = pool.submit(store.stage_entries, ds, st, entries, tag, n_files)
@@ -457,7 +434,7 @@ def write(ds: DatasetConfig, p: Prepared, c: Classified) -> Written:
             else:
                 st.replace_dir(written[name].result(), target)
                 out_files[name] = st.list_files(target, ".parquet")
-            _fault(f"after_output:{name}")
+            hooks.at(f"after_output:{name}")
         digest = None
         if digesting is not None:
             st.replace_dir(digesting.result(), st.path(*keydigest.parts(tag)))
@@ -466,7 +443,7 @@ def write(ds: DatasetConfig, p: Prepared, c: Classified) -> Written:
             st.remove(st.path(*keydigest.parts(tag)))
         staged = staging.result()
     st.remove(run_tmp)
-    _fault("after_outputs")
+    hooks.at("after_outputs")
     return Written(out_files, staged, digest)
 
 
@@ -480,7 +457,7 @@ def verify_written(spark: SparkSession, ds: DatasetConfig, p: Prepared, c: Class
     files = w.out_files if lake.enabled(ds) else None  # beside older versions' files
     try:
         figures = checks.check_conservation(st, tag, p.batch.rows_in, label, files)
-        _fault("after_index_staged")
+        hooks.at("after_index_staged")
         slices = store.publish_entries(st, w.staged, tag)
         clock.lap("write_index")
         checks.check_unique_and_index(spark, ds, st, tag, figures, c.candidates, label,
@@ -546,7 +523,7 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
         _forget_outputs(st, tag, w.out_files if lake.enabled(ds) else None)
         raise
     contract.record(st, p.contract)  # a new version first: the record names it
-    _fault("after_contract")
+    hooks.at("after_contract")
     lake.mark_pending(st, ds, tag)  # the tables lag the record until `publish`
     p.log.write(record)
     return record
@@ -556,7 +533,7 @@ def publish(ds: DatasetConfig, p: Prepared, record: CommitRecord) -> None:
     """After the record: each output table gets one Delta commit for H (engine/lake.py). A crash
     before all four leaves H marked; the next load or `verify --repair` rolls it forward."""
     if lake.enabled(ds):
-        _fault("before_publish")
+        hooks.at("before_publish")
         lake.publish_load(p.st, ds, record)
 
 
@@ -657,7 +634,7 @@ def _run_load(spark: SparkSession, ds: DatasetConfig, partition_key: str,
         w = write(ds, p, c)
         clock.lap("write_outputs")
         v = verify_written(spark, ds, p, c, w, clock)
-    _fault("before_commit")
+    hooks.at("before_commit")
     clock.lap("checks")
     record = commit(ds, p, c, w, v, clock)
     clock.lap("commit")

@@ -32,7 +32,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import contract, lake
+from dedup_pipeline.engine import contract, hooks, lake
 from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.commits import CommitRecord, OutputFileEntry
 from dedup_pipeline.engine.digest import H1, H2, digest_columns
@@ -44,7 +44,7 @@ from dedup_pipeline.engine.expiry import (
     is_live,
     latest_point,
 )
-from dedup_pipeline.engine.load import TMP, _fault
+from dedup_pipeline.engine.load import TMP
 from dedup_pipeline.engine.outputs import (
     DUPLICATES,
     EXPIRED,
@@ -376,14 +376,14 @@ def migrate(spark: SparkSession, ds: DatasetConfig,
                                          changes=changes,
                                          latest_points=latest_points(reader, committed)),
             terms=terms)
-        _fault("migrate_before_contract")
+        hooks.at("migrate_before_contract")
         # the commit point: from here on the dataset is under the new contract
         st.write_json_atomic(contract.contract_path(st, target.version), target.to_json())
-        _fault("migrate_after_contract")
+        hooks.at("migrate_after_contract")
     # the outputs' files and tables under the new columns (idempotent), then the index
     rewrite_outputs(reader, say)
     res = rebuild_index(spark, ds, None, check_contract=False)
-    _fault("migrate_before_done")
+    hooks.at("migrate_before_done")
     st.write_json_atomic(contract.done_path(st, target.version),
                          {"finished_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                           "loads": res.loads, "entries": res.entries})

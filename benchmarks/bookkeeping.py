@@ -14,7 +14,7 @@ by retention, as `_retention.json` says), at N = 24 and N = 8,760, then measures
   tick did before the summary).
 
 Driver wall time (median of `--repeat`) and the file-system requests made through `Storage`
-(`storage.REQUESTS`), and the ratios N=8,760 / N=24. Run: ``python -m benchmarks.bookkeeping``.
+(`benchmarks/fs_requests.py`), and the ratios N=8,760 / N=24. Run: ``python -m benchmarks.bookkeeping``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks.fs_requests import count_requests
 from dedup_pipeline.config import DatasetConfig, parse_config
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.commit_log import CommitLog
@@ -44,7 +45,7 @@ from dedup_pipeline.engine.index import layout
 from dedup_pipeline.engine.index.health import check_index, content_damage
 from dedup_pipeline.engine.index.layout import IndexFile, IndexFileEntry
 from dedup_pipeline.engine.index.live import EarlierLoads, check_retention, live_files
-from dedup_pipeline.engine.storage import Storage, count_requests
+from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 
 START = "2025-01-01-00:00"

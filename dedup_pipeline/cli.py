@@ -366,7 +366,8 @@ def _repair(spark: Any, ds: DatasetConfig) -> None:
     """Under the dataset lock: roll `ds`'s output tables forward to its commit records, then
     write its lost or altered key digests and day packs again."""
     from dedup_pipeline.engine import lake, lookups
-    from dedup_pipeline.engine.storage import DatasetLockedError, Lock, Storage
+    from dedup_pipeline.engine.lock import DatasetLockedError, Lock
+    from dedup_pipeline.engine.storage import Storage
 
     st = Storage(ds.output)
     try:
@@ -395,7 +396,8 @@ def vacuum(config: str, dataset: str | None, retention_hours: int) -> None:
     """Upkeep of the output tables: delete replaced files past the retention (never a full
     vacuum), checkpoint the Delta log and clean up old log entries."""
     from dedup_pipeline.engine import lake
-    from dedup_pipeline.engine.storage import DatasetLockedError, Storage
+    from dedup_pipeline.engine.lock import DatasetLockedError
+    from dedup_pipeline.engine.storage import Storage
 
     cfg = _load(config)
     for name in [dataset] if dataset else [d.name for d in cfg.datasets]:

@@ -22,8 +22,9 @@ import pytest
 from dedup_pipeline.engine.commits import CommitRecordError, read_commit
 from dedup_pipeline.engine.index.health import IndexDamagedError, check_index, checksum_failure
 from dedup_pipeline.engine.load import load_hours
+from dedup_pipeline.engine.lock import DatasetLockedError, Lock
 from dedup_pipeline.engine.rebuild import rebuild_index
-from dedup_pipeline.engine.storage import DatasetLockedError, Lock, Storage
+from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline.orchestration.names import rebuild_op_name
 from dedup_pipeline.orchestration.recovery import build_rebuild_job, build_recovery_sensor

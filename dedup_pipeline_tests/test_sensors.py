@@ -431,7 +431,8 @@ def test_a_locked_dataset_is_not_requested_and_the_skip_names_the_holder(
     """A writer the instance does not see (a CLI run recording elsewhere) holds the lock: the tick
     requests nothing (the run would only fail on the lock) and names the holder; once it is
     released the hours are requested."""
-    from dedup_pipeline.engine.storage import Lock, Storage
+    from dedup_pipeline.engine.lock import Lock
+    from dedup_pipeline.engine.storage import Storage
 
     monkeypatch.chdir(tmp_path)
     cfg = _cfg(tmp_path)

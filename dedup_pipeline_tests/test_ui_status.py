@@ -36,7 +36,8 @@ from dedup_pipeline import cli
 from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.engine import load as engine_load
 from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.storage import Lock, Storage
+from dedup_pipeline.engine.lock import Lock
+from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import hour_range, key_of, to_key
 from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.checks import CHECKS

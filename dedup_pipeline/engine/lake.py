@@ -50,8 +50,9 @@ from deltalake.transaction import (
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits, hooks
 from dedup_pipeline.engine.commit_log import CommitLog
+from dedup_pipeline.engine.lock import Lock
 from dedup_pipeline.engine.outputs import LOAD_HOUR, OUTPUTS, columns, partition
-from dedup_pipeline.engine.storage import Lock, Storage
+from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.errors import UserError
 from dedup_pipeline.hours import key_of
 

@@ -65,6 +65,7 @@ from dedup_pipeline.engine.index.live import (
     live_files,
 )
 from dedup_pipeline.engine.landing import with_content_hashes
+from dedup_pipeline.engine.lock import Lock
 from dedup_pipeline.engine.outputs import (
     CONFLICT,
     DUPLICATES,
@@ -666,7 +667,6 @@ def load_hours(
     `remote` names the Spark Connect server in use, so losing it is one SparkServerError line.
     """
     from dedup_pipeline.engine.session import connect_errors
-    from dedup_pipeline.engine.storage import Lock
 
     keys = sorted(partition_keys, key=parse_key)
     results = []

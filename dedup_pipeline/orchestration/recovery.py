@@ -24,9 +24,10 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import contract
 from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.index.health import check_index, scrub
+from dedup_pipeline.engine.lock import Lock
 from dedup_pipeline.engine.migrate import migrate
 from dedup_pipeline.engine.rebuild import rebuild_index
-from dedup_pipeline.engine.storage import Lock, Storage
+from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import key_of, parse_key, to_tag
 from dedup_pipeline.orchestration import names, runs
 from dedup_pipeline.orchestration.assets import PROGRESS_LOGGER

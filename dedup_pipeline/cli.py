@@ -262,7 +262,7 @@ def main() -> None:
 
 @main.command()
 @click.option("--config", "config", required=True, type=click.Path(dir_okay=False),
-              help="the YAML config file (README, Configuration)")
+              help="the YAML config file (docs/operations.md, Configuration)")
 @click.option("--dataset", default=None, help="dataset name (needed if the file has several)")
 @click.option("--from", "first", required=True, help="first hour, e.g. 2026-11-01-00:00")
 @click.option("--to", "last", default=None,

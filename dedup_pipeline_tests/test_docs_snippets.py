@@ -1,12 +1,13 @@
-"""Every code block of the README runs, against the demo's outputs, and prints what it computes;
-the shell commands of docs/operations.md run too.
+"""Every code block of README.md and docs/operations.md runs, against the demo's outputs, and
+prints what it computes.
 
-One small demo (`dedup-pipeline demo`, 2 hours) is made; then each ```python block of README.md
-runs as its own script in the demo's directory (where its relative paths point) and must exit 0
-and print something; the ```yaml config block must load as a config; each ```bash block is either
-run (operations.md's commands, with the demo's config and hours in place of the examples) or is
-one of the few that start the product itself, listed below with the test that covers it. A new
-block that is neither fails this test.
+One small demo (`dedup-pipeline demo`, 2 hours) is made; then each ```python block of both files
+(the readers of operations.md, "Reading the tables") runs as its own script in the demo's
+directory (where its relative paths point) and must exit 0 and print something; README's
+```yaml config block must load as a config; each ```bash block is either run (operations.md's
+commands, with the demo's config and hours in place of the examples) or is one of the few in
+README.md that start the product itself, listed below with the test that covers it. A new block
+that is neither fails this test.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from dedup_pipeline.hours import key_of
 from dedup_pipeline_tests.spark_services import REPO, VENV_BIN, clean_env
 
 pytestmark = pytest.mark.slow
+
+README = REPO / "README.md"
+OPERATIONS = REPO / "docs" / "operations.md"
 
 # shell blocks that start the product itself (not a command that finishes): what covers them
 NOT_RUN = {
@@ -52,19 +56,21 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield root
 
 
-def test_every_readme_python_block_runs_and_prints(demo: Path) -> None:
-    py = [text for lang, text in blocks(REPO / "README.md") if lang == "python"]
-    assert len(py) >= 3
-    for i, code in enumerate(py, start=1):
+def test_every_python_block_runs_and_prints(demo: Path) -> None:
+    py = [(f"{path.name} python block {i}", text) for path in (README, OPERATIONS)
+          for i, text in enumerate((t for lang, t in blocks(path) if lang == "python"), start=1)]
+    # at least the readers of operations.md: deltalake, DuckDB and Polars, a downstream Dagster asset
+    assert len(py) >= 3, f"{len(py)} python blocks"
+    for name, code in py:
         out = subprocess.run([str(VENV_BIN / "python"), "-c", code], cwd=demo, env=clean_env(),
                              capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, f"README python block {i}:\n{code}\n{out.stderr[-3000:]}"
-        assert out.stdout.strip(), f"README python block {i} printed nothing:\n{code}"
-        print(f"--- block {i}:\n{out.stdout[:600]}")
+        assert out.returncode == 0, f"{name}:\n{code}\n{out.stderr[-3000:]}"
+        assert out.stdout.strip(), f"{name} printed nothing:\n{code}"
+        print(f"--- {name}:\n{out.stdout[:600]}")
 
 
 def test_the_readme_config_block_is_a_valid_config(tmp_path: Path) -> None:
-    [text] = [t for lang, t in blocks(REPO / "README.md") if lang == "yaml"]
+    [text] = [t for lang, t in blocks(README) if lang == "yaml"]
     (tmp_path / "dedup.yaml").write_text(text)
     cfg = load_config(str(tmp_path / "dedup.yaml"))
     assert [d.name for d in cfg.datasets] == ["clicks"]
@@ -73,8 +79,9 @@ def test_the_readme_config_block_is_a_valid_config(tmp_path: Path) -> None:
 
 def test_every_shell_block_runs(demo: Path) -> None:
     """README's shell blocks are the demo and the servers (NOT_RUN); operations.md's commands run
-    on the demo: the examples' hours become the demo's, `dedup.yaml` its config."""
-    for lang, text in blocks(REPO / "README.md"):
+    on the demo: the examples' hours become the demo's, `dedup.yaml` its config. A command of
+    NOT_RUN (it would not finish) has no place in operations.md's shell blocks."""
+    for lang, text in blocks(README):
         if lang in ("bash", "sh", "shell"):
             first = text.strip().splitlines()[0].split("#")[0].strip()
             assert first in NOT_RUN, f"a README shell block neither run nor covered: {text}"
@@ -83,10 +90,11 @@ def test_every_shell_block_runs(demo: Path) -> None:
     assert len(hours) == 2
     env = clean_env(DAGSTER_HOME=str(demo / "dagster_home"), DEDUP_CONFIG=str(demo / "dedup.yaml"))
     ran = 0
-    for lang, text in blocks(REPO / "docs" / "operations.md"):
+    for lang, text in blocks(OPERATIONS):
         if lang not in ("bash", "sh", "shell"):
             continue
         for line in text.strip().splitlines():
+            assert not any(line.strip().startswith(c) for c in NOT_RUN), f"operations.md: {line}"
             cmd = (line.replace("<latest loaded hour>", hours[-1])
                    .replace("2026-11-01-01:00", hours[0])
                    .replace("--config dedup.yaml", f"--config {demo / 'dedup.yaml'}"))

@@ -149,7 +149,8 @@ def test_rerun_swaps_in_one_commit_and_a_reader_of_the_old_version_reads_it_whol
     assert _rids(ds, "unique")["deltalake"] == UNIQUE
     assert _rids(ds, "duplicates")["polars"] == DUPLICATES
     # the replaced files stay for readers of version v until a vacuum past the retention;
-    # a plain directory read sees both versions of the hour meanwhile (docs: README, "Readers")
+    # a plain directory read sees both versions of the hour meanwhile (docs/operations.md, "Reading
+    # the tables")
     assert _rids(ds, "unique")["directory"] == UNIQUE + Counter({(T1, "f"): 1})
     assert all((Path(ds.output) / "unique" / p).exists() for p in old_files)
     assert all(u.deleted == 0 for u in lake.vacuum(st, retention_hours=1))

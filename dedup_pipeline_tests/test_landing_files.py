@@ -2,7 +2,7 @@
 content stops a load (R9), and every record lands in exactly one output (R8).
 
 Each record carries an id; the expected output of every id is written down here from the design.md
-rules and the README's reject reasons, never taken from what the engine printed. A rejected row
+rules and design.md's reject reasons, never taken from what the engine printed. A rejected row
 is identified by the id inside its original text (`_raw`, base64-decoded for `bad_encoding`), an
 unreadable file by its name. Outputs are read with pyarrow (item 5: every output stays readable).
 """
@@ -58,7 +58,7 @@ NAMED = {  # file name -> the id of its one record (each must be unique: read ex
     "pct%.jsonl": "u08", "sp ace.jsonl": "u09", "ünï €.jsonl": "u10", "back\\slash.jsonl": "u11",
     "plus+sign.jsonl": "u12", "a1.jsonl": "u13", "a[1].jsonl": "u14",
 }
-NOT_DATA = {  # markers, hidden and temporary files, subdirectories: never read (README)
+NOT_DATA = {  # markers, hidden and temporary files, subdirectories: never read (design.md R9a)
     ".hidden.jsonl": "x1", "_tmp.jsonl": "x2", "_temporary/part-0.jsonl": "x3",
     ".hidden/part-0.jsonl": "x4", "sub/part-0.jsonl": "x5",
 }
@@ -70,7 +70,7 @@ BAD_BYTES = {
 
 
 def jsonl_corpus(hour_dir: Path, expiring: bool = False) -> dict[str, tuple[str, str | None]]:
-    """Write the corpus; returns id -> (output, reject reason) per the design.md and README rules.
+    """Write the corpus; returns id -> (output, reject reason) per the design.md rules.
 
     `expiring`: for EXPIRY_OLD (categories old < gold < silver, period 1), one more file whose
     `silver` record moves the latest point to silver, so the `old` record expires (R6).

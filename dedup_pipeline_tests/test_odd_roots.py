@@ -1,6 +1,6 @@
 """An output root may hold any character a POSIX path may (docs/design.md R9a, "Any name"): `#`,
 `%`, `?`, `[`, spaces, non-ASCII, a trailing space. The load, the Delta publish, `verify`,
-`vacuum`, `explain` and the README's readers (deltalake, Polars through the Arrow dataset,
+`vacuum`, `explain` and operations.md's readers (deltalake, Polars through the Arrow dataset,
 DuckDB over it) all work under such a root, driven through the command line as a user drives it.
 """
 
@@ -58,7 +58,7 @@ def test_an_output_root_with_any_character_loads_verifies_and_reads(
     r = runner.invoke(main, ["vacuum", "--config", str(cfg), "--retention-hours", "1"])
     assert r.exit_code == 0, r.output
 
-    # the README's readers, on the plain path a user has
+    # operations.md's readers, on the plain path a user has
     table = str(out / "unique")
     dt = DeltaTable(table)
     rows = dt.to_pyarrow_dataset().to_table()

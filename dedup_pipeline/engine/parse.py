@@ -5,7 +5,7 @@ otherwise raise on a bad value and stop the load). Every row keeps its origin
 (`_source_file`, and `_blk`/`_rid`, which order rows exactly as they stand in the file, whatever
 the file splitting) and its original text in `_raw`.
 
-Which files are read (README "Landing files"; every rule: docs/design.md, "Reading landing files"):
+Which files are read (every rule: docs/design.md, "Reading landing files"):
 the regular files directly in the hour's directory whose names do not start with `.` or `_`
 (markers, hidden and temporary files) nor end like a file still being written (`._COPYING_`,
 `.tmp`, ...: `is_data_name`); subdirectories are never read. Every name Spark's file index would

@@ -242,8 +242,9 @@ def refusals_and_failures(w: Walk, inst: dg.DagsterInstance, fig: Figures, log: 
     import yaml
 
     from dedup_pipeline.config import load_config
-    from dedup_pipeline.engine import load as engine_load
-    from dedup_pipeline.engine.storage import Lock, Storage
+    from dedup_pipeline.engine import hooks
+    from dedup_pipeline.engine.lock import Lock
+    from dedup_pipeline.engine.storage import Storage
     from dedup_pipeline.orchestration.definitions import build_definitions
     from dedup_pipeline.orchestration.names import load_job_name
     from dedup_pipeline.orchestration.runner import run_range
@@ -269,17 +270,18 @@ def refusals_and_failures(w: Walk, inst: dg.DagsterInstance, fig: Figures, log: 
     job = build_definitions(cfg).resolve_job_def(load_job_name(ds.name))
     res = job.execute_in_process(instance=inst, raise_on_error=False)
     fig.refusals["no partition"] = "failed" if not res.success else "succeeded?!"
-    orig = engine_load.verify_written
+    class FailInSpark(hooks.Hooks):
+        """A Spark job that fails while the load writes its outputs."""
 
-    def failing(spark: Any, d: Any, p: Any, *a: Any, **k: Any) -> Any:
-        spark.sql("select raise_error('soak: injected failure of the Spark job')").collect()
-        return orig(spark, d, p, *a, **k)
+        def frame(self, df: Any, what: str, stale: Any = None) -> Any:
+            df.sparkSession.sql("select raise_error('soak: injected failure of a Spark job')").collect()
+            return df
 
-    engine_load.verify_written = failing
+    previous = hooks.install(FailInSpark())
     try:
         record("Spark failure of a rerun", run_range(cfg, ds.name, last, last, inst))
     finally:
-        engine_load.verify_written = orig
+        hooks.install(previous)
     # the failed rerun withdrew the hour's record (it is Failed, truly); the fix reloads it
     if not run_range(cfg, ds.name, last, last, inst).success:
         fig.failures.append(f"the reload of {last} after the Spark failure failed")

@@ -285,7 +285,12 @@ def refusals_and_failures(w: Walk, inst: dg.DagsterInstance, fig: Figures, log: 
     # the failed rerun withdrew the hour's record (it is Failed, truly); the fix reloads it
     if not run_range(cfg, ds.name, last, last, inst).success:
         fig.failures.append(f"the reload of {last} after the Spark failure failed")
-    run = inst.create_run_for_job(job, tags={PARTITION: last})
+    # a run of the code location (as the UI or the sensor launches one), cancelled before its
+    # step: the daemon's run-canceled sensor sees it (an in-process run has no code location)
+    launched = next(r for r in w.load_runs(inst) if r.remote_job_origin is not None)
+    run = inst.create_run_for_job(job, tags={PARTITION: last},
+                                  remote_job_origin=launched.remote_job_origin,
+                                  job_code_origin=launched.job_code_origin)
     inst.report_run_canceled(run)
     fig.refusals["cancelled"] = "cancelled"
     ui = UI(inst, w.root, cfg)

@@ -7,11 +7,17 @@ index recovery sensor and failure summary on; the hourly and reconcile schedules
 whose index repairs itself (`on_damaged_index: rebuild`). For `--minutes` minutes a new complete
 hour lands every `--every` seconds; a quarter of the way in a file lands late in a loaded hour, at
 half way the whole index is deleted, at three quarters a running load is killed (SIGKILL to its
-worker and its Spark). Then it waits for the last hour to load and prints the figures:
+worker and its Spark). Then it waits for the last hour to load, runs each refusal and failure a
+user meets (a rerun refused because later hours are loaded, the dataset lock, a broken contract, a
+run without a partition, a load that fails in Spark, a cancelled run) on the same instance, and
+prints the figures:
 
 - hours landed, hours committed, successful runs that loaded each hour (must be exactly 1),
 - landing-sensor ticks by status, skipped ticks without a reason, failed ticks (must be 0),
-- tick errors in the daemon log (must be 0), check runs, the killed run and its retry.
+- tick errors in the daemon log (must be 0), check runs, the killed run and its retry,
+- the refusals and failures run, and whether the UI's partition status of every hour (the
+  webserver's GraphQL: `assetPartitionStatuses` of each output, each check's `partitionStatuses`)
+  equals the commit records (must).
 
 Exit code 0 when every bar holds. Run as a module from the repository (as a file, its directory's
 `profile.py` would shadow the standard library's):
@@ -38,7 +44,7 @@ import dagster as dg
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
-from dedup_pipeline.hours import HOUR, hour_range, to_key, to_tag
+from dedup_pipeline.hours import HOUR, hour_range, key_of, to_key, to_tag
 from dedup_pipeline.orchestration.names import (
     PARTITION,
     RANGE_END,
@@ -75,6 +81,8 @@ class Figures:
     killed_run: str | None = None
     killed_status: str | None = None  # the killed run's final status (FAILURE when it was killed)
     retries_of_killed: int = 0
+    refusals: dict[str, str] = field(default_factory=dict)  # kind -> the run's error class
+    ui_truth: str = "not checked"  # "equal" or the first difference
     failures: list[str] = field(default_factory=list)
 
     def ok(self) -> bool:
@@ -91,6 +99,8 @@ class Figures:
             f"tick errors in the daemon log: {len(self.daemon_tick_errors)}",
             f"input-check runs: {self.check_runs}; killed run: {self.killed_run} "
             f"({self.killed_status}; retries: {self.retries_of_killed})",
+            f"refusals and failures run: {self.refusals or 'none'}",
+            f"UI partition status of every hour vs the commit records: {self.ui_truth}",
             "RESULT: " + ("PASS" if self.ok() else "FAIL: " + "; ".join(self.failures)),
         ])
 
@@ -204,6 +214,7 @@ def soak(root: Path, minutes: float, every: float, log: Any = print,
                 fig.killed_status = killed.status.value if killed else None
                 fig.retries_of_killed = sum(
                     1 for r in inst.get_runs() if r.tags.get("dagster/parent_run_id") == fig.killed_run)
+            refusals_and_failures(w, inst, fig, log)
     finally:
         w.stop()
     text = w.log.read_text(errors="replace") if w.log.exists() else ""
@@ -218,7 +229,86 @@ def soak(root: Path, minutes: float, every: float, log: Any = print,
         fig.failures.append("skipped ticks without a reason")
     if fig.daemon_tick_errors:
         fig.failures.append(f"{len(fig.daemon_tick_errors)} tick errors in the daemon log")
+    if fig.ui_truth != "equal":
+        fig.failures.append(f"the UI's partition status differs from the commit records: {fig.ui_truth}")
     return fig
+
+
+def refusals_and_failures(w: Walk, inst: dg.DagsterInstance, fig: Figures, log: Any) -> None:
+    """Each refusal and failure on the soaked instance (in this process, as the CLI runs), then
+    the UI's partition status of every hour compared with the commit records."""
+    import contextlib
+
+    import yaml
+
+    from dedup_pipeline.config import load_config
+    from dedup_pipeline.engine import hooks
+    from dedup_pipeline.engine.lock import Lock
+    from dedup_pipeline.engine.storage import Storage
+    from dedup_pipeline.orchestration.definitions import build_definitions
+    from dedup_pipeline.orchestration.names import load_job_name
+    from dedup_pipeline.orchestration.runner import run_range
+    from dedup_pipeline_tests.test_ui_status import UI
+
+    cfg = load_config(str(w.config))
+    ds = cfg.datasets[0]
+    loaded = sorted(w.committed())
+    first, last = key_of(loaded[0]), key_of(loaded[-1])
+
+    def record(kind: str, res: Any) -> None:
+        fig.refusals[kind] = "succeeded?!" if res.success else (res.error or "").split(":")[0]
+        log(f"  {kind}: {fig.refusals[kind]}")
+
+    record("later hours loaded", run_range(cfg, ds.name, first, first, inst))
+    with Lock(Storage(ds.output), owner="soak: another writer"):
+        record("lock", run_range(cfg, ds.name, last, last, inst))
+    raw = yaml.safe_load(w.config.read_text())
+    raw["datasets"][0]["key"] = ["event_id", "event_time"]
+    broken = w.root / "broken.yaml"
+    broken.write_text(yaml.safe_dump(raw, sort_keys=False))
+    record("contract", run_range(load_config(str(broken)), ds.name, last, last, inst))
+    job = build_definitions(cfg).resolve_job_def(load_job_name(ds.name))
+    res = job.execute_in_process(instance=inst, raise_on_error=False)
+    fig.refusals["no partition"] = "failed" if not res.success else "succeeded?!"
+    class FailInSpark(hooks.Hooks):
+        """A Spark job that fails while the load writes its outputs."""
+
+        def frame(self, df: Any, what: str, stale: Any = None) -> Any:
+            df.sparkSession.sql("select raise_error('soak: injected failure of a Spark job')").collect()
+            return df
+
+    previous = hooks.install(FailInSpark())
+    try:
+        record("Spark failure of a rerun", run_range(cfg, ds.name, last, last, inst))
+    finally:
+        hooks.install(previous)
+    # the failed rerun withdrew the hour's record (it is Failed, truly); the fix reloads it
+    if not run_range(cfg, ds.name, last, last, inst).success:
+        fig.failures.append(f"the reload of {last} after the Spark failure failed")
+    # a run of the code location (as the UI or the sensor launches one), cancelled before its
+    # step: the daemon's run-canceled sensor sees it (an in-process run has no code location)
+    launched = next(r for r in w.load_runs(inst) if r.remote_job_origin is not None)
+    run = inst.create_run_for_job(job, tags={PARTITION: last},
+                                  remote_job_origin=launched.remote_job_origin,
+                                  job_code_origin=launched.job_code_origin)
+    inst.report_run_canceled(run)
+    fig.refusals["cancelled"] = "cancelled"
+    ui = UI(inst, w.root, cfg)
+
+    def truth() -> str:
+        try:
+            ui.assert_truth("soak")
+            return "equal"
+        except AssertionError as e:
+            return str(e).splitlines()[0][:500]
+
+    deadline = time.monotonic() + 120  # the daemon's cancel sensor restates the cancelled run
+    fig.ui_truth = truth()
+    while fig.ui_truth != "equal" and time.monotonic() < deadline:
+        time.sleep(5)
+        fig.ui_truth = truth()
+    with contextlib.suppress(Exception):
+        log(f"  UI partition status vs commit records: {fig.ui_truth}")
 
 
 def main() -> int:

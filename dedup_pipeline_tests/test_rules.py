@@ -20,7 +20,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-import dedup_pipeline.engine.load as load_mod
+import dedup_pipeline.engine.core.batch as batch_mod
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.commits import CommitRecord, LaterHoursLoadedError, LoadOrderError
 from dedup_pipeline.engine.load import load_hours
@@ -130,7 +130,7 @@ def _constant_digest(monkeypatch: pytest.MonkeyPatch) -> None:
     from dedup_pipeline.engine import checks as checks_mod
     from dedup_pipeline.engine import rebuild as rebuild_mod
 
-    for mod in (load_mod, checks_mod, rebuild_mod):  # everywhere a digest is computed
+    for mod in (batch_mod, checks_mod, rebuild_mod):  # everywhere a digest is computed
         monkeypatch.setattr(mod, "digest_columns", lambda cols, schema: (zero, zero))
 
 

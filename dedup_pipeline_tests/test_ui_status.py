@@ -34,7 +34,7 @@ from dagster_graphql.test.utils import execute_dagster_graphql
 
 from dedup_pipeline import cli
 from dedup_pipeline.config import PipelineConfig
-from dedup_pipeline.engine import load as engine_load
+from dedup_pipeline.engine.core import load as engine_load
 from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.lock import Lock
 from dedup_pipeline.engine.storage import Storage

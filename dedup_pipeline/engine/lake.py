@@ -583,18 +583,6 @@ def upkeep(st: Storage, ds: DatasetConfig, retention_hours: int, owner: str,
     return done
 
 
-def place_files(st: Storage, tmp: str, target: str) -> list[str]:
-    """Move the Parquet files Spark wrote to `tmp` into partition directory `target`, beside any
-    earlier version's (Spark's file names are unique per write); their new paths."""
-    st.makedirs(target)
-    out = []
-    for f in st.list_files(tmp, ".parquet"):
-        dst = f"{target}/{f.rsplit('/', 1)[1]}"
-        st.move(f, dst)
-        out.append(dst)
-    return sorted(out)
-
-
 def overwrite(st: Storage, ds: DatasetConfig, records: dict[str, commits.CommitRecord],
               say: Say | None = None) -> list[Published]:
     """`migrate`: each table whose schema is not the contract's (a column of another type, or

@@ -35,6 +35,7 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import contract, hooks, lake
 from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.commits import CommitRecord, OutputFileEntry
+from dedup_pipeline.engine.core.load import TMP
 from dedup_pipeline.engine.digest import H1, H2, digest_columns
 from dedup_pipeline.engine.expiry import (
     X_COL,
@@ -44,7 +45,6 @@ from dedup_pipeline.engine.expiry import (
     is_live,
     latest_point,
 )
-from dedup_pipeline.engine.load import TMP
 from dedup_pipeline.engine.outputs import (
     DUPLICATES,
     EXPIRED,
@@ -58,7 +58,7 @@ from dedup_pipeline.engine.outputs import (
 )
 from dedup_pipeline.engine.parse import V
 from dedup_pipeline.engine.rebuild import _unique_sources, rebuild_index
-from dedup_pipeline.engine.storage import ROWS_PER_FILE, Storage, glob_escape
+from dedup_pipeline.engine.storage import ROWS_PER_FILE, Storage, glob_escape, place_files
 from dedup_pipeline.errors import UserError
 from dedup_pipeline.hours import HOUR, key_of, parse_key, to_key
 
@@ -244,7 +244,7 @@ def rewrite_outputs(reader: Reader, say: Callable[[str], None]) -> int:
         for tag in stale:
             target = st.path(*partition(name, tag))
             src = f"{tmp}/{LOAD_HOUR}={tag}"
-            placed = lake.place_files(st, src, target) if st.exists(src) else []
+            placed = place_files(st, src, target) if st.exists(src) else []
             for f in placed:
                 st.sync_tree(f)
             rec = reader.records[tag]

@@ -365,3 +365,15 @@ class Storage:
                 self.remove(self.path(TRASH, name))
                 purged += 1
         return purged
+
+
+def place_files(st: Storage, tmp: str, target: str) -> list[str]:
+    """Move the Parquet files Spark wrote to `tmp` into partition directory `target`, beside any
+    earlier version's (Spark's file names are unique per write); their new paths."""
+    st.makedirs(target)
+    out = []
+    for f in st.list_files(tmp, ".parquet"):
+        dst = f"{target}/{f.rsplit('/', 1)[1]}"
+        st.move(f, dst)
+        out.append(dst)
+    return sorted(out)

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from dedup_pipeline.config import load_config
 from dedup_pipeline.engine import contract
-from dedup_pipeline.engine.index.health import check_index
+from dedup_pipeline.engine.core.index.health import check_index
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.session import SparkSettings, get_session
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key
 from dedup_pipeline.sample.generate import generate_landing
 

@@ -52,12 +52,13 @@ import pyarrow.parquet as pq
 import yaml
 
 from dedup_pipeline.config import DatasetConfig, load_config
-from dedup_pipeline.engine import daypack, explain, keydigest, outputs
-from dedup_pipeline.engine.commits import committed_tags, read_commit, write_commit
+from dedup_pipeline.engine import daypack, explain, keydigest
+from dedup_pipeline.engine.core import outputs
+from dedup_pipeline.engine.core.commits import committed_tags, read_commit, write_commit
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.explain import committed_history, explain_key, output_files
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.session import SparkSettings, get_session
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 from dedup_pipeline.sample.generate import generate_landing
 

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core.storage import Storage
 
 _COUNTED = frozenset({"ls", "find", "info", "exists", "isdir", "open", "rm", "mv", "makedirs",
                       "cat_file", "pipe_file", "glob", "walk", "du"})

@@ -25,8 +25,8 @@ from typing import Any
 
 from benchmarks.probe import measured
 from dedup_pipeline.config import load_config
+from dedup_pipeline.engine.core.parse import list_input_files
 from dedup_pipeline.engine.load import run_load
-from dedup_pipeline.engine.parse import list_input_files
 from dedup_pipeline.engine.session import SparkSettings, get_session
 from dedup_pipeline.hours import HOUR, parse_key, to_key
 from dedup_pipeline.sample.generate import generate_landing

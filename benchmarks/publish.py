@@ -27,10 +27,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dedup_pipeline.config import DatasetConfig, parse_config
-from dedup_pipeline.engine import commits, lake
-from dedup_pipeline.engine.commits import CommitRecord, OutputFileEntry
-from dedup_pipeline.engine.outputs import OUTPUTS, partition
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine import lake
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.commits import CommitRecord, OutputFileEntry
+from dedup_pipeline.engine.core.outputs import OUTPUTS, partition
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 
 START = "2026-01-01-00:00"

@@ -54,12 +54,13 @@ from benchmarks import systems, warm
 from benchmarks.probe import Cost, measured, run_process, settle
 from benchmarks.worker import WORKER_CONF, System, Worker, dataset_from_spec
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, lake
-from dedup_pipeline.engine.commits import CommitRecord
+from dedup_pipeline.engine import lake
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.commits import CommitRecord
+from dedup_pipeline.engine.core.parse import list_input_files
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import run_load
-from dedup_pipeline.engine.parse import list_input_files
 from dedup_pipeline.engine.session import BASE_CONF, SparkSettings, get_session
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 from dedup_pipeline.sample.generate import generate_landing
 

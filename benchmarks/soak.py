@@ -242,9 +242,9 @@ def refusals_and_failures(w: Walk, inst: dg.DagsterInstance, fig: Figures, log: 
     import yaml
 
     from dedup_pipeline.config import load_config
-    from dedup_pipeline.engine import hooks
-    from dedup_pipeline.engine.lock import Lock
-    from dedup_pipeline.engine.storage import Storage
+    from dedup_pipeline.engine.core import hooks
+    from dedup_pipeline.engine.core.lock import Lock
+    from dedup_pipeline.engine.core.storage import Storage
     from dedup_pipeline.orchestration.definitions import build_definitions
     from dedup_pipeline.orchestration.names import load_job_name
     from dedup_pipeline.orchestration.runner import run_range

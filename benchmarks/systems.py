@@ -34,9 +34,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.classify import batch_order
-from dedup_pipeline.engine.expiry import Number, is_expired
-from dedup_pipeline.engine.parse import (
+from dedup_pipeline.engine.core.classify import batch_order
+from dedup_pipeline.engine.core.expiry import Number, is_expired
+from dedup_pipeline.engine.core.parse import (
     REASON,
     SPARK_TYPES,
     V,
@@ -45,7 +45,7 @@ from dedup_pipeline.engine.parse import (
     read_text_batch,
     type_and_reject,
 )
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import to_tag
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"

@@ -38,9 +38,9 @@ from benchmarks.probe import save_report
 from benchmarks.warm import start_server, stop_server
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
 from dedup_pipeline.config import load_config
-from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.session import check_server
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 from dedup_pipeline.orchestration.checks import CHECKS
 from dedup_pipeline.orchestration.names import WRITTEN

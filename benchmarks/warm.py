@@ -45,10 +45,10 @@ import yaml
 
 from benchmarks.probe import save_report
 from benchmarks.worker import WORKER_CONF, Worker
-from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import run_load
 from dedup_pipeline.engine.session import SparkSettings, get_session
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
 from dedup_pipeline.sample.generate import generate_landing
 

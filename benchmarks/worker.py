@@ -58,8 +58,8 @@ class System:
         self.stream = systems.StreamingPeer(spark, ds, Path(root)) if kind == "streaming" else None
 
     def step(self, key: str) -> tuple[Cost, dict[str, Any]]:
+        from dedup_pipeline.engine.core.parse import list_input_files
         from dedup_pipeline.engine.load import run_load
-        from dedup_pipeline.engine.parse import list_input_files
 
         hour = parse_key(key)
         inputs = [f.path for f in list_input_files(self.ds, hour)]

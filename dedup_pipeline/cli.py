@@ -21,8 +21,8 @@ from dedup_pipeline.config import (
     PipelineConfig,
     load_config,
 )
-from dedup_pipeline.engine.commits import CommitRecord, rate
 from dedup_pipeline.engine.contract import ContractError
+from dedup_pipeline.engine.core.commits import CommitRecord, rate
 
 SPARK_NOISE = "Spark is starting (10-20 s the first time)..."
 
@@ -240,9 +240,9 @@ def _with_file(cfg: PipelineConfig, text: str) -> str:
 def _report_late_input(cfg: PipelineConfig, ds: DatasetConfig) -> None:
     """One line per loaded hour (within landing.watch_hours of the latest) whose landing files
     changed after it was loaded: the CLI's late-file report, as the landing sensor's."""
-    from dedup_pipeline.engine import landing
-    from dedup_pipeline.engine.commit_log import CommitLog
-    from dedup_pipeline.engine.storage import Storage
+    from dedup_pipeline.engine.core import landing
+    from dedup_pipeline.engine.core.commit_log import CommitLog
+    from dedup_pipeline.engine.core.storage import Storage
     from dedup_pipeline.hours import key_of
 
     try:
@@ -292,8 +292,8 @@ def run(config: str, dataset: str | None, first: str, last: str | None, cascade:
     except (ConfigError, ValueError, ContractError) as e:
         _fail(str(e))
     if cascade:
-        from dedup_pipeline.engine.commit_log import CommitLog
-        from dedup_pipeline.engine.storage import Storage
+        from dedup_pipeline.engine.core.commit_log import CommitLog
+        from dedup_pipeline.engine.core.storage import Storage
 
         latest = CommitLog(Storage(ds.output)).committed().max()
         if latest is not None and parse_key(latest) > parse_key(last):
@@ -307,8 +307,8 @@ def _check_contract(ds: DatasetConfig, first: str) -> None:
     """The load's own contract check, before Spark starts: a breaking change fails in a second
     (the load checks again under the dataset lock; this one writes nothing)."""
     from dedup_pipeline.engine import contract
-    from dedup_pipeline.engine.commit_log import CommitLog
-    from dedup_pipeline.engine.storage import Storage
+    from dedup_pipeline.engine.core.commit_log import CommitLog
+    from dedup_pipeline.engine.core.storage import Storage
 
     st = Storage(ds.output)
     contract.check(st, ds, first, CommitLog(st).committed())
@@ -366,8 +366,8 @@ def _repair(spark: Any, ds: DatasetConfig) -> None:
     """Under the dataset lock: roll `ds`'s output tables forward to its commit records, then
     write its lost or altered key digests and day packs again."""
     from dedup_pipeline.engine import lake, lookups
-    from dedup_pipeline.engine.lock import DatasetLockedError, Lock
-    from dedup_pipeline.engine.storage import Storage
+    from dedup_pipeline.engine.core.lock import DatasetLockedError, Lock
+    from dedup_pipeline.engine.core.storage import Storage
 
     st = Storage(ds.output)
     try:
@@ -396,8 +396,8 @@ def vacuum(config: str, dataset: str | None, retention_hours: int) -> None:
     """Upkeep of the output tables: delete replaced files past the retention (never a full
     vacuum), checkpoint the Delta log and clean up old log entries."""
     from dedup_pipeline.engine import lake
-    from dedup_pipeline.engine.lock import DatasetLockedError
-    from dedup_pipeline.engine.storage import Storage
+    from dedup_pipeline.engine.core.lock import DatasetLockedError
+    from dedup_pipeline.engine.core.storage import Storage
 
     cfg = _load(config)
     for name in [dataset] if dataset else [d.name for d in cfg.datasets]:
@@ -476,8 +476,8 @@ def rebuild_index_cmd(config: str, dataset: str | None, hours: tuple[str, ...],
     click.echo(f"rebuilding the index of {ds.name!r} from {ds.output}/unique")
     ops = {rebuild_op_name(ds.name): {"config": {"hours": list(hours)}}}
     _execute_job(cfg, rebuild_job_name(ds.name), verbose, {"ops": ops}, name_run=True)
-    from dedup_pipeline.engine.index.health import check_index
-    from dedup_pipeline.engine.storage import Storage
+    from dedup_pipeline.engine.core.index.health import check_index
+    from dedup_pipeline.engine.core.storage import Storage
 
     click.echo(f"done: {check_index(Storage(ds.output), ds).summary()}")
 
@@ -527,7 +527,7 @@ def migrate(config: str, dataset: str | None, verbose: bool) -> None:
     click.echo(f"migrating {ds.name!r} ({ds.output}) to its config in {cfg.config_file}")
     _execute_job(cfg, migrate_job_name(ds.name), verbose, {})
     from dedup_pipeline.engine.contract import read_history
-    from dedup_pipeline.engine.storage import Storage
+    from dedup_pipeline.engine.core.storage import Storage
 
     cur = read_history(Storage(ds.output), None).versions
     click.echo(f"done: {ds.name!r} is under contract v{cur[-1].version}" if cur else "done")

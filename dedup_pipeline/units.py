@@ -1,7 +1,7 @@
 """Units: durations as written in the YAML, and the units of the expiry value v (design.md R6).
 
 Pure Python (no Spark, no Dagster), below both the config and the engine: the config reads a period
-or a slice span in v's units when it is loaded, `engine/expiry.py` holds the rule (v as a column,
+or a slice span in v's units when it is loaded, `engine/core/expiry.py` holds the rule (v as a column,
 L_H, X_H) and `engine/contract.py` compares periods; all three import the units from here.
 
 v, by kind: microseconds since the epoch (timestamp), days since the epoch (date), the number

@@ -1,5 +1,5 @@
 """Dataset paths: a local path, a ``file:`` URI or a remote URI (``s3://``, ``hdfs://``), spelled one
-way here for the config (resolving, overlap and file checks) and for `engine/storage.py` (fsspec
+way here for the config (resolving, overlap and file checks) and for `engine/core/storage.py` (fsspec
 and Spark).
 
 Pure Python, below both.

@@ -1,4 +1,4 @@
-"""The faults the crash and check tests inject through the engine's hooks (engine/hooks.py).
+"""The faults the crash and check tests inject through the engine's hooks (engine/core/hooks.py).
 
 `Faults(name)` kills the process (exit 137, as a SIGKILL leaves it) when a load or migration
 reaches point `name`, or, for `lose_row:<what>`, `dup_row:<what>` and `stale_row:<what>`, loses a
@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from pyspark.sql import DataFrame
 
-from dedup_pipeline.engine import hooks
+from dedup_pipeline.engine.core import hooks
 
 FAULT_ENV = "DEDUP_FAULT"
 

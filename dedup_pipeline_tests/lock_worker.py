@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dedup_pipeline.engine.lock import DatasetLockedError, Lock
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core.lock import DatasetLockedError, Lock
+from dedup_pipeline.engine.core.storage import Storage
 
 
 def race(root: str, wid: int, trials: int, barrier: Any, got: Any, workers: int) -> None:

@@ -228,8 +228,8 @@ def test_the_ui_benchmark_materializes_an_hour_from_the_ui(tmp_path: Path) -> No
     and `dagster dev`): the UI run succeeds and commits the hour the design.md oracle expects."""
     from benchmarks.ui import measure_ui
     from dedup_pipeline.config import load_config
-    from dedup_pipeline.engine import commits
-    from dedup_pipeline.engine.storage import Storage
+    from dedup_pipeline.engine.core import commits
+    from dedup_pipeline.engine.core.storage import Storage
     from dedup_pipeline.hours import parse_key, to_tag
     from dedup_pipeline_tests.reference import Reference
 

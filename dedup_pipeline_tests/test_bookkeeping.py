@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 from benchmarks.fs_requests import count_requests
-from dedup_pipeline.engine.commit_log import SUMMARY
-from dedup_pipeline.engine.commits import commit_path
-from dedup_pipeline.engine.index.health import check_index
+from dedup_pipeline.engine.core.commit_log import SUMMARY
+from dedup_pipeline.engine.core.commits import commit_path
+from dedup_pipeline.engine.core.index.health import check_index
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline_tests.conftest import dataset_config, write_hour
 

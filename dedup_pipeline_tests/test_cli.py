@@ -120,8 +120,8 @@ def test_demo_loads_all_but_the_newest_hour_and_says_how_to_load_it(
     marker; the closing lines give the README's two UI commands and both ways to load that hour."""
     import os
 
-    from dedup_pipeline.engine import commits
-    from dedup_pipeline.engine.storage import Storage
+    from dedup_pipeline.engine.core import commits
+    from dedup_pipeline.engine.core.storage import Storage
     from dedup_pipeline.hours import parse_key, to_tag
     from dedup_pipeline.sample.generate import default_start
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from dedup_pipeline.engine.commits import (
+from dedup_pipeline.engine.core.commits import (
     CommitRecord,
     CommitRecordError,
     DigestFileEntry,
@@ -24,10 +24,10 @@ from dedup_pipeline.engine.commits import (
     read_commit,
     write_commit,
 )
-from dedup_pipeline.engine.index.layout import IndexFileEntry
+from dedup_pipeline.engine.core.index.layout import IndexFileEntry
+from dedup_pipeline.engine.core.parse import InputFile
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.engine.parse import InputFile
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline_tests.conftest import dataset_config, write_hour
 
 HOURS = [f"2026-11-01-{h:02d}:00" for h in range(4)]
@@ -223,8 +223,8 @@ def test_the_commit_log_gives_one_answer_and_sees_changes_made_by_hand(tmp_path:
     summary only while `_commits/` is as it was when saved; a record deleted or added by hand is
     seen at once, a summary that does not parse is read around, and the first save removes the
     summary of the old location (`index/_live.json`)."""
-    from dedup_pipeline.engine.commit_log import LEGACY_SUMMARY, SUMMARY, CommitLog
-    from dedup_pipeline.engine.commits import committed_tags
+    from dedup_pipeline.engine.core.commit_log import LEGACY_SUMMARY, SUMMARY, CommitLog
+    from dedup_pipeline.engine.core.commits import committed_tags
     from dedup_pipeline.hours import HourSet
 
     rec = CommitRecord.from_json(json.loads((FIXTURES / "current.json").read_text()), FIXTURE_TAG)
@@ -241,7 +241,7 @@ def test_the_commit_log_gives_one_answer_and_sees_changes_made_by_hand(tmp_path:
     assert set(log.committed()) == set(tags[:2]) == committed_tags(st)
 
     # a lock holder's state: the two records, valid at the mtime its last own change stamped
-    from dedup_pipeline.engine.commit_log import Summary
+    from dedup_pipeline.engine.core.commit_log import Summary
 
     holder = CommitLog(st)
     holder.summary()

@@ -17,13 +17,13 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits
-from dedup_pipeline.engine.index import compaction, store
-from dedup_pipeline.engine.index.health import check_index
-from dedup_pipeline.engine.index.live import live_files
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.index import compaction, store
+from dedup_pipeline.engine.core.index.health import check_index
+from dedup_pipeline.engine.core.index.live import live_files
+from dedup_pipeline.engine.core.index.rebuild import rebuild_index
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.engine.rebuild import rebuild_index
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import parse_key, to_tag
 from dedup_pipeline_tests.conftest import dataset_config, write_hour
 

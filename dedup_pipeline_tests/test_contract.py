@@ -14,8 +14,9 @@ import pytest
 from pydantic import BaseModel
 
 from dedup_pipeline.config import DatasetConfig, PipelineConfig, parse_config
-from dedup_pipeline.engine import commits, contract
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine import contract
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import HourSet
 from dedup_pipeline_tests.conftest import CLICKS_SCHEMA, dataset_raw, source_raw
 

@@ -28,9 +28,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, lake
+from dedup_pipeline.engine import lake
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline_tests.conftest import (
     CLICKS_SCHEMA,
     dataset_raw,

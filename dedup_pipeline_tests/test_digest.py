@@ -1,7 +1,7 @@
 """Key digest (design.md R2): unambiguous, type-aware, null-explicit, and stable across Spark versions.
 
 Stability is shown by recomputing the digest without Spark: a pure-Python XXH64 (the published
-algorithm) over the documented canonical encoding (`dedup_pipeline.engine.digest`): per column a
+algorithm) over the documented canonical encoding (`dedup_pipeline.engine.core.digest`): per column a
 type tag, the length of the value's text in characters, ':' and the text, or 'N' for a null; the
 text of a long is its decimal form, of a timestamp its microseconds since the epoch, of a boolean
 1/0, of a date its days since the epoch. The two halves are Spark's
@@ -19,7 +19,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from dedup_pipeline.engine.digest import SEED_1, SEED_2, digest_columns
+from dedup_pipeline.engine.core.digest import SEED_1, SEED_2, digest_columns
 
 # --- XXH64, straight from the specification (github.com/Cyan4973/xxHash/doc/xxhash_spec.md) ----
 M64 = (1 << 64) - 1
@@ -215,7 +215,7 @@ def test_driver_digest_of_string_keys_equals_sparks(spark: SparkSession) -> None
     """`explain` digests a key of string columns on the driver (no Spark job): the same two
     halves Spark's `digest_columns` gives the same tuple, for one and for composite keys, with
     empty, unicode, comma, quote and long values."""
-    from dedup_pipeline.engine.digest import string_key_digest
+    from dedup_pipeline.engine.core.digest import string_key_digest
 
     one = [("abc",), ("",), ("Grüße, 東京 😀",), ('a,"b"',), ("x" * 300,), ("order-4711",)]
     assert [string_key_digest(r) for r in one] == spark_digests(spark, {"k": "string"}, one)

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from dedup_pipeline.config import load_config
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import key_of
 from dedup_pipeline_tests.spark_services import REPO, VENV_BIN, clean_env
 

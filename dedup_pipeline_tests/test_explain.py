@@ -27,10 +27,11 @@ from click.testing import CliRunner
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.config import DatasetConfig, load_config, parse_config
-from dedup_pipeline.engine import commits, daypack, explain
+from dedup_pipeline.engine import daypack, explain
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.index.rebuild import rebuild_index
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.engine.rebuild import rebuild_index
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline_tests.conftest import dataset_raw, source_raw, write_config, write_hour
 from dedup_pipeline_tests.reference import Reference
 from dedup_pipeline_tests.test_reference import DATASETS, HOUR, HOURS, SEED, START, Gen, write_landing
@@ -358,7 +359,8 @@ def test_outputs_carry_bloom_filters_on_the_key_columns(odd: Path) -> None:
 
 def test_key_digests_name_the_hours_of_a_key_and_a_lost_one_costs_only_time(
         spark, odd: Path) -> None:
-    from dedup_pipeline.engine import commits, keydigest
+    from dedup_pipeline.engine import keydigest
+    from dedup_pipeline.engine.core import commits
 
     ds = load_config(odd).datasets[0]
     st = Storage(ds.output)
@@ -670,7 +672,7 @@ def test_key_digest_written_by_pyarrow_holds_what_a_spark_write_holds(spark, odd
     import pyarrow.parquet as pq
 
     from dedup_pipeline.engine import keydigest
-    from dedup_pipeline.engine.digest import H1, digest_columns
+    from dedup_pipeline.engine.core.digest import H1, digest_columns
 
     ds = load_config(odd).datasets[0]
     st = Storage(ds.output)

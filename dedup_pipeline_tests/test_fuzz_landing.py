@@ -35,9 +35,9 @@ from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import parse_key
 from dedup_pipeline_tests.conftest import dataset_config, source_raw
 from dedup_pipeline_tests.reference import OUTPUTS, Reference

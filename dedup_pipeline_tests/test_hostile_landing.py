@@ -28,10 +28,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits
-from dedup_pipeline.engine.index.compaction import list_compacted
-from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.engine.parse import (
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.index.compaction import list_compacted
+from dedup_pipeline.engine.core.index.rebuild import rebuild_index
+from dedup_pipeline.engine.core.parse import (
     failed_file,
     is_data_name,
     list_input_files,
@@ -39,8 +39,8 @@ from dedup_pipeline.engine.parse import (
     read_text_batch,
     spark_skips,
 )
-from dedup_pipeline.engine.rebuild import rebuild_index
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core.storage import Storage
+from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline.hours import parse_key
 from dedup_pipeline_tests.conftest import dataset_config, output_table, source_raw

@@ -1,11 +1,11 @@
-"""The index's on-disk names (engine/index/layout.py): the grammar loads, rebuilds, checks and
+"""The index's on-disk names (engine/core/index/layout.py): the grammar loads, rebuilds, checks and
 Hadoop error messages agree on. Changing a name changes the index format. No Spark."""
 
 from __future__ import annotations
 
-from dedup_pipeline.engine.index import layout
-from dedup_pipeline.engine.index.health import checksum_failure
-from dedup_pipeline.engine.index.layout import IndexFile, IndexFileEntry
+from dedup_pipeline.engine.core.index import layout
+from dedup_pipeline.engine.core.index.health import checksum_failure
+from dedup_pipeline.engine.core.index.layout import IndexFile, IndexFileEntry
 
 
 def test_names_build_and_parse_back() -> None:

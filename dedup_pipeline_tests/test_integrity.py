@@ -19,12 +19,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dedup_pipeline.engine.commits import CommitRecordError, read_commit
-from dedup_pipeline.engine.index.health import IndexDamagedError, check_index, checksum_failure
+from dedup_pipeline.engine.core.commits import CommitRecordError, read_commit
+from dedup_pipeline.engine.core.index.health import IndexDamagedError, check_index, checksum_failure
+from dedup_pipeline.engine.core.index.rebuild import rebuild_index
+from dedup_pipeline.engine.core.lock import DatasetLockedError, Lock
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.engine.lock import DatasetLockedError, Lock
-from dedup_pipeline.engine.rebuild import rebuild_index
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline.orchestration.names import rebuild_op_name
 from dedup_pipeline.orchestration.recovery import build_rebuild_job, build_recovery_sensor
@@ -197,7 +197,7 @@ def test_stale_crc_on_a_file_without_a_recorded_hash_is_index_damage(spark, tmp_
 def _delete_index_once_read(ds, monkeypatch) -> None:
     """Delete the whole index right after a load planned its read of it (before Spark runs the
     read): the index removed under a running load, as a person or a cleanup job would."""
-    from dedup_pipeline.engine.index import store
+    from dedup_pipeline.engine.core.index import store
 
     read = store.read_live
     done: list[bool] = []

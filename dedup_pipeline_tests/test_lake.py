@@ -22,11 +22,12 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, hooks, lake
-from dedup_pipeline.engine.index.health import IndexDamagedError
+from dedup_pipeline.engine import lake
+from dedup_pipeline.engine.core import commits, hooks
+from dedup_pipeline.engine.core.index.health import IndexDamagedError
+from dedup_pipeline.engine.core.index.rebuild import rebuild_index
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.engine.rebuild import rebuild_index
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline_tests.conftest import (
     CLICKS_SCHEMA,
@@ -160,7 +161,7 @@ def test_rerun_swaps_in_one_commit_and_a_reader_of_the_old_version_reads_it_whol
 
 
 def _records(st: Storage) -> dict[str, Any]:
-    from dedup_pipeline.engine import commits
+    from dedup_pipeline.engine.core import commits
 
     return {t: commits.read_commit(st, t) for t in commits.committed_tags(st)}
 
@@ -281,8 +282,8 @@ def test_a_crashed_rerun_leaves_no_hole_and_no_reader_sees_replaced_files(
     rebuild-index, verify, explain, the checks' sample keys, index compaction, another rerun's
     written-files checks and migrate run with the replaced files still on disk, and none of them
     counts them."""
+    from dedup_pipeline.engine.core.index.compaction import compact
     from dedup_pipeline.engine.explain import explain_key, sample_keys
-    from dedup_pipeline.engine.index.compaction import compact
     from dedup_pipeline.engine.migrate import migrate
 
     ds = _copy(base, "crashed_rerun")

@@ -26,9 +26,9 @@ from pyspark.sql import SparkSession
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.config import ConfigError, DatasetConfig, load_config
-from dedup_pipeline.engine import commits
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.parse import LandingMissingError, list_input_files
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.engine.parse import LandingMissingError, list_input_files
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline.hours import parse_key
 from dedup_pipeline_tests.conftest import dataset_config, dataset_raw, source_raw, write_config
@@ -153,7 +153,7 @@ def assert_conserved(ds: DatasetConfig, expect: dict[str, tuple[str, str | None]
 
 
 def _storage(ds: DatasetConfig) -> Any:
-    from dedup_pipeline.engine.storage import Storage
+    from dedup_pipeline.engine.core.storage import Storage
     return Storage(ds.output)
 
 

@@ -20,10 +20,11 @@ from pyspark.sql import SparkSession
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, contract, lake
+from dedup_pipeline.engine import contract, lake
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.migrate import migrate
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline.hours import parse_key
 from dedup_pipeline_tests.conftest import CLICKS_SCHEMA, dataset_raw, pipeline_config, source_raw, write_hour

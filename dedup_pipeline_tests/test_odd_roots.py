@@ -18,8 +18,8 @@ from deltalake import DeltaTable
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.config import load_config
-from dedup_pipeline.engine import commits
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.sample.generate import generate_landing
 
 ROOTS = ["w out #1 A ü [x]", "p% ?q=1&r {a,b} * trailing "]

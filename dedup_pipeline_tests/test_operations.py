@@ -18,9 +18,9 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.config import PipelineConfig
+from dedup_pipeline.engine.core.index.health import IndexDamagedError, check_index
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.explain import explain_key
-from dedup_pipeline.engine.index.health import IndexDamagedError, check_index
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.definitions import build_definitions
 from dedup_pipeline.orchestration.names import (
@@ -275,8 +275,8 @@ def test_index_of_an_older_layout_is_refused_then_rebuilt(spark, site, tmp_path:
     clean = _cfg(tmp_path / "c")
     _landing(clean)
     ds = site.datasets[0]
+    from dedup_pipeline.engine.core.index.rebuild import rebuild_index
     from dedup_pipeline.engine.load import load_hours
-    from dedup_pipeline.engine.rebuild import rebuild_index
 
     load_hours(spark, clean.datasets[0], HOURS)
     load_hours(spark, ds, HOURS[:3])

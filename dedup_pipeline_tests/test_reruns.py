@@ -192,7 +192,7 @@ def test_verify_and_run_report_changed_landing_files_and_verify_a_doubled_key(
 
 @pytest.mark.fast
 def test_later_loaded_hours_are_found_across_gaps_and_damaged_records_do_not_count() -> None:
-    from dedup_pipeline.engine.commits import later_loaded
+    from dedup_pipeline.engine.core.commits import later_loaded
     from dedup_pipeline.hours import HourSet, parse_key
 
     committed = HourSet.of(["2026-11-01-00", "2026-11-01-01", "2026-11-01-02", "2026-11-01-05",

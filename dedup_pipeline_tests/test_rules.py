@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 
 import dedup_pipeline.engine.core.batch as batch_mod
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.commits import CommitRecord, LaterHoursLoadedError, LoadOrderError
+from dedup_pipeline.engine.core.commits import CommitRecord, LaterHoursLoadedError, LoadOrderError
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline_tests.conftest import dataset_config, output_table, source_raw, write_hour
 
@@ -127,8 +127,8 @@ def rejects(rows: list[dict[str, Any]]) -> set[tuple[str, str]]:
 def _constant_digest(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make every key collide on the digest: only `store_keys` can still tell keys apart."""
     zero = F.lit(0).cast("long")
-    from dedup_pipeline.engine import checks as checks_mod
-    from dedup_pipeline.engine import rebuild as rebuild_mod
+    from dedup_pipeline.engine.core import checks as checks_mod
+    from dedup_pipeline.engine.core.index import rebuild as rebuild_mod
 
     for mod in (batch_mod, checks_mod, rebuild_mod):  # everywhere a digest is computed
         monkeypatch.setattr(mod, "digest_columns", lambda cols, schema: (zero, zero))

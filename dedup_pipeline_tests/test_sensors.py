@@ -15,8 +15,8 @@ import dagster as dg
 import pytest
 
 from dedup_pipeline.config import PipelineConfig
-from dedup_pipeline.engine import landing
-from dedup_pipeline.engine.commits import CommitRecord
+from dedup_pipeline.engine.core import landing
+from dedup_pipeline.engine.core.commits import CommitRecord
 from dedup_pipeline.hours import parse_key, to_tag
 from dedup_pipeline.orchestration.assets import build_dataset_defs
 from dedup_pipeline.orchestration.definitions import build_definitions
@@ -431,8 +431,8 @@ def test_a_locked_dataset_is_not_requested_and_the_skip_names_the_holder(
     """A writer the instance does not see (a CLI run recording elsewhere) holds the lock: the tick
     requests nothing (the run would only fail on the lock) and names the holder; once it is
     released the hours are requested."""
-    from dedup_pipeline.engine.lock import Lock
-    from dedup_pipeline.engine.storage import Storage
+    from dedup_pipeline.engine.core.lock import Lock
+    from dedup_pipeline.engine.core.storage import Storage
 
     monkeypatch.chdir(tmp_path)
     cfg = _cfg(tmp_path)

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from dedup_pipeline.engine.lock import DatasetLockedError, Lock
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core.lock import DatasetLockedError, Lock
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline_tests.conftest import dataset_config, source_raw
 
 
@@ -98,8 +98,8 @@ def test_lock_excludes_a_second_holder_and_names_the_owner(tmp_path: Path) -> No
 
 @pytest.mark.fast
 def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path: Path) -> None:
-    code = ("import sys, os\nfrom dedup_pipeline.engine.lock import Lock\n"
-            "from dedup_pipeline.engine.storage import Storage\n"
+    code = ("import sys, os\nfrom dedup_pipeline.engine.core.lock import Lock\n"
+            "from dedup_pipeline.engine.core.storage import Storage\n"
             "Lock(Storage(sys.argv[1]), 'killed run').acquire()\n"
             "os._exit(9)\n")
     res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], timeout=60)

@@ -35,9 +35,9 @@ from dagster_graphql.test.utils import execute_dagster_graphql
 from dedup_pipeline import cli
 from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.engine.core import load as engine_load
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.lock import Lock
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.lock import Lock
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import hour_range, key_of, to_key
 from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.checks import CHECKS

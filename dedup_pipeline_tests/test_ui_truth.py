@@ -18,8 +18,8 @@ import pytest
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionResolvedStatus
 
 from dedup_pipeline.config import PipelineConfig
-from dedup_pipeline.engine.lock import Lock
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core.lock import Lock
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.assets import build_dataset_defs
 from dedup_pipeline.orchestration.checks import CHECKS

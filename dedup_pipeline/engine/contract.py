@@ -38,18 +38,19 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.index.layout import INDEX_FORMAT
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.errors import UserError
-from dedup_pipeline.hours import HourSet, key_of, to_tag
+from dedup_pipeline.hours import HourSet, key_of, parse_key, to_tag
 from dedup_pipeline.units import MICROS_PER_DAY, MICROS_PER_SECOND
 
 CONTRACT = "_contract"
 CONTRACT_FORMAT = 1
-# The version of the key digest and fingerprint encoding (engine/digest.py): a change of that
+# The version of the key digest and fingerprint encoding (engine/core/digest.py): a change of that
 # encoding makes every stored digest unmatchable, so it is a term of the contract.
 DIGEST_VERSION = 1
-# The index layout version (engine/index/layout.py INDEX_FORMAT), imported lazily: layout needs
+# The index layout version (engine/core/index/layout.py INDEX_FORMAT), imported lazily: layout needs
 # pyspark, this module must not (the sensors read contracts).
 _NAME = re.compile(r"^v(\d{4,})\.json$")
 _DONE = re.compile(r"^v(\d{4,})\.done$")
@@ -162,8 +163,6 @@ class Terms(_Frozen):
 
     @classmethod
     def of(cls, ds: DatasetConfig) -> Terms:
-        from dedup_pipeline.engine.index.layout import INDEX_FORMAT
-
         e = ds.expiry
         return cls(
             key=ds.key, fingerprint=ds.fingerprint, order_by=ds.order_by,
@@ -290,8 +289,6 @@ def _tentative(c: Contract, last_committed: str | None) -> bool:
 
 
 def to_tag_of(partition_key: str) -> str:
-    from dedup_pipeline.hours import parse_key
-
     return to_tag(parse_key(partition_key))
 
 

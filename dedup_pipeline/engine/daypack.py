@@ -38,11 +38,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dedup_pipeline.engine import commits, keydigest
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.outputs import RAW, REJECTED, SOURCE_FILE, partition
-from dedup_pipeline.engine.parse import REASON
-from dedup_pipeline.engine.storage import READERS, Storage
+from dedup_pipeline.engine import keydigest
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.outputs import RAW, REJECTED, SOURCE_FILE, partition
+from dedup_pipeline.engine.core.parse import REASON
+from dedup_pipeline.engine.core.storage import READERS, Storage
 
 PACKS = "_daypacks"  # {output}/_daypacks/day=YYYY-MM-DD/
 PREFIX = "day="

@@ -43,12 +43,13 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, daypack, keydigest, lake
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, string_key_digest
-from dedup_pipeline.engine.index import layout, live, store
-from dedup_pipeline.engine.index.health import check_index
-from dedup_pipeline.engine.outputs import (
+from dedup_pipeline.engine import daypack, keydigest, lake
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.digest import FP, H1, H2, digest_columns, string_key_digest
+from dedup_pipeline.engine.core.index import layout, live, store
+from dedup_pipeline.engine.core.index.health import check_index
+from dedup_pipeline.engine.core.outputs import (
     DUPLICATES,
     EXPIRED,
     EXPIRY_POINT,
@@ -64,8 +65,8 @@ from dedup_pipeline.engine.outputs import (
     expiry_point_type,
     partition,
 )
-from dedup_pipeline.engine.parse import REASON, SPARK_TYPES, V
-from dedup_pipeline.engine.storage import READERS, Storage
+from dedup_pipeline.engine.core.parse import REASON, SPARK_TYPES, V
+from dedup_pipeline.engine.core.storage import READERS, Storage
 from dedup_pipeline.hours import compress_ranges, key_of, parse_key, to_tag
 
 KID = "_kid"

@@ -33,11 +33,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.commits import CommitRecord, DigestFileEntry
-from dedup_pipeline.engine.digest import H1, digest_columns
-from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, UNIQUE, partition
-from dedup_pipeline.engine.parse import SPARK_TYPES
-from dedup_pipeline.engine.storage import READERS, Storage
+from dedup_pipeline.engine.core.commits import CommitRecord, DigestFileEntry
+from dedup_pipeline.engine.core.digest import H1, digest_columns
+from dedup_pipeline.engine.core.outputs import DUPLICATES, EXPIRED, UNIQUE, partition
+from dedup_pipeline.engine.core.parse import SPARK_TYPES
+from dedup_pipeline.engine.core.storage import READERS, Storage
 
 DIGEST = "_keys"  # {output}/_keys/load_hour=<tag>/
 KEY_HASH = "_key_hash"

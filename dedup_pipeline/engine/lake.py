@@ -20,7 +20,7 @@ The commit record stays the product's truth; the tables are rolled forward to it
   "full": files no table ever listed are deleted only by the next load of their hour, under the
   dataset lock (a full vacuum could delete the files of a load in progress).
 
-The table schema is the output's contract columns (engine/outputs.py) plus the partition column
+The table schema is the output's contract columns (engine/core/outputs.py) plus the partition column
 ``load_hour``; a column the contract adds (an evolvable change) is a Delta schema change commit.
 Pure Python and delta-rs: no Spark session, no Dagster.
 """
@@ -48,11 +48,11 @@ from deltalake.transaction import (
 )
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, hooks
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.lock import Lock
-from dedup_pipeline.engine.outputs import LOAD_HOUR, OUTPUTS, columns, partition
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core import commits, hooks
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.lock import Lock
+from dedup_pipeline.engine.core.outputs import LOAD_HOUR, OUTPUTS, columns, partition
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.errors import UserError
 from dedup_pipeline.hours import key_of
 

@@ -15,16 +15,17 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, contract, hooks, lake
-from dedup_pipeline.engine.commits import CommitRecord
+from dedup_pipeline.engine import contract, lake
+from dedup_pipeline.engine.core import commits, hooks
 from dedup_pipeline.engine.core import load as core
+from dedup_pipeline.engine.core.commits import CommitRecord
+from dedup_pipeline.engine.core.index import compaction
+from dedup_pipeline.engine.core.index.health import content_damage, record_damage
+from dedup_pipeline.engine.core.index.live import apply_retention
 from dedup_pipeline.engine.core.load import Admission, Committed, HourContext, Progress, Wings
-from dedup_pipeline.engine.index import compaction
-from dedup_pipeline.engine.index.health import content_damage, record_damage
-from dedup_pipeline.engine.index.live import apply_retention
-from dedup_pipeline.engine.lock import Lock
+from dedup_pipeline.engine.core.lock import Lock
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.session import connect_errors
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_tag
 
 

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, daypack, keydigest
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.commits import CommitRecord
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine import daypack, keydigest
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.commits import CommitRecord
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import HourSet, compress_ranges, parse_key
 
 

@@ -32,12 +32,12 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import contract, hooks, lake
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.commits import CommitRecord, OutputFileEntry
-from dedup_pipeline.engine.core.load import TMP
-from dedup_pipeline.engine.digest import H1, H2, digest_columns
-from dedup_pipeline.engine.expiry import (
+from dedup_pipeline.engine import contract, lake
+from dedup_pipeline.engine.core import hooks
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.commits import CommitRecord, OutputFileEntry
+from dedup_pipeline.engine.core.digest import H1, H2, digest_columns
+from dedup_pipeline.engine.core.expiry import (
     X_COL,
     expiry_point_column,
     expiry_value,
@@ -45,7 +45,9 @@ from dedup_pipeline.engine.expiry import (
     is_live,
     latest_point,
 )
-from dedup_pipeline.engine.outputs import (
+from dedup_pipeline.engine.core.index.rebuild import _unique_sources, rebuild_index
+from dedup_pipeline.engine.core.load import TMP
+from dedup_pipeline.engine.core.outputs import (
     DUPLICATES,
     EXPIRED,
     EXPIRY_POINT,
@@ -56,9 +58,8 @@ from dedup_pipeline.engine.outputs import (
     partition,
     write_options,
 )
-from dedup_pipeline.engine.parse import V
-from dedup_pipeline.engine.rebuild import _unique_sources, rebuild_index
-from dedup_pipeline.engine.storage import ROWS_PER_FILE, Storage, glob_escape, place_files
+from dedup_pipeline.engine.core.parse import V
+from dedup_pipeline.engine.core.storage import ROWS_PER_FILE, Storage, glob_escape, place_files
 from dedup_pipeline.errors import UserError
 from dedup_pipeline.hours import HOUR, key_of, parse_key, to_key
 
@@ -382,7 +383,7 @@ def migrate(spark: SparkSession, ds: DatasetConfig,
         hooks.at("migrate_after_contract")
     # the outputs' files and tables under the new columns (idempotent), then the index
     rewrite_outputs(reader, say)
-    res = rebuild_index(spark, ds, None, check_contract=False)
+    res = rebuild_index(spark, ds, None)
     hooks.at("migrate_before_done")
     st.write_json_atomic(contract.done_path(st, target.version),
                          {"finished_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from dedup_pipeline.engine.connect_host import CONNECT_PLUGIN, HOST_CONF, SCRIPT
 from dedup_pipeline.errors import UserError
 
 DEFAULT_MASTER = "local[*]"
@@ -193,7 +194,6 @@ def server_command(master: str, host: str, port: int,
     """`spark-submit` of the Connect server in the foreground: `connect_host.py` as a classic
     application with Spark's Connect plugin and per-session artifact isolation off (why: that
     module's docstring), not the SparkConnectServer class that sbin/start-connect-server.sh runs."""
-    from dedup_pipeline.engine.connect_host import CONNECT_PLUGIN, HOST_CONF, SCRIPT
 
     settings = {**HOST_CONF, **server_conf(host, port, conf)}  # a user may turn isolation on
     plugins = [p for p in settings["spark.plugins"].split(",") if p.strip()]

@@ -34,12 +34,20 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, contract, lake, landing, lookups
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.expiry import X_COL, expiry_point, expiry_value, hour_maxima, is_live, latest_point
-from dedup_pipeline.engine.index import health, layout
-from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, LOAD_HOUR, OUTPUTS, PARTITION, UNIQUE
-from dedup_pipeline.engine.parse import (
+from dedup_pipeline.engine import contract, lake, lookups
+from dedup_pipeline.engine.core import commits, landing
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.expiry import (
+    X_COL,
+    expiry_point,
+    expiry_value,
+    hour_maxima,
+    is_live,
+    latest_point,
+)
+from dedup_pipeline.engine.core.index import health, layout
+from dedup_pipeline.engine.core.outputs import DUPLICATES, EXPIRED, LOAD_HOUR, OUTPUTS, PARTITION, UNIQUE
+from dedup_pipeline.engine.core.parse import (
     BatchPlan,
     V,
     failed_file,
@@ -47,7 +55,7 @@ from dedup_pipeline.engine.parse import (
     plan_batch,
     read_text_batch,
 )
-from dedup_pipeline.engine.storage import Storage, glob_escape
+from dedup_pipeline.engine.core.storage import Storage, glob_escape
 from dedup_pipeline.hours import compress_ranges, is_tag, key_of, parse_key, to_key, to_tag
 
 

@@ -26,16 +26,16 @@ import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.config.models import BUILTIN_DEMO
-from dedup_pipeline.engine import landing, outputs
-from dedup_pipeline.engine.checks import LoadCheckError
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.commits import CommitRecord, LaterHoursLoadedError, LoadOrderError
-from dedup_pipeline.engine.digest import FP, H1, H2
-from dedup_pipeline.engine.index.store import LOAD_HOUR, entry_schema
+from dedup_pipeline.engine.core import landing, outputs
+from dedup_pipeline.engine.core.checks import LoadCheckError
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.commits import CommitRecord, LaterHoursLoadedError, LoadOrderError
+from dedup_pipeline.engine.core.digest import FP, H1, H2
+from dedup_pipeline.engine.core.index.store import LOAD_HOUR, entry_schema
+from dedup_pipeline.engine.core.outputs import OUTPUTS
+from dedup_pipeline.engine.core.parse import REASON, V
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.engine.outputs import OUTPUTS
-from dedup_pipeline.engine.parse import REASON, V
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import parse_key, tag_hour, to_key
 from dedup_pipeline.orchestration import checks, hour_events, names, runs
 from dedup_pipeline.orchestration.names import INDEX, RAW

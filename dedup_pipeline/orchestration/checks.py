@@ -20,9 +20,9 @@ from typing import Any
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.checks import CONSERVATION, INDEX_AGREES, UNIQUE_KEYS
-from dedup_pipeline.engine.commits import CommitRecord
-from dedup_pipeline.engine.outputs import DUPLICATES, REJECTED, UNIQUE
+from dedup_pipeline.engine.core.checks import CONSERVATION, INDEX_AGREES, UNIQUE_KEYS
+from dedup_pipeline.engine.core.commits import CommitRecord
+from dedup_pipeline.engine.core.outputs import DUPLICATES, REJECTED, UNIQUE
 from dedup_pipeline.orchestration.names import INDEX, asset_key
 
 INDEX_SIZE = "index_size"

@@ -22,14 +22,15 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.checks import LoadCheckError
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.commits import CommitRecord
-from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import parse_key, to_tag
+from dedup_pipeline.engine import lake
+from dedup_pipeline.engine.core.checks import LoadCheckError
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.commits import CommitRecord
+from dedup_pipeline.engine.core.storage import Storage
+from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
 from dedup_pipeline.orchestration import checks, names
 from dedup_pipeline.orchestration.explain import key_sampler, sample_metadata
-from dedup_pipeline.orchestration.names import INDEX, asset_key
+from dedup_pipeline.orchestration.names import INDEX, PARTITION, RANGE_END, RANGE_START, asset_key
 
 
 def as_event(ds: DatasetConfig, e: checks.Evaluation, partition: str,
@@ -83,8 +84,6 @@ def hour_metadata(ds: DatasetConfig, r: CommitRecord) -> dict[str, Any]:
 def table_metadata(ds: DatasetConfig, name: str, tag: str) -> dict[str, Any]:
     """Where a downstream asset reads output `name`'s hour `tag`: the Delta table's path, the table
     version that committed the hour, and the hour's file count in it."""
-    from dedup_pipeline.engine import lake
-    from dedup_pipeline.engine.storage import Storage
 
     if name == INDEX or not lake.enabled(ds):
         return {}
@@ -202,8 +201,6 @@ def committed(ds: DatasetConfig, pk: str) -> bool:
 
 def run_hours(run: dg.DagsterRun) -> list[str]:
     """The hours (partition keys) a run targeted, from Dagster's partition tags; [] for none."""
-    from dedup_pipeline.hours import hour_range, to_key
-    from dedup_pipeline.orchestration.names import PARTITION, RANGE_END, RANGE_START
 
     start = run.tags.get(RANGE_START) or run.tags.get(PARTITION)
     end = run.tags.get(RANGE_END) or start

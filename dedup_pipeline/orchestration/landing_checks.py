@@ -20,9 +20,9 @@ from typing import Any
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import landing
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core import landing
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import compress_ranges, key_of, parse_key, to_key, to_tag
 from dedup_pipeline.orchestration.names import RAW, asset_key, input_check_job_name
 from dedup_pipeline.orchestration.partitions import hourly_partitions

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import dagster as dg
 
-from dedup_pipeline.engine.outputs import OUTPUTS
+from dedup_pipeline.engine.core.outputs import OUTPUTS
 
 # --- assets: AssetKey([dataset, name]), one group per dataset
 RAW = "raw_batch"  # the landing files of an hour (an external asset, observed)

@@ -22,14 +22,14 @@ import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import contract
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.index.health import check_index, scrub
-from dedup_pipeline.engine.lock import Lock
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.index.health import check_index, scrub
+from dedup_pipeline.engine.core.index.rebuild import rebuild_index
+from dedup_pipeline.engine.core.lock import Lock
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.migrate import migrate
-from dedup_pipeline.engine.rebuild import rebuild_index
-from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import key_of, parse_key, to_tag
-from dedup_pipeline.orchestration import names, runs
+from dedup_pipeline.orchestration import hour_events, names, runs
 from dedup_pipeline.orchestration.assets import PROGRESS_LOGGER
 from dedup_pipeline.orchestration.resources import SparkResource
 
@@ -51,6 +51,8 @@ def build_rebuild_job(ds: DatasetConfig) -> dg.JobDefinition:
         scope = f"{len(tags)} hour(s)" if tags else "every committed hour"
         context.log.info(f"{ds.name}: rebuilding index entries of {scope} from unique")
         with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id} (index rebuild)"):
+            st = Storage(ds.output)  # entries under a broken contract's key would match nothing
+            contract.check(st, ds, "", CommitLog(st).committed())
             res = rebuild_index(spark.get_session(), ds, tags)
             after = check_index(Storage(ds.output), ds)
         context.log.info(f"{ds.name}: rebuilt {res.entries} entries of {res.loads} load(s) in "
@@ -133,7 +135,6 @@ def _restate(instance: dg.DagsterInstance, run: dg.DagsterRun,
              datasets: dict[str, DatasetConfig]) -> None:
     """The committed hours of a load run that ended without loading them, restated into its log
     (`hour_events.restate_finished_run`); a load of an unknown dataset is left alone."""
-    from dedup_pipeline.orchestration import hour_events
 
     ds = datasets.get(runs.dataset_of_run(run) or "")
     if ds is not None and runs.is_load(run, ds.name):

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import dagster as dg
 
 from dedup_pipeline.config import PipelineConfig
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.commits import CommitRecord
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.commits import CommitRecord
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
 from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.definitions import build_definitions

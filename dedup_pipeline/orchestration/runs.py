@@ -18,8 +18,8 @@ import dagster as dg
 import dedup_pipeline.engine.load  # noqa: F401
 import dedup_pipeline.engine.migrate  # noqa: F401
 import dedup_pipeline.engine.session  # noqa: F401
+from dedup_pipeline.engine.core.outputs import OUTPUTS
 from dedup_pipeline.engine.errors import infrastructure_cause
-from dedup_pipeline.engine.outputs import OUTPUTS
 from dedup_pipeline.errors import stage_and_fix
 from dedup_pipeline.orchestration.names import (
     DATASET_TAG,

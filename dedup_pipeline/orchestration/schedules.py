@@ -22,9 +22,10 @@ from typing import Any
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import contract, landing
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine import contract
+from dedup_pipeline.engine.core import landing
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import HOUR, compress_ranges, parse_key, to_key
 from dedup_pipeline.orchestration.names import (
     LATE_HOURS_TAG,

@@ -51,10 +51,11 @@ from typing import Any, TypeVar
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import contract, landing
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.lock import Lock
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine import contract
+from dedup_pipeline.engine.core import landing
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.lock import Lock
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import compress_ranges, hour_range, key_of, parse_key, to_key, to_tag
 from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.landing_checks import build_input_check, build_input_check_job

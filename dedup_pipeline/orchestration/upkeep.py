@@ -10,7 +10,7 @@ import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import lake
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.orchestration import names
 
 UPKEEP_CRON = "15 3 * * *"

@@ -15,9 +15,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
-from dedup_pipeline.engine.landing import with_content_hashes
-from dedup_pipeline.engine.parse import (
+from dedup_pipeline.engine.core.digest import FP, H1, H2, digest_columns, fingerprint_column
+from dedup_pipeline.engine.core.landing import with_content_hashes
+from dedup_pipeline.engine.core.parse import (
     REASON,
     BatchPlan,
     InputFile,

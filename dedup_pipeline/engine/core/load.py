@@ -40,14 +40,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import checks, commits, hooks
-from dedup_pipeline.engine.classify import candidates, classify
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.commits import CommitRecord, OutputFileEntry
+from dedup_pipeline.engine.core import checks, commits, hooks
 from dedup_pipeline.engine.core.batch import Batch, Persisted, check_landing_root, parse_hour
-from dedup_pipeline.engine.expiry import Number, expiry_point, expiry_point_frame, latest_point
-from dedup_pipeline.engine.index import compaction, layout, store
-from dedup_pipeline.engine.index.health import (
+from dedup_pipeline.engine.core.classify import candidates, classify
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.commits import CommitRecord, OutputFileEntry
+from dedup_pipeline.engine.core.expiry import Number, expiry_point, expiry_point_frame, latest_point
+from dedup_pipeline.engine.core.index import compaction, layout, store
+from dedup_pipeline.engine.core.index.health import (
     IndexDamage,
     IndexDamagedError,
     check_index,
@@ -56,13 +56,14 @@ from dedup_pipeline.engine.index.health import (
     index_read_failure,
     record_damage,
 )
-from dedup_pipeline.engine.index.layout import IndexFile
-from dedup_pipeline.engine.index.live import (
+from dedup_pipeline.engine.core.index.layout import IndexFile
+from dedup_pipeline.engine.core.index.live import (
     EarlierLoads,
     check_retention,
     live_files,
 )
-from dedup_pipeline.engine.outputs import (
+from dedup_pipeline.engine.core.index.rebuild import ensure_healthy, ensure_intact
+from dedup_pipeline.engine.core.outputs import (
     CONFLICT,
     DUPLICATES,
     EXPIRED,
@@ -75,8 +76,7 @@ from dedup_pipeline.engine.outputs import (
     select_output,
     write_options,
 )
-from dedup_pipeline.engine.rebuild import ensure_healthy, ensure_intact
-from dedup_pipeline.engine.storage import ROWS_PER_FILE, Storage, place_files
+from dedup_pipeline.engine.core.storage import ROWS_PER_FILE, Storage, place_files
 from dedup_pipeline.errors import UserError
 from dedup_pipeline.hours import HOUR, HourSet, parse_key, to_key, to_tag
 

@@ -11,7 +11,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.parse import REASON, SPARK_TYPES
+from dedup_pipeline.engine.core.parse import REASON, SPARK_TYPES
 
 UNIQUE, DUPLICATES, EXPIRED, REJECTED = "unique", "duplicates", "expired", "rejected"
 OUTPUTS = (UNIQUE, DUPLICATES, EXPIRED, REJECTED)

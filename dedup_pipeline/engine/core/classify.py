@@ -17,10 +17,10 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.digest import FP, H1
-from dedup_pipeline.engine.expiry import X_COL, expiry_point_column, is_expired, is_live
-from dedup_pipeline.engine.index.store import LOAD_HOUR, match_columns
-from dedup_pipeline.engine.outputs import (
+from dedup_pipeline.engine.core.digest import FP, H1
+from dedup_pipeline.engine.core.expiry import X_COL, expiry_point_column, is_expired, is_live
+from dedup_pipeline.engine.core.index.store import LOAD_HOUR, match_columns
+from dedup_pipeline.engine.core.outputs import (
     CONFLICT,
     DUPLICATES,
     EXPIRED,
@@ -32,7 +32,7 @@ from dedup_pipeline.engine.outputs import (
     REJECTED,
     UNIQUE,
 )
-from dedup_pipeline.engine.parse import REASON, V
+from dedup_pipeline.engine.core.parse import REASON, V
 
 LOAD_HOUR_ALIAS = "_idx_load_hour"
 

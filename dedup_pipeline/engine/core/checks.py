@@ -21,12 +21,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.digest import H1, H2, digest_columns
-from dedup_pipeline.engine.index.layout import INDEX, is_slice_dir, load_dir
-from dedup_pipeline.engine.index.store import match_columns
-from dedup_pipeline.engine.outputs import OUTPUTS, UNIQUE, columns, partition
-from dedup_pipeline.engine.parse import SPARK_TYPES
-from dedup_pipeline.engine.storage import Storage, glob_escape
+from dedup_pipeline.engine.core.digest import H1, H2, digest_columns
+from dedup_pipeline.engine.core.index.layout import INDEX, is_slice_dir, load_dir
+from dedup_pipeline.engine.core.index.store import match_columns
+from dedup_pipeline.engine.core.outputs import OUTPUTS, UNIQUE, columns, partition
+from dedup_pipeline.engine.core.parse import SPARK_TYPES
+from dedup_pipeline.engine.core.storage import Storage, glob_escape
 from dedup_pipeline.errors import UserError
 
 CONSERVATION, UNIQUE_KEYS, INDEX_AGREES = "conservation", "unique_keys", "index_agrees"

@@ -24,10 +24,10 @@ from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.index.layout import IndexFileEntry
-from dedup_pipeline.engine.parse import InputFile
-from dedup_pipeline.engine.records import Count, Number, NumberOrNull, Record, optional
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core.index.layout import IndexFileEntry
+from dedup_pipeline.engine.core.parse import InputFile
+from dedup_pipeline.engine.core.records import Count, Number, NumberOrNull, Record, optional
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.errors import UserError
 from dedup_pipeline.hours import (
     HOUR,

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import re
 
-from dedup_pipeline.engine.outputs import LOAD_HOUR
-from dedup_pipeline.engine.records import Count, Record, optional
+from dedup_pipeline.engine.core.outputs import LOAD_HOUR
+from dedup_pipeline.engine.core.records import Count, Record, optional
 
 INDEX = "index"
 # Version of the entry layout, kept in every commit record. 2: 32-bit fingerprint. Loads refuse an

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from dedup_pipeline.engine.storage import Storage, fsync_dir
+from dedup_pipeline.engine.core.storage import Storage, fsync_dir
 from dedup_pipeline.errors import UserError
 
 

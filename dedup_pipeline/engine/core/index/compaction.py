@@ -30,7 +30,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.index.layout import (
+from dedup_pipeline.engine.core.index.layout import (
     INDEX,
     MANIFEST,
     WORK,
@@ -42,9 +42,9 @@ from dedup_pipeline.engine.index.layout import (
     slice_dir,
     slice_number,
 )
-from dedup_pipeline.engine.index.store import LOAD_HOUR, entry_schema
-from dedup_pipeline.engine.records import Count, Record
-from dedup_pipeline.engine.storage import ROWS_PER_FILE, Storage
+from dedup_pipeline.engine.core.index.store import LOAD_HOUR, entry_schema
+from dedup_pipeline.engine.core.records import Count, Record
+from dedup_pipeline.engine.core.storage import ROWS_PER_FILE, Storage
 
 
 class ManifestFile(Record):

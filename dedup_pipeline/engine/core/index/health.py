@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits
-from dedup_pipeline.engine.commit_log import CommitLog, KeptRecord, Summary
-from dedup_pipeline.engine.index.compaction import covered, list_compacted
-from dedup_pipeline.engine.index.layout import (
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.commit_log import CommitLog, KeptRecord, Summary
+from dedup_pipeline.engine.core.index.compaction import covered, list_compacted
+from dedup_pipeline.engine.core.index.layout import (
     CHECKSUM_PATH,
     DAMAGED,
     INDEX,
@@ -39,8 +39,8 @@ from dedup_pipeline.engine.index.layout import (
     rel_load,
     slice_number,
 )
-from dedup_pipeline.engine.index.live import kept_from, min_slice
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core.index.live import kept_from, min_slice
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.errors import UserError
 from dedup_pipeline.hours import key_of, parse_key, to_tag
 

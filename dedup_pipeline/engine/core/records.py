@@ -1,7 +1,7 @@
 """What the engine's records on disk are made of: frozen pydantic models, checked when read.
 
-`Record` is the base of a commit record and of its entries (engine/commits.py, the index files
-of engine/index/layout.py, the landing files of engine/parse.py). Read from disk they are
+`Record` is the base of a commit record and of its entries (engine/core/commits.py, the index files
+of engine/core/index/layout.py, the landing files of engine/core/parse.py). Read from disk they are
 validated strictly (`read_json`: JSON types as written, no "3" taken for 3 nor true for 1); built
 in code they are validated laxly (a list for a tuple). An optional field a later version added
 (`optional()`) is left out of the JSON while unset, so a record written today has the keys the

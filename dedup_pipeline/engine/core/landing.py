@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.parse import InputFile, hour_dir, list_input_files
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.parse import InputFile, hour_dir, list_input_files
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import HOUR, compress_ranges, parse_key, to_key, to_tag
 
 MAX_HOURS_PER_RUN = 168  # a week of hours per requested run; the next tick continues from there

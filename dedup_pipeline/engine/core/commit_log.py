@@ -18,11 +18,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from dedup_pipeline.engine import commits
-from dedup_pipeline.engine.commits import CommitRecord
-from dedup_pipeline.engine.index.layout import INDEX, IndexFileEntry
-from dedup_pipeline.engine.records import Record
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.commits import CommitRecord
+from dedup_pipeline.engine.core.index.layout import INDEX, IndexFileEntry
+from dedup_pipeline.engine.core.records import Record
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import HourSet, is_tag
 
 SUMMARY = "_commit_log.json"  # at the output root, beside _commits/

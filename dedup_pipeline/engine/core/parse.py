@@ -50,9 +50,9 @@ from pyspark.sql import types as T
 from pyspark.sql.types import _parse_datatype_json_string
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.expiry import expiry_value
-from dedup_pipeline.engine.records import Count, Record, optional
-from dedup_pipeline.engine.storage import Storage, glob_escape
+from dedup_pipeline.engine.core.expiry import expiry_value
+from dedup_pipeline.engine.core.records import Count, Record, optional
+from dedup_pipeline.engine.core.storage import Storage, glob_escape
 from dedup_pipeline.errors import UserError
 
 SPARK_TYPES: dict[str, T.DataType] = {

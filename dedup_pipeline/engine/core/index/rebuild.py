@@ -22,12 +22,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import commits, contract, lake
-from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
-from dedup_pipeline.engine.expiry import expiry_value
-from dedup_pipeline.engine.index import compaction, layout, live, store
-from dedup_pipeline.engine.index.health import (
+from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.digest import FP, H1, H2, digest_columns, fingerprint_column
+from dedup_pipeline.engine.core.expiry import expiry_value
+from dedup_pipeline.engine.core.index import compaction, layout, live, store
+from dedup_pipeline.engine.core.index.health import (
     IndexDamage,
     IndexDamagedError,
     check_index,
@@ -37,10 +37,10 @@ from dedup_pipeline.engine.index.health import (
     prune_marker,
     record_damage,
 )
-from dedup_pipeline.engine.index.layout import IndexFile, IndexFileEntry
-from dedup_pipeline.engine.outputs import LOAD_HOUR, UNIQUE, partition
-from dedup_pipeline.engine.parse import V
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core.index.layout import IndexFile, IndexFileEntry
+from dedup_pipeline.engine.core.outputs import LOAD_HOUR, UNIQUE, partition
+from dedup_pipeline.engine.core.parse import V
+from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import key_of
 
 
@@ -57,11 +57,9 @@ def _staged_files(st: Storage, staging: str, tag: str) -> tuple[list[int], list[
     return slices, index_file_manifest(st, tag, slices, root=staging)
 
 
-def _unique_sources(st: Storage, targets: list[str],
-                    ds: DatasetConfig | None = None) -> dict[str, list[str]]:
-    """The unique files to rebuild each load's entries from: the ones its commit record lists;
-    with Delta tables (`ds` given), the ones the unique table holds for the hour, which must be the
-    record's (else `verify --repair` first rolls the table forward).
+def _unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
+    """The unique files to rebuild each load's entries from: the ones its commit record lists
+    (with Delta tables the table serves those once it has caught up with the record).
 
     A rebuild from a damaged unique partition would make the damage look healthy (a removed file's
     keys gone from the index, so later loads would take them for new; a copied file's keys twice),
@@ -69,8 +67,6 @@ def _unique_sources(st: Storage, targets: list[str],
     without `output_files` (earlier versions) read the partition's directory as it is.
     """
     out: dict[str, list[str]] = {}
-    table = lake.open_table(st, UNIQUE) if ds is not None and lake.enabled(ds) else None
-    held = lake.files_by_hour(table) if table is not None else None
     log = CommitLog(st)
     for tag in targets:
         part = st.path(*partition(UNIQUE, tag))
@@ -95,34 +91,23 @@ def _unique_sources(st: Storage, targets: list[str],
                 f"are not all there to rebuild from. Rerun that hour (dedup-pipeline run --from "
                 f"{key_of(tag)} --to {key_of(tag)}); if it was never loaded (a copied commit "
                 f"record), delete {commits.commit_path(st, tag)}")
-        if held is not None and rec is not None:  # read through the table: the record's files
-            in_table = sorted(held.get(tag, {}))
-            if set(in_table) != set(lake.record_files(st, UNIQUE, rec)):
-                raise IndexDamagedError(
-                    f"cannot rebuild the index entries of hour {key_of(tag)}: the unique table "
-                    f"({lake.table_path(st, UNIQUE)}) does not hold the files its commit record "
-                    "lists. Roll the table forward first: dedup-pipeline verify --repair")
-            out[tag] = [st.read_path(UNIQUE, p) for p in in_table]
         if not out[tag]:
             del out[tag]  # an hour with no unique rows
     return out
 
 
-def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None = None,
-                  *, check_contract: bool = True) -> RebuildResult:
+def rebuild_index(spark: SparkSession, ds: DatasetConfig,
+                  tags: list[str] | None = None) -> RebuildResult:
     """Recompute index entries from unique: of the given loads, or of every committed load.
 
     Reads only the unique output. The caller holds the dataset lock. A full rebuild swaps the whole
     index directory in; a partial one replaces the entries of each given load. The config must
-    keep the dataset's contract (entries under another key would match nothing): a breaking
-    change is refused before anything is written (`check_contract=False`: the caller checked, a
-    load, or a migration that records the new contract itself).
+    keep the dataset's contract (entries under another key would match nothing): the caller
+    checks it first (a load, the recovery job, or a migration that records the new contract).
     """
     t0 = time.perf_counter()
     st = Storage(ds.output)
     log = CommitLog(st)
-    if check_contract:
-        contract.check(st, ds, "", log.committed())
     log.drop_summary()  # records are rewritten in place below: a crash must not leave it stale
     committed = sorted(log.committed())
     if tags is not None:  # a damaged compacted directory goes, and every load it held is rebuilt
@@ -138,7 +123,7 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
     staging = st.path(staging_name)
     st.remove(staging)
     entries = 0
-    sources = _unique_sources(st, targets, ds)
+    sources = _unique_sources(st, targets)
     present = sorted(sources)
     if present:
         # mergeSchema: hours loaded under an evolved contract have more columns (a key of a
@@ -211,7 +196,7 @@ def ensure_healthy(spark: SparkSession, ds: DatasetConfig, st: Storage,
     if ds.on_damaged_index == "rebuild":
         if callable(say):
             say(f"{ds.name}: {damage.summary()}; rebuilding the index from unique")
-        rebuild_index(spark, ds, damage.damaged_loads, check_contract=False)  # the load checked
+        rebuild_index(spark, ds, damage.damaged_loads)  # the load checked the contract
         return check_index(st, ds)  # the rebuilt files: what the load will read
     raise IndexDamagedError(damaged_message(ds, damage.summary()))
 

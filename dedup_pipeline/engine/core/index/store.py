@@ -14,8 +14,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.digest import FP, H1, H2
-from dedup_pipeline.engine.index.layout import (
+from dedup_pipeline.engine.core.digest import FP, H1, H2
+from dedup_pipeline.engine.core.index.layout import (
     INDEX,
     SLICE,
     IndexFile,
@@ -24,9 +24,9 @@ from dedup_pipeline.engine.index.layout import (
     slice_number,
     staging_rel,
 )
-from dedup_pipeline.engine.index.live import slice_of
-from dedup_pipeline.engine.parse import SPARK_TYPES, V
-from dedup_pipeline.engine.storage import Storage
+from dedup_pipeline.engine.core.index.live import slice_of
+from dedup_pipeline.engine.core.parse import SPARK_TYPES, V
+from dedup_pipeline.engine.core.storage import Storage
 
 LOAD_HOUR = "_load_hour"  # entry column: the load that wrote the entry
 

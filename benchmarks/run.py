@@ -1,7 +1,7 @@
 """The benchmark: this pipeline against its peers, side by side in one run (design.md N1, N2).
 
     ./scripts/bench.sh            # the full run (1-1.75 h on 2 cores; writes RESULTS.md)
-    ./scripts/bench.sh --quick    # tiny data, a few minutes: what the test suite runs
+    ./scripts/bench.sh --quick    # tiny data, every part once, a few minutes: the test suite's
     ./scripts/bench.sh --long     # T2 at 720 h: (a) every hour, (b) and (e) sampled (~45 min)
 
 Hours in order, one system computing at a time. (a) this pipeline and (d) Structured Streaming
@@ -9,12 +9,12 @@ each run in a process and Spark session of their own (benchmarks/worker.py: so e
 peak memory, T6, and never pays for another system's garbage); the rest share the runner's
 session. Every measured step starts with the hour's landing files in the page cache. Per hour
 it loads (a), (f) the pipeline without expiry and (d), which all need every hour; at the measured
-hours (history lengths `--points`, three consecutive hours each) it also runs (b) the naive
-anti-join, (c) recompute and (e) the plain copy, and checks that (a) and (b) keep exactly the
-same unique rows and that both conserve rows. At the first hour of each point (a)'s hour is
+hours (history lengths `--points`, three consecutive hours each, one with `--quick`) it also runs
+(b) the naive anti-join, (c) recompute and (e) the plain copy, and checks that (a) and (b) keep
+exactly the same unique rows and that both conserve rows. At the first hour of each point (a)'s hour is
 also rerun by a `dedup-pipeline run` process of its own, a fresh driver as a Dagster run has one
 (T6f: memory per run, without the warm-up of a JVM that has loaded every hour before; the rerun
-must leave the same unique rows). Over the hours up to the first point's three, (g) loads each
+must leave the same unique rows). Over the hours up to the first point's last, (g) loads each
 hour the way the recommended topology runs it: a fresh `dedup-pipeline run` process against one
 warm Spark Connect server (T8: against (a) and (d) of the same hour; its unique rows must equal
 (a)'s). Then the 1e6-row scenario (T4), the backfill as whole processes (T5), and one hour at a
@@ -100,26 +100,29 @@ class Plan:
     ui_rows: int = 2_000
     ui_warmup: int = 2
     ui_measured: int = 3
+    span: int = 3  # consecutive hours measured at each point (their median is the point's figure)
 
     @property
     def deployed_hours(self) -> int:
-        """(g) loads hours 0 .. the first point's three: its server warms up on the hours before."""
-        return min(self.points) + 3 if self.deployed else 0
+        """(g) loads hours 0 .. the first point's last: its server warms up on the hours before."""
+        return min(self.points) + self.span if self.deployed else 0
 
     @property
     def hours(self) -> int:
-        return max(self.points) + 3
+        return max(self.points) + self.span
 
     def measured(self) -> dict[int, int]:
         """hour index -> the history length it is measured for."""
-        return {p + k: p for p in self.points for k in range(3)}
+        return {p + k: p for p in self.points for k in range(self.span)}
 
 
 FULL = Plan(points=(24, 72, 168), rows_per_hour=100_000, big_rows_per_hour=1_000_000,
             big_history=24, backfill_hours=168, separate_runs=3)
-QUICK = Plan(points=(1, 3), rows_per_hour=300, big_rows_per_hour=1_000, big_history=1,
+# The test suite's run: every part once on tiny data, one hour per point (a smoke test of the
+# scripts and the report, minutes; its figures mean nothing).
+QUICK = Plan(points=(1, 2), rows_per_hour=300, big_rows_per_hour=1_000, big_history=1,
              backfill_hours=2, separate_runs=1, quick=True, isolate=False, ui_rows=50,
-             ui_warmup=0, ui_measured=1)
+             ui_warmup=0, ui_measured=1, span=1)
 # The long run measures T2 at 720 h: only what that ratio needs, (a) every hour and (b) (with the
 # copy (e) for scale) at three history lengths. Recompute would take hours at 720 h of history,
 # and (d)/(f) every hour would triple the run (4-5 h instead of about 2 h).
@@ -383,7 +386,7 @@ class Bench:
     # ------------------------------------------------------------------ T4: big hours
     def run_big(self, spark: Any) -> None:
         plan = self.plan
-        hours = plan.big_history + 3
+        hours = plan.big_history + plan.span
         config = self.landing("landing_big", hours, plan.big_rows_per_hour)
         ds = self.dataset(config, "out/big")
         start = parse_key(ds.start)
@@ -545,9 +548,10 @@ def _cli_run(cfg: Path, first: str, last: str, log: Path | None = None) -> tuple
 
 
 # ---------------------------------------------------------------------- report
-def _median(samples: list[Sample], system: str, history: int, attr: str = "seconds") -> float | None:
+def _median(samples: list[Sample], system: str, history: int, attr: str = "seconds",
+            span: int = 3) -> float | None:
     vals = [getattr(s, attr) for s in samples if s.system == system
-            and s.history in range(history, history + 3)]
+            and s.history in range(history, history + span)]
     return statistics.median(vals) if vals else None
 
 
@@ -563,8 +567,8 @@ def targets(plan: Plan, samples: list[Sample], backfill: dict[str, Any] | None,
     T5 the single-run backfill, T6 and T6f peak driver memory, T7a and T7b the index read without
     expiry, T8, T8d and T8ui the deployed run. A target whose inputs were not measured is left out
     or has no value."""
-    lo, hi = min(plan.points), max(plan.points)
-    a = {p: _median(samples, "pipeline", p) for p in plan.points}
+    lo, hi, n = min(plan.points), max(plan.points), plan.span
+    a = {p: _median(samples, "pipeline", p, span=n) for p in plan.points}
     out: list[dict] = []
 
     def add(tid: str, what: str, value: float | None, op: str, bound: float) -> None:
@@ -573,7 +577,7 @@ def targets(plan: Plan, samples: list[Sample], backfill: dict[str, Any] | None,
                     "met": ok})
 
     add("T1", f"(a) at {hi}h / (a) at {lo}h", _ratio(a[hi], a[lo]), "<=", 1.15)
-    add("T2", f"(b) / (a) at {hi}h", _ratio(_median(samples, "naive", hi), a[hi]), ">=", 2)
+    add("T2", f"(b) / (a) at {hi}h", _ratio(_median(samples, "naive", hi, span=n), a[hi]), ">=", 2)
     per_hour = []
     by_hour = {(s.system, s.hour): s for s in samples}
     for s in samples:
@@ -591,13 +595,13 @@ def targets(plan: Plan, samples: list[Sample], backfill: dict[str, Any] | None,
             _ratio(backfill["single_run_per_hour"], backfill["separate_run_per_hour"]), "<=",
             round(1 / 3, 3))
     add("T6", f"peak driver memory (a) at {hi}h / at {lo}h",
-        _ratio(_median(samples, "pipeline", hi, "peak_rss_bytes"),
-               _median(samples, "pipeline", lo, "peak_rss_bytes")), "<=", 1.2)
+        _ratio(_median(samples, "pipeline", hi, "peak_rss_bytes", n),
+               _median(samples, "pipeline", lo, "peak_rss_bytes", n)), "<=", 1.2)
     peak = {f["history"]: f["peak_rss_bytes"] for f in fresh or []}
     if lo in peak and hi in peak:
         add("T6f", f"peak memory, fresh driver per run (a rerun) at {hi}h / at {lo}h",
             _ratio(peak[hi], peak[lo]), "<=", 1.2)
-    g = [s for s in samples if s.system == "deployed" and s.history in range(lo, lo + 3)
+    g = [s for s in samples if s.system == "deployed" and s.history in range(lo, lo + n)
          and ("pipeline", s.hour) in by_hour]
     if g:
         add("T8", f"(g) fresh run, warm server / (a) warm, same hour, {lo}h",
@@ -611,8 +615,8 @@ def targets(plan: Plan, samples: list[Sample], backfill: dict[str, Any] | None,
     if ui:
         add("T8ui", f"UI, one {ui['rows']:,}-row hour, click to success, median s",
             round(ui["wall"]["median"], 2), "<=", 10.0)
-    f_hi = [s for s in samples if s.system == "pipeline_noexp" and s.history in range(hi, hi + 3)]
-    f_lo = [s for s in samples if s.system == "pipeline_noexp" and s.history in range(lo, lo + 3)]
+    f_hi = [s for s in samples if s.system == "pipeline_noexp" and s.history in range(hi, hi + n)]
+    f_lo = [s for s in samples if s.system == "pipeline_noexp" and s.history in range(lo, lo + n)]
     if f_hi and f_lo:
         bpk = statistics.median(s.extra["index_bytes_read"] / max(1, s.extra["index_rows_read"])
                                 for s in f_hi)
@@ -635,9 +639,9 @@ def table(plan: Plan, samples: list[Sample]) -> str:
             continue  # (g) is timed as a whole process: its own block (deployed_text)
         row = f"{label:<52}"
         for p in plan.points:
-            t = _median(samples, sysname, p)
-            c = _median(samples, sysname, p, "cpu_seconds")
-            m = _median(samples, sysname, p, "peak_rss_bytes")
+            t = _median(samples, sysname, p, span=plan.span)
+            c = _median(samples, sysname, p, "cpu_seconds", plan.span)
+            m = _median(samples, sysname, p, "peak_rss_bytes", plan.span)
             row += (f"{t:9.2f}{c:8.1f}{m / 2**20:7.0f}" if t is not None else f"{'-':>9}{'':>15}")
         lines.append(row)
     return "\n".join(lines)
@@ -651,7 +655,7 @@ def pipeline_io(plan: Plan, samples: list[Sample]) -> str:
             continue
         row = f"{SYSTEMS[sysname][:28]:<28}"
         for p in plan.points:
-            xs = [s for s in samples if s.system == sysname and s.history in range(p, p + 3)]
+            xs = [s for s in samples if s.system == sysname and s.history in range(p, p + plan.span)]
             if xs:
                 r = statistics.median(s.extra["index_rows_read"] for s in xs)
                 b = statistics.median(s.extra["index_bytes_read"] for s in xs) / 1e6
@@ -706,7 +710,7 @@ def deployed_text(plan: Plan, samples: list[Sample], fresh: list[dict[str, Any]]
     then the UI's click-to-success times."""
     lo = min(plan.points)
     by_hour = {(s.system, s.hour): s for s in samples}
-    g = sorted((s for s in samples if s.system == "deployed" and s.history in range(lo, lo + 3)),
+    g = sorted((s for s in samples if s.system == "deployed" and s.history in range(lo, lo + plan.span)),
                key=lambda s: s.history)
     lines = []
     if g:
@@ -904,7 +908,7 @@ def main(argv: list[str] | None = None) -> int:
                else tuple(sorted({24, 168 if plan.long else 72, args.hours})))
         plan = replace(plan, points=pts, backfill_hours=min(plan.backfill_hours, max(pts)))
     if args.backfill_hours:
-        plan = replace(plan, backfill_hours=min(args.backfill_hours, plan.hours - 3))
+        plan = replace(plan, backfill_hours=min(args.backfill_hours, plan.hours - plan.span))
     if args.big_history is not None:
         plan = replace(plan, big_history=args.big_history)
     skip = {s for s in args.skip.split(",") if s} | (LONG_PARTS if plan.long else set())

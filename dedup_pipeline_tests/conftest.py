@@ -82,12 +82,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     _slow_files_first(items)
 
 
+# The longest files, longest first (CI seconds by file: docs/notes.md, "CI time"): started first,
+# so that no long file starts last on one worker while the other one has nothing left to run.
+LONGEST_FILES = ("test_warm_server.py", "test_ui_buttons.py", "test_benchmarks.py",
+                 "test_crash.py", "test_operations.py")
+
+
 def _slow_files_first(items: list[pytest.Item]) -> None:
-    """Files holding a `slow` test (servers, daemons, clusters: minutes each) run first, each
-    file's tests together and in order: the suite's two workers (scripts/test.sh) take one file at
-    a time, so the short files fill in at the end and both finish near the same time."""
+    """Files holding a `slow` test (servers, daemons, clusters: minutes each) run first, the
+    LONGEST_FILES ahead of them, each file's tests together and in order: the suite's two workers
+    (scripts/test.sh) take one file at a time, so the short files fill in at the end and both
+    finish near the same time."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: order kept otherwise
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        name = item.path.name
+        return (item.path not in slow_files,
+                LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES))
+
+    items.sort(key=rank)  # stable: order kept otherwise
 
 
 @pytest.fixture(autouse=True)

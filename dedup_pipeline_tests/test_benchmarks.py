@@ -1,6 +1,7 @@
-"""The benchmark's `--quick` size, so it never rots. It asserts that every
-system ran and the report was written, not how fast anything was (performance is measured, never
-asserted in tests)."""
+"""The benchmark's `--quick` size (every part once, one hour per history point, tiny data), so
+it never rots. It asserts that every system ran, printed its figures and the report was written,
+not how fast anything was (performance is measured by running benchmarks/, never asserted in
+tests)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from benchmarks.run import (
     hand_section,
     long_section,
     main,
+    targets_text,
     with_hand_section,
     with_long_section,
 )
@@ -106,6 +108,14 @@ def test_run_process_reports_the_peak_of_a_process_tree(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_quick_benchmark_runs_every_system_and_reports(spark, tmp_path: Path, capsys) -> None:
+    """Every part once; the UI part (`benchmarks.ui.measure_ui` at its smallest, with real parts:
+    its own Spark Connect server and `dagster dev`) commits the hour the design.md oracle expects."""
+    from dedup_pipeline.config import load_config
+    from dedup_pipeline.engine.core import commits
+    from dedup_pipeline.engine.core.storage import Storage
+    from dedup_pipeline.hours import parse_key, to_tag
+    from dedup_pipeline_tests.reference import Reference
+
     results = tmp_path / "results"
     assert main(["--quick", "--work", str(tmp_path / "work"), "--results", str(results)]) == 0
     out = capsys.readouterr().out
@@ -119,6 +129,8 @@ def test_quick_benchmark_runs_every_system_and_reports(spark, tmp_path: Path, ca
     assert {t["target"] for t in report["targets"]} == {"T1", "T2", "T3", "T4", "T5", "T6", "T6f",
                                                          "T7a", "T7b", "T8", "T8d", "T8ui"}
     assert all(t["value"] is not None for t in report["targets"])
+    for line in targets_text(report["targets"]).splitlines():
+        assert line in out  # every ratio printed, as the report has it
     # (g): a fresh run process per hour against the warm server, hours 0 .. first point + 2; its
     # unique rows equal (a)'s from the first point on (else a failure above); the UI part ran
     deployed = [s for s in report["samples"] if s["system"] == "deployed"]
@@ -133,6 +145,15 @@ def test_quick_benchmark_runs_every_system_and_reports(spark, tmp_path: Path, ca
         assert 0 < f["run_floor_marks"]["run"] < f["run_floor_seconds"]
     assert "run floor" in report["deployed_text"]
     assert [h["measured"] for h in report["ui"]["per_hour"]] == [True] * QUICK.ui_measured
+    (row,) = report["ui"]["per_hour"]
+    assert row["wall"] > 0 and row["engine_total"] > 0
+    assert report["ui"]["wall"]["median"] == row["wall"]
+    (ds,) = load_config(str(tmp_path / "work" / "ui" / "dedup.yaml")).datasets
+    hour = parse_key(row["hour"])
+    expected = Reference(ds).run(hour, 1)[f"{hour:%Y-%m-%d-%H}"]
+    rec = commits.read_commit(Storage(ds.output), to_tag(hour))
+    assert rec is not None
+    assert (rec.rows_in, rec.unique) == (expected.rows_in, sum(expected.rows["unique"].values()))
     assert report["backfill"]["separate_run_per_hour"] > 0
     # T6f: the first hour of each point rerun by a process of its own, which measured a driver
     # JVM (hundreds of MiB, not just the Python process) and left the same unique rows (failures)
@@ -147,13 +168,15 @@ def test_quick_long_run_loads_a_every_hour_and_samples_only_b_and_e(spark, tmp_p
                                                                      capsys) -> None:
     results = tmp_path / "results"
     work = tmp_path / "work"
-    assert main(["--quick", "--long", "--work", str(work), "--results", str(results)]) == 0
+    # the fresh-driver reruns are the quick run's code (test above)
+    assert main(["--quick", "--long", "--skip", "fresh", "--work", str(work), "--results",
+                 str(results)]) == 0
     out = capsys.readouterr().out
     [report_file] = results.glob("*.json")
     report = json.loads(report_file.read_text())
     seen = {s["system"] for s in report["samples"]}
     assert seen == {"pipeline", "naive", "floor"}
-    hours = report["plan"]["points"][-1] + 3
+    hours = report["plan"]["points"][-1] + report["plan"]["span"]
     assert len([s for s in report["samples"] if s["system"] == "pipeline"]) == hours
     assert report["failures"] == [] and report["backfill"] is None
     values = {t["target"]: t["value"] for t in report["targets"]}
@@ -220,30 +243,6 @@ def test_profiler_reports_every_load_and_the_reruns(spark, tmp_path: Path) -> No
     assert all(r["rows_in"] == 200 and r["seconds"] > 0 and r["jit_ms"] >= 0 for r in records)
     assert records[1]["index_rows_read"] > 0  # the second hour probed the first hour's index
     assert "reruns: median" in out.getvalue()
-
-
-@pytest.mark.slow
-def test_the_ui_benchmark_materializes_an_hour_from_the_ui(tmp_path: Path) -> None:
-    """`benchmarks.ui.measure_ui` at its smallest, with real parts (its own Spark Connect server
-    and `dagster dev`): the UI run succeeds and commits the hour the design.md oracle expects."""
-    from benchmarks.ui import measure_ui
-    from dedup_pipeline.config import load_config
-    from dedup_pipeline.engine.core import commits
-    from dedup_pipeline.engine.core.storage import Storage
-    from dedup_pipeline.hours import parse_key, to_tag
-    from dedup_pipeline_tests.reference import Reference
-
-    work = tmp_path / "ui"
-    report = measure_ui(work, rows=50, warmup=0, measured=1)
-    (row,) = report["per_hour"]
-    assert row["measured"] and row["wall"] > 0 and row["engine_total"] > 0
-    assert report["wall"]["median"] == row["wall"]
-    (ds,) = load_config(str(work / "dedup.yaml")).datasets
-    hour = parse_key(row["hour"])
-    expected = Reference(ds).run(hour, 1)[f"{hour:%Y-%m-%d-%H}"]
-    rec = commits.read_commit(Storage(ds.output), to_tag(hour))
-    assert rec is not None
-    assert (rec.rows_in, rec.unique) == (expected.rows_in, sum(expected.rows["unique"].values()))
 
 
 @pytest.mark.slow  # a Dagster run in a subprocess

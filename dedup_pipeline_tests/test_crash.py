@@ -1,13 +1,16 @@
 """Idempotent, crash-safe loads (design.md R10, L3): kill the process at each fault point, rerun, compare.
 
 The test's fault (`DEDUP_FAULT=<point>`, installed through the engine's hooks by faults.py) makes
-the process `os._exit(137)` at a named point of a load. A subprocess (its own local[1] Spark)
-loads the last hour with the fault set; it must die, leave that hour without a commit record,
-and a rerun (here, in the test's Spark session) must leave every output of every hour and the
-index exactly as a clean run of the same landing data into another output directory left them.
+the process `os._exit(137)` at a named point of a load. A subprocess loads the last hour with the
+fault set; it must die, leave that hour without a commit record, and a rerun (here, in the test's
+Spark session) must leave every output of every hour and the index exactly as a clean run of the
+same landing data into another output directory left them.
 
 To keep Spark start-ups down, the state before the crashing load (hours 0-1 committed, or hours
-0-2 committed for a crash during a rerun) is a copy of the clean run's directory at that point.
+0-2 committed for a crash during a rerun) is a copy of the clean run's directory at that point,
+and the dying process is a Spark Connect client of one warm server for the module (a run process
+of the recommended topology); at LOCAL_POINT it is a driver of its own (local[1]), whose JVM dies
+with it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,7 @@ from dedup_pipeline_tests.conftest import (
     table_readers,
     write_hour,
 )
+from dedup_pipeline_tests.spark_services import start_connect_server
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +57,7 @@ LAST = HOURS[-1]
 NEXT = "2026-11-01-03:00"  # loaded only by the tests of a crash while publishing: "the next run"
 
 SCRIPT = textwrap.dedent("""
+    import os
     import sys
     from dedup_pipeline.config import load_config
     from dedup_pipeline.engine.load import load_hours
@@ -60,10 +66,12 @@ SCRIPT = textwrap.dedent("""
 
     ds = load_config(sys.argv[1]).datasets[0]
     spark = get_session(SparkSettings(master="local[1]", conf={
-        "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
-        # a short-lived driver: C1-only JIT and the serial GC start ~30% faster
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}))
-    spark.sparkContext.setLogLevel("ERROR")
+        "spark.sql.shuffle.partitions": "2", **({} if os.environ.get("SPARK_REMOTE") else {
+            "spark.ui.enabled": "false",
+            # a short-lived driver: C1-only JIT and the serial GC start ~30% faster
+            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"})}))
+    if not os.environ.get("SPARK_REMOTE"):
+        spark.sparkContext.setLogLevel("ERROR")
     install_from_env()
     load_hours(spark, ds, sys.argv[2].split(","))
     print("LOADED", flush=True)
@@ -108,45 +116,62 @@ def snapshot(ds: DatasetConfig) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def crash_env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def crash_env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+              ) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("crash")
-    landing = root / "landing"
-    clean = _write_config(root, landing, root / "clean")
-    write_hour(clean, HOURS[0], [
-        _ev("a", "k1", "2026-11-01T00:10:00Z"),
-        _ev("b", "k2", "2026-11-01T00:20:00Z"),
-        _ev("c", "k2", "2026-11-01T00:25:00Z"),
-        _ev("d", "k3", "2026-10-30T00:00:00Z"),          # expired
-        "{broken",
-    ])
-    write_hour(clean, HOURS[1], [
-        _ev("e", "k1", "2026-11-01T01:00:00Z", url="/b"),  # conflict with hour 0
-        _ev("f", "k4", "2026-11-01T01:10:00Z"),
-    ])
-    write_hour(clean, HOURS[2], [
-        _ev("g", "k2", "2026-11-01T02:00:00Z"),          # natural duplicate of hour 0
-        _ev("h", "k5", "2026-11-01T02:10:00Z"),
-        _ev("i", "k5", "2026-11-01T02:15:00Z", user="u2"),
-        _ev("j", "k6", "2026-10-31T00:00:00Z"),          # expired
-        _ev("k", "k7", "2026-11-01T02:20:00Z"),
-    ], name="part-0.jsonl")
-    write_hour(clean, HOURS[2], [
-        _ev("l", "k4", "2026-11-01T02:30:00Z"),
-        _ev("m", "k8", "2026-11-01T02:40:00Z"),
-        '{"event_id": null, "rid": "n"}',
-    ], name="part-1.jsonl")
-    write_hour(clean, NEXT, [_ev("o", "k9", "2026-11-01T03:00:00Z")])
-    load_hours(spark, clean, HOURS[:2])
-    shutil.copytree(clean.output, root / "base01")
-    load_hours(spark, clean, [LAST])
-    shutil.copytree(clean.output, root / "base012")
-    snap = snapshot(clean)
-    assert snap["commits"] == [f"load_hour={t}.json" for t in TAGS]
-    assert all(snap[f"{o}/{t}"] is not None for o in OUTPUTS for t in TAGS)
-    assert len(snap["index_keys"]) == sum(sum(snap[f"unique/{t}"].values()) for t in TAGS)
-    script = root / "load.py"
-    script.write_text(SCRIPT)
-    return {"root": root, "landing": landing, "clean": snap, "script": script}
+    server = start_connect_server(root / "spark", master="local[1]")  # starts while we load
+    try:
+        landing = root / "landing"
+        clean = _write_config(root, landing, root / "clean")
+        write_hour(clean, HOURS[0], [
+            _ev("a", "k1", "2026-11-01T00:10:00Z"),
+            _ev("b", "k2", "2026-11-01T00:20:00Z"),
+            _ev("c", "k2", "2026-11-01T00:25:00Z"),
+            _ev("d", "k3", "2026-10-30T00:00:00Z"),          # expired
+            "{broken",
+        ])
+        write_hour(clean, HOURS[1], [
+            _ev("e", "k1", "2026-11-01T01:00:00Z", url="/b"),  # conflict with hour 0
+            _ev("f", "k4", "2026-11-01T01:10:00Z"),
+        ])
+        write_hour(clean, HOURS[2], [
+            _ev("g", "k2", "2026-11-01T02:00:00Z"),          # natural duplicate of hour 0
+            _ev("h", "k5", "2026-11-01T02:10:00Z"),
+            _ev("i", "k5", "2026-11-01T02:15:00Z", user="u2"),
+            _ev("j", "k6", "2026-10-31T00:00:00Z"),          # expired
+            _ev("k", "k7", "2026-11-01T02:20:00Z"),
+        ], name="part-0.jsonl")
+        write_hour(clean, HOURS[2], [
+            _ev("l", "k4", "2026-11-01T02:30:00Z"),
+            _ev("m", "k8", "2026-11-01T02:40:00Z"),
+            '{"event_id": null, "rid": "n"}',
+        ], name="part-1.jsonl")
+        write_hour(clean, NEXT, [_ev("o", "k9", "2026-11-01T03:00:00Z")])
+        load_hours(spark, clean, HOURS[:2])
+        shutil.copytree(clean.output, root / "base01")
+        load_hours(spark, clean, [LAST])
+        shutil.copytree(clean.output, root / "base012")
+        snap = snapshot(clean)
+        assert snap["commits"] == [f"load_hour={t}.json" for t in TAGS]
+        assert all(snap[f"{o}/{t}"] is not None for o in OUTPUTS for t in TAGS)
+        assert len(snap["index_keys"]) == sum(sum(snap[f"unique/{t}"].values()) for t in TAGS)
+        script = root / "load.py"
+        script.write_text(SCRIPT)
+        server.wait_ready()
+        yield {"root": root, "landing": landing, "clean": snap, "script": script,
+               "remote": server.url}
+    finally:
+        server.stop()
+
+
+def _child_env(crash_env: dict[str, Any], point: str, local: bool = False) -> dict[str, str]:
+    """The dying process's environment: the fault, and the warm server unless `local`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_MASTER_URL")}
+    env.update(DEDUP_FAULT=point, PYSPARK_PYTHON=sys.executable, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    if not local:
+        env["SPARK_REMOTE"] = crash_env["remote"]
+    return env
 
 
 def _prepare(env: dict[str, Any], name: str, base: str) -> DatasetConfig:
@@ -162,13 +187,13 @@ POINTS = [
     ("after_index_staged", "base012"),  # the crash hits a rerun of an already committed hour
     ("before_commit", "base01"),
 ]
+LOCAL_POINT = "after_output:unique"  # the process dies with its own driver JVM
 
 
 def _killed_at(crash_env: dict[str, Any], ds: DatasetConfig, point: str
                ) -> subprocess.CompletedProcess[str]:
     """Load the last hour of `ds` in a process that SIGKILLs itself at fault `point`."""
-    env = {**os.environ, "DEDUP_FAULT": point, "PYSPARK_PYTHON": sys.executable,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = _child_env(crash_env, point, local=point == LOCAL_POINT)
     proc = subprocess.run(
         [sys.executable, str(crash_env["script"]), str(_config_path(ds, crash_env["root"])), LAST],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -244,6 +269,7 @@ def test_rerun_after_success_is_identical(spark: SparkSession, crash_env: dict[s
 # --- a migration to a new contract (engine/migrate.py): one committed step ---------------------
 
 MIGRATE_SCRIPT = textwrap.dedent("""
+    import os
     import sys
     from dedup_pipeline.config import load_config
     from dedup_pipeline.engine.migrate import migrate
@@ -251,10 +277,7 @@ MIGRATE_SCRIPT = textwrap.dedent("""
     from dedup_pipeline.engine.session import SparkSettings, get_session
 
     ds = load_config(sys.argv[1]).datasets[0]
-    spark = get_session(SparkSettings(master="local[1]", conf={
-        "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}))
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = get_session(SparkSettings(master="local[1]", conf={"spark.sql.shuffle.partitions": "2"}))
     install_from_env()
     migrate(spark, ds)
     print("MIGRATED", flush=True)
@@ -303,8 +326,7 @@ def test_migration_killed_at_any_point_is_fully_old_or_finishes_to_fully_new(
     before = _files(old.output)
     script = crash_env["root"] / "migrate.py"
     script.write_text(MIGRATE_SCRIPT)
-    env = {**os.environ, "DEDUP_FAULT": point, "PYSPARK_PYTHON": sys.executable,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = _child_env(crash_env, point)
     proc = subprocess.run(
         [sys.executable, str(script), str(crash_env["root"] / f"mig_{point}_rekeyed.yaml")],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -344,8 +366,7 @@ def test_load_killed_after_recording_a_new_contract_version_leaves_it_tentative(
         fingerprint=["user_id", "url"], order_by="event_time",
         expiry={"column": "event_time", "period": "24h"}, output=ds.output)
     pipeline_config(crash_env["root"], raw, name="crash_contract_evolved.yaml")
-    env = {**os.environ, "DEDUP_FAULT": "after_contract", "PYSPARK_PYTHON": sys.executable,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = _child_env(crash_env, "after_contract")
     proc = subprocess.run(
         [sys.executable, str(crash_env["script"]),
          str(crash_env["root"] / "crash_contract_evolved.yaml"), LAST],

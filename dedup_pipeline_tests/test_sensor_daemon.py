@@ -26,14 +26,33 @@ from dedup_pipeline.hours import HOUR, to_key, to_tag
 from dedup_pipeline.orchestration.names import PARTITION, RANGE_END, RANGE_START
 from dedup_pipeline.orchestration.runs import hours_of_run
 from dedup_pipeline_tests.daemon_walk import Walk
-from dedup_pipeline_tests.spark_services import REPO, VENV_BIN
+from dedup_pipeline_tests.spark_services import (
+    REPO,
+    VENV_BIN,
+    ConnectServer,
+    connect_client_env,
+    start_connect_server,
+)
 from dedup_pipeline_tests.test_service import postgres  # noqa: F401 - the PostgreSQL fixture
 
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def spark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    """One warm Spark Connect server whose clients are every run of both walks (the recommended
+    topology): no Spark start-up per run."""
+    server = start_connect_server(tmp_path_factory.mktemp("spark_server"), master="local[1]")
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
-def walk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Walk]:
+def walk(request: pytest.FixtureRequest, tmp_path: Path, spark_server: ConnectServer
+         ) -> Iterator[Walk]:
     pg = request.getfixturevalue("postgres") if request.param == "postgres" else None
     if pg is not None:  # a fresh database per walk: the module's server, a new DB
         import psycopg2
@@ -49,6 +68,7 @@ def walk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Walk]:
         pg = {**pg, "DAGSTER_PG_DB": db}
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     w = Walk(tmp_path, start_hour=now - 3 * HOUR, pg=pg, check_every=5)  # a short walk
+    w.env = connect_client_env(w.env, spark_server.url)
     try:
         yield w
     finally:

@@ -34,9 +34,11 @@ from dedup_pipeline_tests.spark_services import (
     LOOPBACK,
     REPO,
     VENV_BIN,
+    connect_client_env,
     free_port,
     loaded_location,
     start,
+    start_connect_server,
     stop_all,
     wait_until,
 )
@@ -96,6 +98,10 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     w = Walk(root, start_hour=now - 8 * HOUR)  # seven complete hours for the clicks below
     (w.home / "dagster.yaml").write_text(DEMO_INSTANCE_YAML)
+    # every run the buttons launch is a Spark Connect client of one warm server (the recommended
+    # topology, docs/operations.md "Spark: local, cluster, Connect"): no Spark start-up per run
+    server = start_connect_server(root / "spark", master="local[1]")
+    w.env = connect_client_env(w.env, server.url)
     with dg.DagsterInstance.from_config(str(w.home)):
         pass  # create the SQLite storages once, before two processes race to
     h0, h1 = w.start_hour, w.start_hour + HOUR
@@ -108,13 +114,14 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 env=w.env, cwd=REPO)
     daemon = w.start_daemon()
     try:
+        server.wait_ready()
         entry = wait_until("the webserver to load the code location",
                            lambda: loaded_location(url, "dedup_pipeline"), 300, [web, daemon], 2)
         assert entry["locationOrLoadError"]["__typename"] == "RepositoryLocation", entry
         yield {"url": url, "walk": w, "hours": [to_key(h0), to_key(h1)], "root": root,
-               "services": [web, daemon]}
+               "services": [web, daemon, server.service]}
     finally:
-        stop_all([web, daemon])
+        stop_all([web, daemon, server.service])
 
 
 def _offered(url: str) -> tuple[list[list[str]], dict[str, list[tuple[list[str], str]]]]:

@@ -49,18 +49,19 @@ from dedup_pipeline.orchestration.names import (
 from dedup_pipeline.sample.generate import default_start, generate_landing
 from dedup_pipeline_tests.reference import Reference
 from dedup_pipeline_tests.spark_services import (
-    FAST_JVM,
     LOOPBACK,
     REPO,
     VENV_BIN,
     Service,
     backfill_finished,
     clean_env,
+    connect_client_env,
     free_port,
     launch_backfill,
     launch_partition_run,
     loaded_location,
     run_logged,
+    start_connect_server,
     stop_all,
     wait_until,
 )
@@ -211,18 +212,18 @@ def ui_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
         h = parse_key(hour)
         (root / "landing" / DS / f"date={h:%Y-%m-%d}" / f"hour={h:%H}" / "_SUCCESS").write_text("")
 
-    env = clean_env(
+    logs = root / "logs"
+    # every run (UI, sensor, CLI) is a Spark Connect client of one warm server (the recommended
+    # topology, docs/operations.md "Spark: local, cluster, Connect"): no Spark start-up per run
+    server = start_connect_server(logs / "spark", master="local[1]")
+    env = connect_client_env(clean_env(
         DAGSTER_HOME=str(home),
         DEDUP_CONFIG=str(root / "dedup.yaml"),
-        SPARK_MASTER_URL="local[1]",
-        DEDUP_SPARK_CONF_spark__ui__enabled="false",
         DEDUP_SPARK_CONF_spark__sql__shuffle__partitions="2",
-        DEDUP_SPARK_CONF_spark__driver__extraJavaOptions=FAST_JVM,
-    )
+    ), server.url)
     port = free_port()
     url = f"http://{LOOPBACK}:{port}"
-    logs = root / "logs"
-    services: list[Service] = []
+    services: list[Service] = [server.service]
     timings: dict[str, float] = {}
     try:
         t0 = time.monotonic()
@@ -233,6 +234,7 @@ def ui_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
                                                   "workspace.yaml"],
                                logs / "daemon.log", env=env, cwd=REPO)
         services += [web, daemon]
+        server.wait_ready()
         entry = wait_until("the webserver to load the code location", lambda: loaded_location(url, LOCATION),
                            240, services, interval=2)
         assert entry["locationOrLoadError"]["__typename"] == "RepositoryLocation", entry

@@ -468,34 +468,13 @@ def test_a_stream_reset_by_a_dying_server_counts_as_a_lost_server() -> None:
     assert lost_server_reason(ValueError("Stream removed")) is None
 
 
-def test_spark_server_logs_warnings_and_one_line_per_session_by_default(tmp_path: Path) -> None:
+def test_spark_server_logs_one_line_per_session_and_every_run_releases_its_session(
+        tmp_path: Path) -> None:
     """The terminal the README asks users to keep open: Spark at WARN, plus one line when a client
-    session starts and one when it ends."""
-    srv = WarmServer(tmp_path)
-    cmd = [str(VENV_BIN / "dedup-pipeline"), "spark-server", "--port", str(srv.port),
-           "--master", "local[1]", "--conf", "spark.ui.enabled=false"]
-    srv.service = start("dedup-pipeline spark-server", cmd, tmp_path / "server.log", env=clean_env(),
-                        cwd=tmp_path)
-    try:
-        srv.wait_ready()
-        srv.client("assert s.range(3).count() == 3\ns.stop()\n")
-        wait_until("the session's end line", lambda: "session ended" in srv.service.tail(10**6),
-                   30, [srv.service])
-        log = srv.service.tail(10**7)
-    finally:
-        srv.kill()
-    assert "Spark log level WARN" in log
-    assert not [line for line in log.splitlines() if " INFO " in line], log[-3000:]
-    started = [line for line in log.splitlines() if "session started:" in line]
-    ended = [line for line in log.splitlines() if "session ended:" in line]
-    assert len(started) == 1 and len(ended) == 1, log[-3000:]
-    print(started[0], ended[0], sep="\n")
-
-
-def test_every_run_releases_its_connect_session(tmp_path: Path) -> None:
-    """A run opens one Connect session and releases it when it ends, whether it succeeded or was
-    refused: the server's open sessions (its "session started" lines minus its "session ended"
-    lines) are back to 0 after every run, not after the server's idle timeout."""
+    session starts and one when it ends. A run opens one Connect session and releases it when it
+    ends, whether it succeeded or was refused: the server's open sessions (its "session started"
+    lines minus its "session ended" lines) are back to 0 after every run, not after the server's
+    idle timeout. One server (default log level) for both."""
     srv = WarmServer(tmp_path)
     cmd = [str(VENV_BIN / "dedup-pipeline"), "spark-server", "--port", str(srv.port),
            "--master", "local[1]", "--conf", "spark.ui.enabled=false"]
@@ -516,13 +495,23 @@ def test_every_run_releases_its_connect_session(tmp_path: Path) -> None:
 
     try:
         srv.wait_ready()
-        for n, (first, last, ok) in enumerate([(h0, h1, True), (h0, h0, False)], start=1):
+        srv.client("assert s.range(3).count() == 3\ns.stop()\n")
+        wait_until("the session's end line", lambda: sessions() == (1, 1) or None, 30,
+                   [srv.service])
+        log = srv.service.tail(10**7)
+        started = [line for line in log.splitlines() if "session started:" in line]
+        ended = [line for line in log.splitlines() if "session ended:" in line]
+        print(started[0], ended[0], sep="\n")
+        for n, (first, last, ok) in enumerate([(h0, h1, True), (h0, h0, False)], start=2):
             out = run(first, last)
             assert (out.returncode == 0) == ok, out.stdout[-3000:] + out.stderr[-3000:]
             assert "Spark: the Connect server at" in out.stdout, out.stdout[-2000:]
             wait_until(f"run {n}'s session to end", lambda n=n: sessions() == (n, n) or None, 30,
                        [srv.service])
-            print(f"run {n} ({first}..{last}, {'ok' if ok else 'refused'}): sessions "
+            print(f"run {n - 1} ({first}..{last}, {'ok' if ok else 'refused'}): sessions "
                   f"started/ended {sessions()}")
+        log = srv.service.tail(10**8)
     finally:
         srv.kill()
+    assert "Spark log level WARN" in log
+    assert not [line for line in log.splitlines() if " INFO " in line], log[-3000:]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark (benchmarks/run.py): this pipeline vs naive anti-join, recompute, Structured
-# Streaming and a plain copy, side by side in one run. `--quick` for a minute on tiny data.
+# Streaming and a plain copy, side by side in one run. `--quick`: every part once on tiny data, a few minutes.
 # The full run (--backfill-hours 24) takes 1-1.75 h on 2 cores and ~15 GB in benchmarks/work/;
 # --long (T2 at 720 h) ~45 min and ~15 GB more in benchmarks/work/long/.
 set -euo pipefail

@@ -40,7 +40,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import checks, commits, contract, daypack, hooks, keydigest, lake
+from dedup_pipeline.engine import checks, commits, contract, hooks, keydigest, lake
 from dedup_pipeline.engine.classify import candidates, classify
 from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.commits import CommitRecord, DigestFileEntry, OutputFileEntry
@@ -427,7 +427,7 @@ def write(ds: DatasetConfig, p: Prepared, c: Classified) -> Written:
     with ThreadPoolExecutor(max_workers=len(OUTPUTS) + 2) as pool:
         written = {name: pool.submit(write_output, name) for name in OUTPUTS}
         staging = pool.submit(store.stage_entries, ds, st, entries, tag, n_files)
-        digesting = pool.submit(write_digest) if keydigest.ENABLED else None
+        digesting = pool.submit(write_digest)
         for name in OUTPUTS:
             target = st.path(*partition(name, tag))
             if delta:  # beside the files a table may still list: its commit swaps them
@@ -436,12 +436,8 @@ def write(ds: DatasetConfig, p: Prepared, c: Classified) -> Written:
                 st.replace_dir(written[name].result(), target)
                 out_files[name] = st.list_files(target, ".parquet")
             hooks.at(f"after_output:{name}")
-        digest = None
-        if digesting is not None:
-            st.replace_dir(digesting.result(), st.path(*keydigest.parts(tag)))
-            digest = keydigest.entries(st, tag)
-        elif st.exists(st.path(*keydigest.parts(tag))):  # an earlier attempt's: not this load's
-            st.remove(st.path(*keydigest.parts(tag)))
+        st.replace_dir(digesting.result(), st.path(*keydigest.parts(tag)))
+        digest = keydigest.entries(st, tag)
         staged = staging.result()
     st.remove(run_tmp)
     hooks.at("after_outputs")
@@ -576,8 +572,6 @@ def housekeep(spark: SparkSession, ds: DatasetConfig, p: Prepared, record: Commi
     done.add(p.tag)
     compaction.compact(spark, ds, st, done, intact)
     clock.lap("compact")
-    daypack.after_commit(st, p.tag, done)  # a complete day's digests and rejected lines, packed
-    clock.lap("day_pack")
     final = record.with_(index_slices_deleted=deleted, seconds=clock.with_total())
     p.log.write(final)
     # H's final record joins the summary; its mtime only if no one else changed records meanwhile

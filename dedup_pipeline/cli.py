@@ -617,7 +617,7 @@ def ui_hint(home: str, config: str, dataset: str, pending: str, marker: str) -> 
         f"  - in the UI: asset {dataset}/unique, Materialize…, Confirm (its five outputs are one "
         f"load), select {pending}, Launch 1 run;",
         f"  - or drop the marker and the landing sensor loads it within a minute: touch {marker}",
-        "The CLI (run, verify, explain) records in this instance too and uses the warm server "
+        "The CLI (run, verify) records in this instance too and uses the warm server "
         "once you export SPARK_REMOTE=sc://127.0.0.1:15002 (else it starts local Spark, 20-30 s).",
     ]
 

@@ -271,9 +271,9 @@ def _days(y: int, m: int, d: int) -> int:
 
 def java_doubles(x: float) -> list[str]:
     """The spellings Spark's cast of a double to string may give (Java's `Double.toString`), the
-    shortest first: Java 17 sometimes prints more digits than the shortest that round-trip
-    (5.906163089574651E16 as 5.9061630895746512E16), so the 16- to 18-digit forms, rounded and
-    cut, are candidates too. Every one names the same double."""
+    shortest first: Java 17 sometimes prints other digits than the shortest that round-trip
+    (5.906163089574651E16 as 5.9061630895746512E16, 5e-324 as 4.9E-324), so every form of up to
+    18 digits, rounded or cut, that reads back as the same double is a candidate too."""
     if math.isnan(x):
         return ["NaN"]
     if math.isinf(x):
@@ -282,7 +282,7 @@ def java_doubles(x: float) -> list[str]:
         return ["-0.0" if math.copysign(1, x) < 0 else "0.0"]
     exact = Decimal(abs(x))
     forms = [Decimal(repr(abs(x)))]
-    for n in (16, 17, 18):
+    for n in range(1, 19):
         for rounding in ("ROUND_HALF_EVEN", "ROUND_DOWN"):
             q = Decimal(f"1E{exact.adjusted() - n + 1}")
             forms.append(exact.quantize(q, rounding=rounding))

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import click
 
@@ -319,8 +319,8 @@ def _check_contract(ds: DatasetConfig, first: str) -> None:
 @click.option("--dataset", default=None)
 @click.option("--repair", is_flag=True,
               help="first, under the dataset lock, roll each output's Delta table forward to "
-              "the commit records and write lost or altered key digests and day packs (what "
-              "makes explain fast) again; then verify")
+              "the commit records and write lost or altered key digests (what makes explain "
+              "fast) again; then verify")
 def verify(config: str, dataset: str | None, repair: bool) -> None:
     """Recheck conservation and uniqueness of everything loaded, from the files alone; with Delta
     outputs, also that each table holds exactly the files of every hour's commit record; warn
@@ -339,7 +339,7 @@ def verify(config: str, dataset: str | None, repair: bool) -> None:
         except ConfigError as e:
             _fail(str(e))
         if repair:
-            _repair(spark, ds)
+            _repair(ds)
         try:
             rep = verify_dataset(spark, ds)
         except ContractError as e:
@@ -362,10 +362,10 @@ def verify(config: str, dataset: str | None, repair: bool) -> None:
     sys.exit(1 if failed else 0)
 
 
-def _repair(spark: Any, ds: DatasetConfig) -> None:
+def _repair(ds: DatasetConfig) -> None:
     """Under the dataset lock: roll `ds`'s output tables forward to its commit records, then
-    write its lost or altered key digests and day packs again."""
-    from dedup_pipeline.engine import lake, lookups
+    write its lost or altered key digests again."""
+    from dedup_pipeline.engine import keydigest, lake
     from dedup_pipeline.engine.core.lock import DatasetLockedError, Lock
     from dedup_pipeline.engine.core.storage import Storage
 
@@ -379,9 +379,8 @@ def _repair(spark: Any, ds: DatasetConfig) -> None:
                            "records")
             else:
                 click.echo(f"{ds.name}: output_format is parquet: no tables to repair")
-            done = lookups.repair(spark, ds, st, click.echo)
-            if not done:
-                click.echo(f"{ds.name}: every key digest and day pack matches its hours")
+            if not keydigest.repair(ds, st, click.echo):
+                click.echo(f"{ds.name}: every key digest matches its hours")
     except (DatasetLockedError, lake.LakeError) as e:
         _fail(str(e))
 
@@ -414,7 +413,7 @@ def vacuum(config: str, dataset: str | None, retention_hours: int) -> None:
             _fail(str(e))
 
 
-# design.md K6: the key's story (engine/explain.py); its help text is the docstring below.
+# design.md K6: the key's story (engine/explain.py, no Spark); its help text is the docstring below.
 @main.command()
 @click.option("--config", "config", required=True, type=click.Path(dir_okay=False))
 @click.option("--dataset", default=None, help="dataset name (needed if the file has several)")
@@ -434,7 +433,6 @@ def explain(config: str, dataset: str | None, pairs: tuple[str, ...], key_json: 
     import json
 
     from dedup_pipeline.engine.explain import ExplainKeyError, explain_key, parse_key_args
-    from dedup_pipeline.engine.session import SparkSettings, get_session
     from dedup_pipeline.hours import parse_key
 
     cfg = _load(config)
@@ -446,11 +444,8 @@ def explain(config: str, dataset: str | None, pairs: tuple[str, ...], key_json: 
                 parse_key(h)
     except (ConfigError, ExplainKeyError, ValueError) as e:
         _fail(str(e))
-    if not as_json:
-        click.echo(spark_note(cfg), err=True)
-    spark = get_session(SparkSettings(cfg.spark.master, cfg.spark.remote, cfg.spark.conf))
-    try:
-        ex = explain_key(spark, ds, given, first, last)
+    try:  # no Spark: pyarrow reads what the loads committed
+        ex = explain_key(ds, given, first, last)
     except ExplainKeyError as e:
         _fail(str(e))
     if as_json:
@@ -622,7 +617,7 @@ def ui_hint(home: str, config: str, dataset: str, pending: str, marker: str) -> 
         f"  - in the UI: asset {dataset}/unique, Materialize…, Confirm (its five outputs are one "
         f"load), select {pending}, Launch 1 run;",
         f"  - or drop the marker and the landing sensor loads it within a minute: touch {marker}",
-        "The CLI (run, verify, explain) records in this instance too and uses the warm server "
+        "The CLI (run, verify) records in this instance too and uses the warm server "
         "once you export SPARK_REMOTE=sc://127.0.0.1:15002 (else it starts local Spark, 20-30 s).",
     ]
 

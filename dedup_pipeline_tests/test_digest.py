@@ -208,18 +208,3 @@ def test_spark_digest_equals_pure_python(spark: SparkSession, schema: dict, rows
     got = spark_digests(spark, schema, rows)
     want = [python_digest(r, list(schema.values())) for r in rows]
     assert got == want
-
-
-@pytest.mark.fast
-def test_driver_digest_of_string_keys_equals_sparks(spark: SparkSession) -> None:
-    """`explain` digests a key of string columns on the driver (no Spark job): the same two
-    halves Spark's `digest_columns` gives the same tuple, for one and for composite keys, with
-    empty, unicode, comma, quote and long values."""
-    from dedup_pipeline.engine.core.digest import string_key_digest
-
-    one = [("abc",), ("",), ("Grüße, 東京 😀",), ('a,"b"',), ("x" * 300,), ("order-4711",)]
-    assert [string_key_digest(r) for r in one] == spark_digests(spark, {"k": "string"}, one)
-    two = [("a", "b"), ("ab", ""), ("", "ab"), ("a,b", "c"), ("😀", "é")]
-    assert [string_key_digest(r) for r in two] == \
-        spark_digests(spark, {"k1": "string", "k2": "string"}, two)
-    assert [string_key_digest(r) for r in one] == [python_digest(r, ["string"]) for r in one]

@@ -27,7 +27,7 @@ from click.testing import CliRunner
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.config import DatasetConfig, load_config, parse_config
-from dedup_pipeline.engine import daypack, explain
+from dedup_pipeline.engine import explain, keydigest
 from dedup_pipeline.engine.core import commits
 from dedup_pipeline.engine.core.index.rebuild import rebuild_index
 from dedup_pipeline.engine.core.storage import Storage
@@ -100,9 +100,8 @@ def key_text(ds: DatasetConfig, col: str, value: Any) -> str:
 
 @pytest.fixture(scope="module")
 def corpus(spark, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[DatasetConfig, Reference]]:
-    """The reference corpus, loaded by the engine, its day packed; clicks gets a rerun from hour 2
-    (after the pack: those hours are read from their own files) and a rebuilt index afterwards
-    (explain must read the same story from them)."""
+    """The reference corpus, loaded by the engine; clicks gets a rerun from hour 2 and a rebuilt
+    index afterwards (explain must read the same story from them)."""
     root = tmp_path_factory.mktemp("explain_corpus")
     raws = []
     for spec in DATASETS:
@@ -123,9 +122,8 @@ def corpus(spark, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[D
         ref = Reference(ds)
         ref.run(START, HOURS)
         load_hours(spark, ds, keys)
-        daypack.pack_all(Storage(ds.output))  # the day's digests and rejected lines packed
         if ds.name == "clicks":
-            load_hours(spark, ds, keys[2:])  # a rerun from hour 2 on (R11a): read around the pack
+            load_hours(spark, ds, keys[2:])  # a rerun from hour 2 on (R11a)
             rebuild_index(spark, ds)  # a rebuilt index
         out[ds.name] = (ds, ref)
     return out
@@ -197,22 +195,10 @@ def test_explain_matches_reference_for_every_key(spark, corpus, name: str,
     keys = sorted(story, key=repr)
     given = [{k: key_text(ds, k, v) for k, v in zip(ds.key, key, strict=True)} for key in keys]
     never = {k: ("zz-never" if ds.source.schema[k] == "string" else "987654321") for k in ds.key}
-    # the rows and the index entries are read by pyarrow here, not by the Spark fallbacks
-    by_arrow: list[str] = []
-    for fn in ("_arrow_rows", "_arrow_entries"):
-        real = getattr(explain, fn)
-
-        def watched(*a: Any, _real: Any = real, _fn: str = fn) -> Any:
-            got = _real(*a)
-            by_arrow.append(_fn if got is not None else f"{_fn}: None")
-            return got
-
-        monkeypatch.setattr(explain, fn, watched)
     st = Storage(ds.output)
     recs = {t: commits.read_commit(st, t) for t in sorted(commits.committed_tags(st))}
-    packed = set().union(*[c.hours for c in daypack.covers(st, recs, daypack.KEYS)])
-    assert packed == (set(list(recs)[:2]) if name == "clicks" else set(recs)), packed
-    exs = explain.explain_keys(spark, ds, [*given, never])
+    assert all(keydigest.usable(st, t, r) for t, r in recs.items())  # every hour has its digest
+    exs = explain.explain_keys(ds, [*given, never])
     if rejects:  # the rejected lines of keys that rejected lines name
         for key, ex in zip(keys, exs, strict=False):
             if key[0] in rejects:
@@ -248,12 +234,10 @@ def test_explain_matches_reference_for_every_key(spark, corpus, name: str,
     nothing = exs[-1]
     assert not nothing.seen and nothing.hours_searched.count("..") == 1
     assert "never seen" in "\n".join(nothing.lines())
-    assert sorted(set(by_arrow)) == ["_arrow_entries", "_arrow_rows"], by_arrow
-    # the rows read by one Spark job instead of pyarrow (more files than pyarrow takes): the
-    # same explanations
-    monkeypatch.setattr(explain, "ARROW_ROW_FILES", 0)
-    by_spark = explain.explain_keys(spark, ds, [*given, never])
-    assert [e.to_json() for e in by_spark] == [e.to_json() for e in exs]
+    # every hour read in full (no key digest consulted): the same explanations
+    monkeypatch.setattr(keydigest, "usable", lambda *_a: None)
+    in_full = explain.explain_keys(ds, [*given, never])
+    assert [e.to_json() for e in in_full] == [e.to_json() for e in exs]
 
 
 # --------------------------------------------------------------------------------------------
@@ -371,12 +355,12 @@ def test_key_digests_name_the_hours_of_a_key_and_a_lost_one_costs_only_time(
     k1 = {"user_id": WEIRD, "n": "4711", "ts": "2026-11-01T00:15:00.5Z", "d": "2026-11-01"}
     k2 = {"user_id": "日本", "n": "-1", "ts": "2026-11-01T00:00:00Z", "d": "1999-12-31"}
     never = {"user_id": "x", "n": "1", "ts": "2026-11-01T00:00:00Z", "d": "2026-11-01"}
-    typed = explain.type_keys(spark, ds, [k1, k2, never])
+    typed = explain.type_keys(ds, [k1, k2, never])
     held = keydigest.hours_holding(st, digests, [k.h1 for k in typed])
     assert held == {typed[0].h1: {h0, h1}, typed[1].h1: {h1}, typed[2].h1: set()}
 
     def story(key: dict) -> list[tuple[str, str, str]]:
-        return [(o.load_hour, o.output, o.rule) for o in explain.explain_key(spark, ds, key)
+        return [(o.load_hour, o.output, o.rule) for o in explain.explain_key(ds, key)
                 .occurrences]
 
     before = {0: story(k1), 1: story(k2)}
@@ -404,7 +388,7 @@ def test_key_digests_name_the_hours_of_a_key_and_a_lost_one_costs_only_time(
     assert {0: story(k1), 1: story(k2)} == before
     # rebuilt from the committed outputs: the same hours again
     for t in (h0, h1):
-        commits.write_commit(st, keydigest.rebuild(spark, ds, st, recs[t]))
+        commits.write_commit(st, keydigest.rebuild(ds, st, recs[t]))
     recs = {t: commits.read_commit(st, t) for t in (h0, h1)}
     digests = {t: keydigest.usable(st, t, r) for t, r in recs.items()}
     assert all(digests.values())
@@ -484,17 +468,14 @@ def test_failing_conflict_check_shows_sample_keys_and_the_explain_command(spark,
 
 
 # --------------------------------------------------------------------------------------------
-# day packs: a day's digests and rejected lines in one file each
+# which files are read: the committed records', and the key digests
 # --------------------------------------------------------------------------------------------
 
 
-def test_day_packs_answer_only_for_committed_hours_whose_files_they_hold(
+def test_a_reloaded_hour_is_read_from_its_new_files_and_an_uncommitted_one_not_at_all(
         spark, tmp_path: Path) -> None:
-    """A pack answers for an hour only while that hour's commit record lists exactly the files it
-    was written from: a reloaded hour inside the packed day is read from its own new files, an
-    uncommitted hour is not reported, a damaged or lost pack is read around (same story)."""
-    import pyarrow.parquet as pq
-
+    """A reloaded hour is read from the files its new commit record lists; an hour without a
+    record is not reported (E1)."""
     ds = load_config(write_config(tmp_path, dataset_raw())).datasets[0]
     st = Storage(ds.output)
     h0, h1 = "2026-11-01-00", "2026-11-01-01"
@@ -504,93 +485,35 @@ def test_day_packs_answer_only_for_committed_hours_whose_files_they_hold(
     write_hour(ds, "2026-11-01-01:00", [{"event_id": "b", **row},
                                         '{"event_id": "b", "event_time": "later"}'])
     load_hours(spark, ds, ["2026-11-01-00:00", "2026-11-01-01:00"])
-    assert daypack.after_commit(st, h1) is None  # a day with hours still to load: not packed
-    assert not (Path(ds.output) / daypack.PACKS).exists()
-    assert daypack.pack_all(st) == ["2026-11-01"]
 
     def story(event_id: str) -> list[tuple[str, str, str]]:
-        ex = explain.explain_key(spark, ds, {"event_id": event_id})
+        ex = explain.explain_key(ds, {"event_id": event_id})
         return [(o.load_hour, o.output, o.rule) for o in ex.occurrences]
-
-    def answered(kind: str) -> set[str]:
-        recs = {t: r for t in sorted(commits.committed_tags(st))
-                if (r := commits.read_commit(st, t)) is not None}
-        return set().union(*[c.hours for c in daypack.covers(st, recs, kind)])
-
-    def pack_hits(event_id: str) -> tuple[set[str], set[str]]:
-        [k] = explain.type_keys(spark, ds, [{"event_id": event_id}])
-        recs = {t: commits.read_commit(st, t) for t in (h0, h1)}
-        held, done = daypack.keys_holding(st, daypack.covers(st, recs, daypack.KEYS), [k.h1])
-        return held[k.h1], done
 
     b_before = [(h0, "unique", "first_seen"), (h0, "rejected", "rejected"),
                 (h1, "duplicates", "natural_duplicate"), (h1, "rejected", "rejected")]
-    assert answered(daypack.KEYS) == answered(daypack.REJECTS) == {h0, h1}
-    assert pack_hits("b") == ({h0, h1}, {h0, h1})
     assert story("b") == b_before
 
-    # hour 01 reloaded from changed landing files: its record names new files, so the pack
-    # (which still holds b in 01) no longer answers for 01; c, unknown to the pack, is found
+    # hour 01 reloaded from changed landing files: read from the files its new record names
     write_hour(ds, "2026-11-01-01:00", [{"event_id": "c", **row},
                                         '{"event_id": "c", "event_time": "later"}'])
     load_hours(spark, ds, ["2026-11-01-01:00"])
-    assert answered(daypack.KEYS) == answered(daypack.REJECTS) == {h0}
     b_after = [(h0, "unique", "first_seen"), (h0, "rejected", "rejected")]
     c_after = [(h1, "unique", "first_seen"), (h1, "rejected", "rejected")]
     assert story("b") == b_after and story("c") == c_after
 
-    # packed again: both hours answered from the new pack, same stories
-    assert daypack.pack_all(st) == ["2026-11-01"]
-    assert answered(daypack.KEYS) == answered(daypack.REJECTS) == {h0, h1}
-    assert pack_hits("c") == ({h1}, {h0, h1})
-    assert story("b") == b_after and story("c") == c_after
-
-    # an uncommitted hour (no record: never loaded, or being loaded again) is never reported,
-    # though the pack holds it
+    # an uncommitted hour (no record: never loaded, or being loaded again) is never reported
     record = Path(commits.commit_path(st, h1))
     saved = record.read_bytes()
     record.unlink()
-    assert answered(daypack.KEYS) == {h0}
     assert story("c") == [] and story("b") == b_after
     record.write_bytes(saved)
 
-    # a damaged pack is read around: a flipped bit in a page (its CRC), in the footer (the
-    # manifest's footer hash), a lost file, a manifest that does not read
-    m = daypack.read_manifest(st, "2026-11-01")
-    assert m is not None and m.keys is not None and m.rejected is not None
-    pack_dir = Path(ds.output) / daypack.PACKS / "day=2026-11-01"
-    keys_path, rej_path = pack_dir / m.keys.name, pack_dir / m.rejected.name
-    originals = {p: p.read_bytes() for p in (keys_path, rej_path, pack_dir / daypack.MANIFEST)}
-    chunk = pq.ParquetFile(keys_path).metadata.row_group(0).column(0)
-    rchunk = pq.ParquetFile(rej_path).metadata.row_group(0).column(2)  # _raw
-    damage = [(keys_path, chunk.data_page_offset + chunk.total_compressed_size - 1),
-              (rej_path, rchunk.data_page_offset + rchunk.total_compressed_size - 1),
-              (keys_path, keys_path.stat().st_size - 20),
-              (rej_path, rej_path.stat().st_size - 20)]
-    for path, at in damage:
-        data = bytearray(originals[path])
-        data[at] ^= 0x10
-        path.write_bytes(bytes(data))
-        assert story("b") == b_after and story("c") == c_after, (path.name, at)
-        if path == keys_path:
-            assert pack_hits("c") == (set(), set())
-        path.write_bytes(originals[path])
-    for path in (keys_path, rej_path):
-        path.unlink()
-        assert story("b") == b_after and story("c") == c_after, path.name
-        path.write_bytes(originals[path])
-    (pack_dir / daypack.MANIFEST).write_text('{"format": 1, "day": ')
-    assert answered(daypack.KEYS) == set()
-    assert story("b") == b_after and story("c") == c_after
-    (pack_dir / daypack.MANIFEST).write_bytes(originals[pack_dir / daypack.MANIFEST])
-    assert pack_hits("c") == ({h1}, {h0, h1})
-
 
 def test_verify_names_lost_lookups_and_repair_writes_them_again(spark, tmp_path: Path) -> None:
-    """A day of 24 loaded hours is packed by its last load. Digests lost, altered or never
-    written (a record from before digests) and the pack that no longer matches are a `verify`
+    """Digests lost, altered or never written (a record without `key_digest`) are a `verify`
     warning, not a violation, and explain tells the same story meanwhile; `verify --repair` writes
-    exactly those digests and the day's pack again, and verify is quiet."""
+    exactly those digests again, and verify is quiet."""
     import pyarrow.parquet as pq
 
     from dedup_pipeline.engine import keydigest
@@ -608,23 +531,22 @@ def test_verify_names_lost_lookups_and_repair_writes_them_again(spark, tmp_path:
                                      {"event_id": "a", "user_id": "u", "event_time": at,
                                       "url": "/a"}])
     load_hours(spark, ds, [f"{t}:00" for t in tags])
-    assert daypack.read_manifest(st, day) is not None, "the day's last load packs it"
 
     def lookup_warnings() -> list[str]:
         rep = verify_dataset(spark, ds)
         assert rep.ok, rep.violations
-        return [w for w in rep.warnings if "key digest" in w or "packs" in w]
+        return [w for w in rep.warnings if "key digest" in w]
 
     def story(event_id: str) -> list[tuple[str, str, str]]:
         return [(o.load_hour, o.output, o.rule)
-                for o in explain.explain_key(spark, ds, {"event_id": event_id}).occurrences]
+                for o in explain.explain_key(ds, {"event_id": event_id}).occurrences]
 
     assert lookup_warnings() == []
     before = {k: story(k) for k in ("a", "k3", "k7", "k10")}
     assert before["a"][0] == (tags[0], "unique", "first_seen") and len(before["a"]) == 24
 
     # hour 03's digest lost, hour 10's footer altered (same size), hour 07's record as a release
-    # before digests wrote it (no key_digest): the pack no longer matches hour 07's record
+    # without key_digest
     recs = {t: commits.read_commit(st, t) for t in tags}
     lost = Path(st.path(*keydigest.parts(tags[3])))
     for f in lost.iterdir():
@@ -639,15 +561,13 @@ def test_verify_names_lost_lookups_and_repair_writes_them_again(spark, tmp_path:
     rec7.write_text(json.dumps(doc))
     assert lookup_warnings() == [
         "3 hour(s) without a usable key digest (2026-11-01-03:00, 2026-11-01-07:00, "
-        "2026-11-01-10:00); 1 day(s) whose packs do not match their hours (2026-11-01): explain "
-        "reads those hours' own files instead (slower, the same answer); dedup-pipeline verify "
-        "--repair writes them again"]
+        "2026-11-01-10:00): explain reads those hours in full instead (slower, the same answer); "
+        "dedup-pipeline verify --repair writes them again"]
     assert {k: story(k) for k in before} == before
 
     r = CliRunner().invoke(main, ["verify", "--config", str(cfg), "--repair"])
     assert r.exit_code == 0, r.output
     assert "key digests written again: 3/3 hour(s)" in r.output, r.output
-    assert "day packs written: 1 day(s)" in r.output, r.output
     assert "without a usable key digest" not in r.output, r.output
     after = {t: commits.read_commit(st, t) for t in tags}
     for t in tags:  # exactly the three records were rewritten, each naming a digest that reads
@@ -659,19 +579,16 @@ def test_verify_names_lost_lookups_and_repair_writes_them_again(spark, tmp_path:
     assert lookup_warnings() == []
     assert {k: story(k) for k in before} == before
     r = CliRunner().invoke(main, ["verify", "--config", str(cfg), "--repair"])
-    assert r.exit_code == 0 and "every key digest and day pack matches its hours" in r.output, \
+    assert r.exit_code == 0 and "every key digest matches its hours" in r.output, \
         r.output
 
 
-def test_key_digest_written_by_pyarrow_holds_what_a_spark_write_holds(spark, odd: Path,
-                                                                     tmp_path: Path) -> None:
-    """A load writes its key digest from the collected hashes with pyarrow (no Spark write job):
-    the same sorted values a Spark write of the same rows holds, with row-group statistics and
-    page CRCs."""
-    import numpy as np
+def test_key_digest_holds_the_sorted_hashes_of_sparks_digests(spark, odd: Path,
+                                                               tmp_path: Path) -> None:
+    """A load writes its key digest from the collected hashes with pyarrow: the top 32 bits of
+    Spark's h1 of every row, sorted, with row-group statistics and page CRCs."""
     import pyarrow.parquet as pq
 
-    from dedup_pipeline.engine import keydigest
     from dedup_pipeline.engine.core.digest import H1, digest_columns
 
     ds = load_config(odd).datasets[0]
@@ -680,18 +597,10 @@ def test_key_digest_written_by_pyarrow_holds_what_a_spark_write_holds(spark, odd
     frame = spark.range(5000).selectExpr(
         "concat('k', id) AS user_id", "id AS n", "timestamp_micros(id) AS ts",
         "date_from_unix_date(CAST(id AS INT)) AS d").select(h1.alias(H1))
-    got = {}
-    for writer in ("arrow", "spark"):
-        keydigest.WRITER = writer
-        try:
-            keydigest.write_digest(st, frame, str(tmp_path / writer))
-        finally:
-            keydigest.WRITER = "arrow"
-        [f] = Path(tmp_path / writer).glob("*.parquet")
-        pf = pq.ParquetFile(f, page_checksum_verification=True)
-        assert all(pf.metadata.row_group(i).column(0).statistics.has_min_max
-                   for i in range(pf.metadata.num_row_groups))
-        got[writer] = pf.read().column(keydigest.KEY_HASH).to_numpy()
-    assert len(got["arrow"]) == 5000
-    assert np.array_equal(got["arrow"], got["spark"])
-    assert np.all(np.diff(got["arrow"]) >= 0)
+    keydigest.write_digest(st, frame, str(tmp_path / "d"))
+    [f] = Path(tmp_path / "d").glob("*.parquet")
+    pf = pq.ParquetFile(f, page_checksum_verification=True)
+    assert all(pf.metadata.row_group(i).column(0).statistics.has_min_max
+               for i in range(pf.metadata.num_row_groups))
+    assert pf.read().column(keydigest.KEY_HASH).to_pylist() == sorted(
+        r[H1] >> 32 for r in frame.collect())

@@ -302,7 +302,7 @@ def test_a_crashed_rerun_leaves_no_hole_and_no_reader_sees_replaced_files(
         assert DeltaTable(str(Path(ds.output) / name)).version() == versions[name]
     assert _rids(ds, "unique")["deltalake"] == UNIQUE
     assert lake.drift(st, _records(st)) == []
-    seen = explain_key(spark, ds, {"event_id": "k4"})
+    seen = explain_key(ds, {"event_id": "k4"})
     assert [(o.load_hour, o.output) for o in seen.occurrences] == [(T1, "unique")]
     assert any("a rerun of 2026-11-01-01:00 is in progress" in n for n in seen.notes)
 
@@ -321,11 +321,11 @@ def test_a_crashed_rerun_leaves_no_hole_and_no_reader_sees_replaced_files(
     assert rebuild_index(spark, ds).entries == sum(UNIQUE.values())
     rep = verify_dataset(spark, ds)
     assert rep.ok, rep.violations
-    seen = explain_key(spark, ds, {"event_id": "k4"})
+    seen = explain_key(ds, {"event_id": "k4"})
     assert [(o.load_hour, o.output) for o in seen.occurrences] == [(T1, "unique")]
     assert seen.index_agrees is True
     # the failing checks' sample keys read the files the hour's record lists
-    assert sample_keys(spark, ds, T1, conflicts_only=False) == [{"event_id": "k1"}]
+    assert sample_keys(ds, T1, conflicts_only=False) == [{"event_id": "k1"}]
     # the index compaction merges both loads' entries, and nothing else
     two = ds.model_copy(update={"index": ds.index.model_copy(update={"compact_after": 2})})
     assert compact(spark, two, st, set(commits.committed_tags(st))) >= 1

@@ -165,7 +165,7 @@ def test_blocking_check_failure_commits_nothing_and_stops_downstream(
     else:  # a key of hour 1 twice in unique, or missing from the index
         assert len(sample) == 1 and sample[0]["event_id"] in {f"e1-{i}" for i in range(4)}
         home = "2026-11-01-01"
-    ex = explain_key(spark, ds, sample[0])
+    ex = explain_key(ds, sample[0])
     assert (home, "unique", "first_seen") in {(o.load_hour, o.output, o.rule)
                                               for o in ex.occurrences}
 

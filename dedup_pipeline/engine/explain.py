@@ -1,54 +1,41 @@
 """Explain a key: where each of its records went, and which rule put it there (docs/design.md,
-"Explaining a key").
+"Explaining a key", E1-E5). Read-only, and no Spark: the key is typed and digested in Python
+(`engine/core/keys.py`), every file is read by pyarrow.
 
-Correct by construction (design.md E1): every line is read back from what a load committed, never
-recomputed by running the rules again.
-- The hours are the committed ones (a commit record exists); an hour without one (never loaded, or
-  being loaded again right now) is not reported. Of each hour only the Parquet files its commit
-  record lists are read (records of earlier versions without a file list: the partition).
-- The rule of each line (E2): the output a row went to, its `_duplicate_kind`, `_first_load_hour`
-  and `_expiry_point` are the columns the load wrote; X_H is the commit record's `expiry_point`.
-  The in-batch winner is the unique row of its hour; which R3 criterion separated it from a loser
-  is read off the two rows (order_by, then expiry value, then source file, then position in the
-  file).
-- Rejected rows have no typed key: a rejected row is listed when its `_raw` holds every non-null
-  value of the key (as given, or JSON- / CSV-escaped).
-- The index state (E3) is the entries of committed loads with the key's digest.
-
-Speed (E5: a point lookup must not scan every output row): each committed hour's key digest
-(`engine/keydigest.py`, listed in its commit record) names the hours that can hold the key, so
-whole rows are read of only those hours (one Spark job; bloom filters and row-group statistics
-prune within them). An hour without a usable digest is searched in two passes as before: its key
-columns first, then rows. Rejected `_raw` lines are read by pyarrow. Without expiry, a key with an
-index entry has no unique, duplicate or expired row before that entry's load (its first record
-would have been unique), so those outputs are read from that hour on. Every output file is read
-in `_read` (Spark) or `_arrow_read` (pyarrow), nowhere else.
+- The hours are the committed ones (E1), of each only the Parquet files its commit record lists;
+  an hour being loaded again answers from its last committed record (L1b), with a note.
+- The rule of each line (E2) is read off the columns the load wrote, X_H off the commit record.
+- Rejected rows have no typed key: listed when `_raw` holds every non-null key value (E2).
+- The index state (E3): the entries of committed loads with the key's digest.
+- Speed (E5): the hours' key digests (`engine/keydigest.py`) name the hours that can hold the key;
+  only those hours' outputs are read, with the key pushed down as a filter (row-group
+  statistics). An hour without a usable digest is read the same way. Without expiry, a key with
+  an index entry has no unique, duplicate or expired row before that entry's load.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shlex
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import daypack, keydigest, lake
-from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine import keydigest, lake
+from dedup_pipeline.engine.core import commits, keys
 from dedup_pipeline.engine.core.commit_log import CommitLog
-from dedup_pipeline.engine.core.digest import FP, H1, H2, digest_columns, string_key_digest
-from dedup_pipeline.engine.core.index import layout, live, store
+from dedup_pipeline.engine.core.index import layout, live
 from dedup_pipeline.engine.core.index.health import check_index
+from dedup_pipeline.engine.core.keys import FP, H1, H2
 from dedup_pipeline.engine.core.outputs import (
     DUPLICATES,
     EXPIRED,
@@ -58,19 +45,16 @@ from dedup_pipeline.engine.core.outputs import (
     LOAD_HOUR,
     OUTPUTS,
     RAW,
+    REASON,
     REJECTED,
     SOURCE_FILE,
     UNIQUE,
+    V,
     columns,
-    expiry_point_type,
     partition,
 )
-from dedup_pipeline.engine.core.parse import REASON, SPARK_TYPES, V
 from dedup_pipeline.engine.core.storage import READERS, Storage
 from dedup_pipeline.hours import compress_ranges, key_of, parse_key, to_tag
-
-KID = "_kid"
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # rules, as the JSON names them
 FIRST_SEEN = "first_seen"
@@ -84,15 +68,14 @@ REJECTED_RULE = "rejected"
 FIX = ("run `dedup-pipeline verify --config <file> --dataset {ds}` to see every violation, then "
        "`dedup-pipeline rebuild-index --config <file> --dataset {ds}` to rebuild the index from "
        "unique")
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "string": pa.string(), "long": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
+    "timestamp": pa.timestamp("us", tz="UTC"), "date": pa.date32()}
+CANONICAL = {"timestamp": pa.int64(), "date": pa.int32()}  # micros, days
 
 
 class ExplainKeyError(ValueError):
     """A key given on the command line or in run config that does not fit the dataset's key."""
-
-
-# --------------------------------------------------------------------------------------------
-# the key as given
-# --------------------------------------------------------------------------------------------
 
 
 def parse_key_args(ds: DatasetConfig, pairs: Sequence[str] = (), key_json: str | None = None
@@ -151,6 +134,7 @@ class Key:
     values: dict[str, Any]  # typed: str, int, float, bool; micros (timestamp), days (date); None
     h1: int | None  # the digest (None when a column is null: such a key is always rejected)
     h2: int | None
+    digests: tuple[tuple[int, int], ...] = ()  # (h1, h2) of every spelling of a double column
 
     @property
     def has_null(self) -> bool:
@@ -172,50 +156,26 @@ class Key:
 TYPE_ON_DRIVER = True
 
 
-def type_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, str | None]]
-              ) -> list[Key]:
-    """Cast each key's text exactly as a load casts landing values; compute its digest (E4). One
-    job, or none when every key column is a string (nothing to cast: the digest on the driver)."""
+def type_keys(ds: DatasetConfig, given: list[dict[str, str | None]]) -> list[Key]:
+    """Type each key's text exactly as a load types landing text and digest it (E4), in Python."""
     schema = ds.source.schema
-    if TYPE_ON_DRIVER and all(schema[k] == "string" for k in ds.key):
-        try:
-            return [_string_key(ds, g) for g in given]
-        except UnicodeEncodeError:
-            pass  # a lone surrogate: Spark spells it as a load does
-    text_schema = T.StructType([T.StructField(KID, T.LongType()),
-                                *[T.StructField(k, T.StringType()) for k in ds.key]])
-    df = spark.createDataFrame([(i, *[g[k] for k in ds.key]) for i, g in enumerate(given)],
-                               text_schema)
-    typed = df.select(KID, *[F.col(k).alias(f"_t_{k}") for k in ds.key],
-                      *[F.col(k).try_cast(SPARK_TYPES[schema[k]]).alias(k) for k in ds.key])
-    h1, h2 = digest_columns(ds.key, schema)
-    rows = typed.select(KID, *[f"_t_{k}" for k in ds.key],
-                        *[_canonical(F.col(k), schema[k]).alias(k) for k in ds.key],
-                        h1.alias(H1), h2.alias(H2)).collect()
-    keys: list[Key] = [None] * len(given)  # type: ignore[list-item]
-    for r in rows:
-        values = {k: r[k] for k in ds.key}
+    out = []
+    for g in given:
+        values: dict[str, Any] = {}
         for k in ds.key:
-            text = r[f"_t_{k}"]
-            if text is not None and values[k] is None:
-                if schema[k] == "string" or text.strip() == "":
-                    continue  # an empty text for a typed column reads as null, like a load's
+            text = g.get(k)
+            values[k] = None if text is None else keys.cast(schema[k], text)
+            if text is not None and values[k] is None and text.strip(" ") != "":
                 raise ExplainKeyError(
                     f"dataset {ds.name!r}: key column {k!r} is {schema[k]}; {text!r} does not "
                     f"cast to it ({_type_hint(schema[k])})")
-        null = any(v is None for v in values.values())
-        keys[r[KID]] = Key({k: r[f"_t_{k}"] for k in ds.key}, values,
-                           None if null else r[H1], None if null else r[H2])
-    return keys
-
-
-def _string_key(ds: DatasetConfig, given: dict[str, str | None]) -> Key:
-    """A key of string columns: its values are its texts, as a load reads them."""
-    values = {k: given.get(k) for k in ds.key}
-    if any(v is None for v in values.values()):
-        return Key(values, dict(values), None, None)
-    h1, h2 = string_key_digest([values[k] for k in ds.key])  # type: ignore[misc]
-    return Key(values, dict(values), h1, h2)
+        texts = {k: g.get(k) for k in ds.key}
+        if any(v is None for v in values.values()):  # empty text of a typed column: a null
+            out.append(Key(texts, values, None, None))
+        else:
+            found = keys.key_digests([values[k] for k in ds.key], [schema[k] for k in ds.key])
+            out.append(Key(texts, values, *found[0], tuple(found)))
+    return out
 
 
 def _type_hint(typ: str) -> str:
@@ -225,41 +185,9 @@ def _type_hint(typ: str) -> str:
             "date": "YYYY-MM-DD"}.get(typ, "text")
 
 
-def _canonical(col: Column, typ: str) -> Column:
-    """A value in the form explain compares and prints: micros / days for time types."""
-    if typ == "timestamp":
-        return F.unix_micros(col)
-    if typ == "date":
-        return F.unix_date(col)
-    return col
-
-
-def _literal(value: Any, typ: str) -> Column:
-    if typ == "timestamp":
-        return F.timestamp_micros(F.lit(value))
-    if typ == "date":
-        return F.date_from_unix_date(F.lit(value))
-    return F.lit(value)
-
 
 def _fmt(ds: DatasetConfig, col: str | None, value: Any, typ: str | None = None) -> str:
-    """A value for a person: timestamps as ISO-8601 UTC, dates ISO, text in JSON quotes."""
-    typ = typ or (ds.source.schema[col] if col else "string")
-    if value is None:
-        return "null"
-    if typ == "timestamp":
-        dt = EPOCH + timedelta(microseconds=int(value))
-        text = dt.strftime("%Y-%m-%dT%H:%M:%S")
-        if dt.microsecond:
-            text += f".{dt.microsecond:06d}".rstrip("0")
-        return text + "Z"
-    if typ == "date":
-        return (date(1970, 1, 1) + timedelta(days=int(value))).isoformat()
-    if typ == "string":
-        return json.dumps(value, ensure_ascii=False)
-    if typ == "boolean":
-        return "true" if value else "false"
-    return str(value)
+    return keys.fmt(typ or (ds.source.schema[col] if col else "string"), value)
 
 
 # --------------------------------------------------------------------------------------------
@@ -395,351 +323,147 @@ def committed_history(st: Storage, first: str | None, last: str | None,
 def output_files(st: Storage, name: str, tag: str, rec: commits.CommitRecord) -> list[str]:
     """The files of `name`'s partition of `tag` its commit record vouches for."""
     if rec.output_files is not None:
-        return [st.spark_path(*partition(name, tag), f.name)
-                for f in rec.output_files.get(name, ())]
-    return [st.spark_path(*partition(name, tag))] if st.exists(st.path(*partition(name, tag))) \
-        else []
-
-
-def _local_files(st: Storage, name: str, tag: str, rec: commits.CommitRecord) -> list[str]:
-    """`output_files` as paths of the storage's own file system (for pyarrow)."""
-    if rec.output_files is not None:
         return [st.path(*partition(name, tag), f.name) for f in rec.output_files.get(name, ())]
     return st.list_files(st.path(*partition(name, tag)), ".parquet")
 
 
-def _arrow_read(st: Storage, path: str, cols: list[str]) -> pa.Table:
-    """Columns of one committed output file, read by pyarrow (the rejected lines)."""
-    if st.local:  # pyarrow's own file I/O: no Python file layer
-        return pq.read_table(path, columns=cols, use_threads=False)
-    with st.fs.open(path, "rb") as fh:  # one file per thread of the caller's pool
-        return pq.read_table(fh, columns=cols, use_threads=False)
+def _filesystem(st: Storage) -> pafs.FileSystem:
+    return pafs.LocalFileSystem() if st.local else pafs.PyFileSystem(pafs.FSSpecHandler(st.fs))
 
 
-def _schema(ds: DatasetConfig, name: str) -> T.StructType:
-    return T.StructType([*[T.StructField(c, SPARK_TYPES[t]) for c, t in columns(ds, name)],
-                         T.StructField(LOAD_HOUR, T.StringType())])
+def _scan(ds: DatasetConfig, st: Storage, name: str, files: list[str], cols: list[str],
+          where: pds.Expression) -> pa.Table:
+    """The rows of `files` (of output `name`, any hours) that `where` keeps, with their load hour:
+    one dataset of the declared types, the filter pushed down to row-group statistics, the files
+    read in parallel."""
+    schema = pa.schema([(c, ARROW_TYPES[t]) for c, t in columns(ds, name)]
+                       + [(LOAD_HOUR, pa.string())])
+    fmt = pds.ParquetFileFormat(read_options=pds.ParquetReadOptions(
+        coerce_int96_timestamp_unit="us"))
+    data = pds.dataset(files, schema=schema, format=fmt, filesystem=_filesystem(st),
+                       partitioning=pds.partitioning(pa.schema([(LOAD_HOUR, pa.string())]),
+                                                     flavor="hive"),
+                       partition_base_dir=st.path(name))
+    table = data.to_table(columns=[*cols, LOAD_HOUR], filter=where)
+    return pa.table({c: table[c].cast(CANONICAL[t]) if (t := dict(columns(ds, name)).get(c))
+                     in CANONICAL else table[c] for c in table.column_names})
 
 
-def _read(spark: SparkSession, ds: DatasetConfig, st: Storage, name: str,
-          files: list[str]) -> DataFrame:
-    return (spark.read.schema(_schema(ds, name)).option("basePath", st.spark_path(name))
-            .parquet(*files))
+def _norm(value: Any) -> Any:
+    """A key value as a dict key: every NaN one value (R2); -0.0 already equals 0.0."""
+    return "NaN" if isinstance(value, float) and math.isnan(value) else value
 
 
-def _key_filter(ds: DatasetConfig, keys: list[Key]) -> Column:
+def _key_filter(ds: DatasetConfig, typed: dict[int, Key]) -> pds.Expression:
     schema = ds.source.schema
-    if len(ds.key) == 1:
-        k = ds.key[0]
-        vals = sorted({key.values[k] for key in keys})
-        if len(vals) == 1:
-            return F.col(k) == _literal(vals[0], schema[k])
-        return F.col(k).isin(*[_literal(v, schema[k]) for v in vals])
-    cond: Column | None = None
-    for key in keys:
-        one: Column | None = None
+    any_key: pds.Expression | None = None
+    for key in typed.values():
+        one: pds.Expression | None = None
         for k in ds.key:
-            c = F.col(k) == _literal(key.values[k], schema[k])
+            v = key.values[k]
+            f = pc.field(k)
+            c = (f.is_nan() if _norm(v) == "NaN" else
+                 f == pa.scalar(v, CANONICAL.get(schema[k], ARROW_TYPES[schema[k]]))
+                 .cast(ARROW_TYPES[schema[k]]))
             one = c if one is None else one & c
-        cond = one if cond is None else cond | one
-    assert cond is not None
-    return cond
+        any_key = one if any_key is None else any_key | one
+    assert any_key is not None
+    return any_key
 
 
-def _keys_frame(spark: SparkSession, ds: DatasetConfig, keys: dict[int, Key]) -> DataFrame:
-    schema = ds.source.schema
-    fields = [T.StructField(KID, T.LongType()),
-              *[T.StructField(f"_c_{k}", T.LongType() if schema[k] in ("timestamp", "date")
-                              else SPARK_TYPES[schema[k]]) for k in ds.key]]
-    df = spark.createDataFrame([(i, *[key.values[k] for k in ds.key]) for i, key in keys.items()],
-                               T.StructType(fields))
-    return df.select(KID, *[_from_canonical(F.col(f"_c_{k}"), schema[k]).alias(k)
-                            for k in ds.key])
-
-
-def _from_canonical(col: Column, typ: str) -> Column:
-    if typ == "timestamp":
-        return F.timestamp_micros(col)
-    if typ == "date":
-        return F.date_from_unix_date(col.cast("int"))
-    return col
-
-
-# Consult the hours' key digests (the benchmark turns it off to measure what it buys).
-USE_DIGEST = True
-
-# Up to this many keys are also given to the Parquet reader as literals (pushed down); more (a
-# test explaining every key of a corpus) only join, as one expression per key would grow the plan.
-PUSHDOWN_KEYS = 32
-
-
-def _match(spark: SparkSession, ds: DatasetConfig, df: DataFrame, keys: dict[int, Key],
-           ) -> DataFrame:
-    """The rows of `df` with one of `keys`, tagged with its `_kid`."""
-    if len(keys) <= PUSHDOWN_KEYS:
-        # literals: pushed down to Parquet statistics / bloom filters; `_kid` by a CASE over the
-        # same literals (no join, no shuffle: a point lookup is one scan)
-        kid: Column | None = None
-        for i, key in keys.items():
-            kid = (F.when(_key_filter(ds, [key]), F.lit(i)) if kid is None
-                   else kid.when(_key_filter(ds, [key]), F.lit(i)))
-        assert kid is not None
-        return df.filter(_key_filter(ds, list(keys.values()))).withColumn(KID, kid)
-    return df.join(F.broadcast(_keys_frame(spark, ds, keys)), on=list(ds.key))
-
-
-def _row_select(ds: DatasetConfig, name: str) -> list[Column]:
-    schema = ds.source.schema
-    cols = [F.col(KID), F.col(LOAD_HOUR), F.col(SOURCE_FILE)]
-    cols += [_canonical(F.col(c), t).alias(c) for c, t in schema.items()]
-    if name == DUPLICATES:
-        cols += [F.col(KIND), F.col(FIRST)]
-    if name == EXPIRED:
-        typ = expiry_point_type(ds)
-        cols.append(_canonical(F.col(EXPIRY_POINT), typ).alias(EXPIRY_POINT))
-    return cols
-
-
-def _find_rows(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: History,
-               keys: dict[int, Key], since: dict[int, str]) -> dict[int, list[tuple[str, dict]]]:
-    """(output, row) of every unique / duplicates / expired row of the keys, in two passes."""
-    found: dict[int, list[tuple[str, dict]]] = {i: [] for i in keys}
-    if not keys:
+def _find_rows(ds: DatasetConfig, st: Storage, hist: History, typed: dict[int, Key],
+               since: dict[int, str]) -> dict[int, list[tuple[str, dict]]]:
+    """(output, row) of every unique / duplicates / expired row of the keys: the key digests name
+    the hours that can hold them; those hours and the hours without a usable digest are read."""
+    found: dict[int, list[tuple[str, dict]]] = {i: [] for i in typed}
+    if not typed:
         return found
-    lo = min(since.get(i, "") for i in keys)
+    lo = min(since.get(i, "") for i in typed)
     hours = [t for t in hist.records if t >= lo]
-    where: dict[str, set[str]] = {}
-    # pass 0: the hours' key digests name the hours that can hold the keys (engine/keydigest.py):
-    # a day's from its pack where it answers for the hour (engine/daypack.py), else the hour's own
-    if USE_DIGEST:
-        h1s = [k.h1 for k in keys.values() if k.h1 is not None]
-        packs = daypack.covers(st, {t: hist.records[t] for t in hours}, daypack.KEYS)
-        held, answered = daypack.keys_holding(st, packs, h1s)
-        tags = set().union(*held.values())
-        digests = {t: paths for t in hours if t not in answered
-                   and (paths := keydigest.usable(st, t, hist.records[t]))}
-        unreadable: set[str] = set()
-        if digests:
-            held = keydigest.hours_holding(st, digests, h1s, unreadable)
-            tags |= set().union(*held.values())
-        for name in (UNIQUE, DUPLICATES, EXPIRED):
-            where[name] = set(tags)
-        hours = [t for t in hours if t not in answered
-                 and (t not in digests or t in unreadable)]
-    # pass 1: only the key columns of every other hour's files, to learn which hours hold them
-    probes = []
-    for name in (UNIQUE, DUPLICATES, EXPIRED):
-        files = [f for t in hours for f in output_files(st, name, t, hist.records[t])]
-        if files:
-            probes.append(_match(spark, ds, _read(spark, ds, st, name, files)
-                                 .select(*ds.key, LOAD_HOUR), keys)
-                          .select(F.lit(name).alias("_name"), LOAD_HOUR))
-    if probes:
-        union = probes[0]
-        for p in probes[1:]:
-            union = union.unionByName(p)
-        for r in union.collect():
-            where.setdefault(r["_name"], set()).add(r[LOAD_HOUR])
-    # pass 2: whole rows of only the hours that hold them: a few files by pyarrow, else every
-    # output in one Spark job
-    got = _arrow_rows(ds, st, hist, where, keys)
-    if got is not None:
-        for i, name, d in got:
-            if d[LOAD_HOUR] >= since.get(i, ""):
-                found[i].append((name, d))
-        return found
-    parts = []
-    for name, tags in sorted(where.items()):
-        files = [f for t in sorted(tags) for f in output_files(st, name, t, hist.records[t])]
+    digests = {t: p for t in hours if (p := keydigest.usable(st, t, hist.records[t]))}
+    unreadable: set[str] = set()
+    h1s = [h for k in typed.values() for h, _ in k.digests]
+    held = keydigest.hours_holding(st, digests, h1s, unreadable)
+    read = set().union(*held.values()) | {t for t in hours if t not in digests} | unreadable
+    by_value: dict[tuple, list[int]] = {}
+    for i, key in typed.items():
+        by_value.setdefault(tuple(_norm(key.values[k]) for k in ds.key), []).append(i)
+    where = _key_filter(ds, typed)
+
+    def scan(name: str) -> list[tuple[int, str, dict]]:
+        files = [f for t in sorted(read) for f in output_files(st, name, t, hist.records[t])]
         if not files:
-            continue
-        parts.append(_match(spark, ds, _read(spark, ds, st, name, files), keys)
-                     .select(F.lit(name).alias("_name"), *_row_select(ds, name)))
-    if not parts:  # the key is in none of the hours searched
-        return found
-    rows = parts[0]
-    for p in parts[1:]:
-        rows = rows.unionByName(p, allowMissingColumns=True)
-    for r in rows.collect():
-        d = r.asDict()
-        name = d.pop("_name")
-        if d[LOAD_HOUR] >= since.get(d[KID], ""):
-            found[d[KID]].append((name, d))
+            return []
+        out = []
+        for r in _scan(ds, st, name, files, [c for c, _ in columns(ds, name)], where).to_pylist():
+            row = {KIND: None, FIRST: None, EXPIRY_POINT: None, **r}
+            for i in by_value.get(tuple(_norm(r[k]) for k in ds.key), []):
+                out.append((i, name, row))
+        return out
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        for part in pool.map(scan, (UNIQUE, DUPLICATES, EXPIRED)):
+            for i, name, row in part:
+                if row[LOAD_HOUR] >= since.get(i, ""):
+                    found[i].append((name, row))
     return found
 
 
-# Rows of at most this many output files are read by pyarrow (no Spark job: ~0.4 s less per
-# lookup); more by one Spark job, which prunes by the outputs' bloom filters.
-ARROW_ROW_FILES = 24
-ARROW_TYPES: dict[str, pa.DataType] = {
-    "string": pa.string(), "long": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
-    "timestamp": pa.timestamp("us", tz="UTC"), "date": pa.date32()}
-
-
-def _arrow_rows(ds: DatasetConfig, st: Storage, hist: History, where: dict[str, set[str]],
-                keys: dict[int, Key]) -> list[tuple[int, str, dict]] | None:
-    """(`_kid`, output, row) of the keys' rows in the hours `where` names, read by pyarrow and
-    put in the form `_row_select` gives Spark's rows; None when Spark is to read them instead
-    (many files, a double key column whose NaN / -0.0 equality is Spark's, or a file pyarrow
-    does not read as the declared types)."""
-    schema = ds.source.schema
-    jobs = [(name, t, path) for name, tags in sorted(where.items()) for t in sorted(tags)
-            for path in _local_files(st, name, t, hist.records[t])]
-    if len(jobs) > ARROW_ROW_FILES or any(schema[k] == "double" for k in ds.key):
-        return None
-    key_table = pa.table({KID: pa.array(list(keys), pa.int64()),
-                          **{k: pa.array([key.values[k] for key in keys.values()],
-                                         _canonical_arrow_type(schema[k])) for k in ds.key}})
-
-    def one(job: tuple[str, str, str]) -> list[tuple[int, str, dict]]:
-        name, tag, path = job
-        cols = dict(columns(ds, name))
-        with (pa.OSFile(path, "rb") if st.local else st.fs.open(path, "rb")) as fh:
-            pf = pq.ParquetFile(fh, coerce_int96_timestamp_unit="us")
-            present = [c for c in cols if c in pf.schema_arrow.names]
-            table = pf.read(columns=present, use_threads=False)
-        data = {}
-        for c, typ in cols.items():
-            arr = (table.column(c).cast(ARROW_TYPES[typ]) if c in present
-                   else pa.nulls(table.num_rows, ARROW_TYPES[typ]))
-            data[c] = _canonical_arrow(arr, typ)
-        hits = pa.table(data).join(key_table, keys=list(ds.key), join_type="inner")
-        out = []
-        for r in hits.to_pylist():
-            i = r.pop(KID)
-            row = {KID: i, LOAD_HOUR: tag, KIND: None, FIRST: None, EXPIRY_POINT: None, **r}
-            out.append((i, name, row))
-        return out
-
-    try:
-        with ThreadPoolExecutor(max_workers=READERS) as pool:
-            return [r for part in pool.map(one, jobs) for r in part]
-    except (OSError, ValueError, pa.ArrowException):
-        return None
-
-
-def _canonical_arrow_type(typ: str) -> pa.DataType:
-    return {"timestamp": pa.int64(), "date": pa.int32()}.get(typ, ARROW_TYPES[typ])
-
-
-def _canonical_arrow(arr: pa.ChunkedArray, typ: str) -> pa.ChunkedArray:
-    """As `_canonical`: micros for timestamps, days for dates."""
-    if typ in ("timestamp", "date"):
-        return arr.cast(_canonical_arrow_type(typ))
-    return arr
-
-
-def _find_rejected(spark: SparkSession, ds: DatasetConfig, st: Storage, hist: History,
-                   keys: dict[int, Key]) -> dict[int, list[dict]]:
-    """Rejected rows whose `_raw` holds every non-null key value. Only the small `_raw` column of
-    each hour is read, by pyarrow in parallel (a Spark job over every hour's file costs seconds
-    of per-file planning on a long history)."""
-    found: dict[int, list[dict]] = {i: [] for i in keys}
-    needles = {i: k.needles() for i, k in keys.items()}
+def _find_rejected(ds: DatasetConfig, st: Storage, hist: History,
+                   texts: dict[int, Key]) -> dict[int, list[dict]]:
+    """Rejected rows whose `_raw` holds every non-null key value (E2): the substrings pushed down
+    as a filter on the `_raw` column, every hour's files read in parallel."""
+    found: dict[int, list[dict]] = {i: [] for i in texts}
+    needles = {i: k.needles() for i, k in texts.items()}
     flat = sorted({n for ns in needles.values() for group in ns for n in group})
-    if not flat:
+    files = [f for t in hist.records for f in output_files(st, REJECTED, t, hist.records[t])]
+    if not flat or not files:
         return found
-
-    def matching(table: pa.Table) -> list[dict]:
-        raw = table.column(RAW)
-        hit = None
-        for n in flat:
-            m = pc.match_substring(raw, n)
-            hit = m if hit is None else pc.or_(hit, m)
-        return table.filter(pc.fill_null(hit, False)).to_pylist()
-
-    def scan_pack(c: daypack.Cover) -> tuple[daypack.Cover, list[dict] | None]:
-        table = daypack.rejected_rows(st, c)
-        if table is None:  # does not read: its hours are read from their own files
-            return c, None
-        tags = {int(t[11:13]): t for t in c.hours}
-        return c, [{LOAD_HOUR: tags[r.pop(daypack.HOUR_COL)], **r} for r in matching(table)]
-
-    def scan(item: tuple[str, str]) -> list[dict]:
-        tag, path = item
-        return [{LOAD_HOUR: tag, **r}
-                for r in matching(_arrow_read(st, path, [SOURCE_FILE, REASON, RAW]))]
-
-    rows: list[dict] = []
-    answered: set[str] = set()
-    packs = daypack.covers(st, hist.records, daypack.REJECTS)
-    with ThreadPoolExecutor(max_workers=READERS) as pool:
-        for c, got in pool.map(scan_pack, packs):
-            if got is not None:
-                answered |= c.hours
-                rows += got
-        files = [(t, f) for t in hist.records if t not in answered
-                 for f in _local_files(st, REJECTED, t, hist.records[t])]
-        rows += [r for part in pool.map(scan, files) for r in part]
-    for r in rows:
-        raw = r[RAW]
+    hit: pds.Expression | None = None
+    for n in flat:
+        m = pc.match_substring(pc.field(RAW), n)
+        hit = m if hit is None else hit | m
+    assert hit is not None
+    for r in _scan(ds, st, REJECTED, files, [SOURCE_FILE, REASON, RAW], hit).to_pylist():
         for i, groups in needles.items():
-            if groups and all(any(n in raw for n in g) for g in groups):
+            if groups and all(any(n in r[RAW] for n in g) for g in groups):
                 found[i].append(r)
     return found
 
 
-def _index_entries(spark: SparkSession, ds: DatasetConfig, st: Storage,
-                   keys: dict[int, Key], committed: set[str]) -> dict[int, list[dict]]:
+def _index_entries(ds: DatasetConfig, st: Storage, typed: dict[int, Key], committed: set[str]
+                   ) -> dict[int, list[dict]]:
     """The index entries of committed loads with the keys' digests (E3): of every slice with expiry
-    (a point lookup does not know the key's expiry value), of the keys' hash slices without.
-    Read by pyarrow (no Spark job); by Spark if a file does not read that way."""
-    out: dict[int, list[dict]] = {i: [] for i in keys}
-    health = check_index(st, ds)
-    digests = {(k.h1, k.h2): i for i, k in keys.items() if k.h1 is not None}
+    (a point lookup does not know the key's expiry value), of the keys' hash slices without."""
+    out: dict[int, list[dict]] = {i: [] for i in typed}
+    digests = {d: i for i, k in typed.items() for d in k.digests}
     if not digests:
         return out
-    files = [f for f in health.files.values() if any(t in committed for t in f.holds)]
+    files = [f for f in check_index(st, ds).files.values() if any(t in committed for t in f.holds)]
     if ds.expiry is None:  # an entry's slice is its h1's hash bucket (index.live.slice_of)
         slices = {h1 % ds.index.buckets for h1, _ in digests}
         files = [f for f in files if f.slice in slices]
-    if not files:
-        return out
-    h1s = sorted({h for h, _ in digests})
-    cols = [H1, H2, store.LOAD_HOUR]
-    if ds.expiry is not None:
-        cols.append(V)
-    if ds.fingerprint:
-        cols.append(FP)
-    try:
-        rows = _arrow_entries(st, [f.rel for f in files], cols, h1s)
-    except (OSError, ValueError, pa.ArrowException):
-        df = spark.read.schema(store.entry_schema(ds)).parquet(
-            *[st.spark_path(layout.INDEX, f.rel) for f in files])
-        hits = df.filter(F.col(H1).isin(*h1s) if len(h1s) > 1 else F.col(H1) == F.lit(h1s[0]))
-        rows = [r.asDict() for r in hits.select(*cols).collect()]
-    for r in rows:
-        i = digests.get((r[H1], r[H2]))
-        if i is not None and r[store.LOAD_HOUR] in committed:
-            r["_slice"] = _slice_of(ds, r)
-            out[i].append(r)
-    return out
-
-
-def _slice_of(ds: DatasetConfig, entry: dict) -> int | None:
-    """`index.live.slice_of` of one entry."""
-    if ds.expiry is None:
-        return entry[H1] % ds.index.buckets  # Spark's pmod: never negative
-    v = entry[V]
-    return None if v is None else math.floor(float(v) / ds.slice_span)
-
-
-def _arrow_entries(st: Storage, rels: list[str], cols: list[str], h1s: list[int]) -> list[dict]:
-    wanted = pa.array(h1s, pa.int64())
+    cols = [H1, H2, layout.ENTRY_LOAD, *([V] if ds.expiry is not None else []),
+            *([FP] if ds.fingerprint else [])]
+    wanted = pa.array(sorted({h for h, _ in digests}), pa.int64())
 
     def one(rel: str) -> list[dict]:
         path = st.path(layout.INDEX, rel)
         with (pa.OSFile(path, "rb") if st.local else st.fs.open(path, "rb")) as fh:
             pf = pq.ParquetFile(fh)
-            hit = pc.is_in(pf.read(columns=[H1], use_threads=False).column(H1),
-                           value_set=wanted)
+            hit = pc.is_in(pf.read(columns=[H1], use_threads=False).column(H1), value_set=wanted)
             if not pc.any(hit).as_py():  # most files: the digests alone were read
                 return []
-            table = pf.read(columns=cols, use_threads=False)
-        return table.filter(hit).to_pylist()
+            return pf.read(columns=cols, use_threads=False).filter(hit).to_pylist()
 
     with ThreadPoolExecutor(max_workers=READERS) as pool:
-        return [r for part in pool.map(one, rels) for r in part]
+        for r in [r for part in pool.map(one, [f.rel for f in files]) for r in part]:
+            i = digests.get((r[H1], r[H2]))
+            if i is not None and r[layout.ENTRY_LOAD] in committed:
+                r["_slice"] = (r[H1] % ds.index.buckets if ds.expiry is None  # Spark's pmod
+                               else None if r[V] is None else math.floor(float(r[V]) / ds.slice_span))
+                out[i].append(r)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -930,7 +654,7 @@ def _agreement(ds: DatasetConfig, st: Storage, hist: History, rows: list[tuple[s
     """What the index holds for the key against what its unique rows say it must hold (E3)."""
     problems = []
     uniques = {r[LOAD_HOUR]: r for name, r in rows if name == UNIQUE}
-    by_load = {e[store.LOAD_HOUR]: e for e in entries}
+    by_load = {e[layout.ENTRY_LOAD]: e for e in entries}
     kept = live.kept_from(st)
     for tag, r in sorted(uniques.items()):
         e = by_load.get(tag)
@@ -950,12 +674,14 @@ def _agreement(ds: DatasetConfig, st: Storage, hist: History, rows: list[tuple[s
     return problems
 
 
+
+
 # --------------------------------------------------------------------------------------------
 # entry points
 # --------------------------------------------------------------------------------------------
 
 
-def explain_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, str | None]],
+def explain_keys(ds: DatasetConfig, given: list[dict[str, str | None]],
                  first: str | None = None, last: str | None = None) -> list[Explanation]:
     """Explain many keys with one pass over the outputs (the CLI and the Dagster job give one).
 
@@ -963,26 +689,20 @@ def explain_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, s
     (partition keys or tags, inclusive).
     """
     st = Storage(ds.output)
-    # the key is typed (on the driver, or by a Spark job while the records are read); then the
-    # rejected lines (which need only the key's text), the index entries and the outputs are read
-    # beside each other. Reading the index while the records are read (GIL-bound validation) was
-    # slower: a point lookup is bound by per-file latency and by contention for 2 cores
-    texts = {i: Key({k: g.get(k) for k in ds.key}, {}, None, None) for i, g in enumerate(given)}
+    by_id = dict(enumerate(type_keys(ds, given)))
+    typed = {i: k for i, k in by_id.items() if not k.has_null}
     all_committed = sorted(CommitLog(st).committed())  # one list for the index and the records
-    with ThreadPoolExecutor(max_workers=READERS) as pool:
-        typing = pool.submit(type_keys, spark, ds, given)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        f_entries = pool.submit(_index_entries, ds, st, typed, set(all_committed))
         hist = committed_history(st, first, last, all_committed)
-        f_rejected = pool.submit(_find_rejected, spark, ds, st, hist, texts)
-        by_id = dict(enumerate(typing.result()))
-        typed = {i: k for i, k in by_id.items() if not k.has_null}
-        f_entries = pool.submit(_index_entries, spark, ds, st, typed, set(all_committed))
+        f_rejected = pool.submit(_find_rejected, ds, st, hist, by_id)
         since: dict[int, str] = {}
-        if ds.expiry is None:  # lever: nothing of the key before its entry's load (docstring)
+        if ds.expiry is None:  # nothing of the key before its entry's load (module docstring)
             for i, es in f_entries.result().items():
                 if es:
-                    since[i] = min(e[store.LOAD_HOUR] for e in es)
-        f_rows = pool.submit(_find_rows, spark, ds, st, hist, typed, since)
-        entries, rejected, rows = f_entries.result(), f_rejected.result(), f_rows.result()
+                    since[i] = min(e[layout.ENTRY_LOAD] for e in es)
+        rows = _find_rows(ds, st, hist, typed, since)
+        entries, rejected = f_entries.result(), f_rejected.result()
     full_range = first is None and last is None
     searched_from_start = first is None or (bool(hist.all_committed)
                                             and to_tag(parse_key(first)) <= hist.all_committed[0])
@@ -1001,10 +721,10 @@ def explain_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, s
     for i, key in by_id.items():
         key_rows = rows.get(i, [])
         idx = []
-        for e in sorted(entries.get(i, []), key=lambda e: e[store.LOAD_HOUR]):
+        for e in sorted(entries.get(i, []), key=lambda e: e[layout.ENTRY_LOAD]):
             v = e.get(V)
             alive = ds.expiry is None or x_now is None or (v is not None and v >= x_now)
-            idx.append(IndexEntry(e[store.LOAD_HOUR], e["_slice"],
+            idx.append(IndexEntry(e[layout.ENTRY_LOAD], e["_slice"],
                                   _fmt_v(ds, v) if ds.expiry is not None else None, alive))
         notes = []
         if hist.damaged:
@@ -1031,9 +751,9 @@ def explain_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, s
     return out
 
 
-def explain_key(spark: SparkSession, ds: DatasetConfig, given: dict[str, str | None],
+def explain_key(ds: DatasetConfig, given: dict[str, str | None],
                 first: str | None = None, last: str | None = None) -> Explanation:
-    return explain_keys(spark, ds, [given], first, last)[0]
+    return explain_keys(ds, [given], first, last)[0]
 
 
 def markdown(ex: Explanation) -> str:
@@ -1051,8 +771,8 @@ def markdown(ex: Explanation) -> str:
     return head + body + "\n" + "".join(f"- {cell(line)}\n" for line in ex.footer())
 
 
-def sample_keys(spark: SparkSession, ds: DatasetConfig, tag: str, conflicts_only: bool,
-                limit: int = 10) -> list[dict[str, str]]:
+def sample_keys(ds: DatasetConfig, tag: str, conflicts_only: bool,
+                limit: int = 10) -> list[dict[str, str | None]]:
     """Up to `limit` keys of hour `tag`'s duplicates (its conflicts only), as `--key` texts.
 
     For failing checks' metadata: read only when a check fails, and only the key columns of the
@@ -1064,28 +784,17 @@ def sample_keys(spark: SparkSession, ds: DatasetConfig, tag: str, conflicts_only
     files = output_files(st, DUPLICATES, tag, rec) if rec is not None else []
     if not files:
         return []
-    df = _read(spark, ds, st, DUPLICATES, files)
-    if conflicts_only:
-        df = df.filter(F.col(KIND) == F.lit("conflict"))
-    return key_texts(ds, df, limit)
-
-
-def key_texts(ds: DatasetConfig, df: DataFrame, limit: int = 10) -> list[dict[str, str | None]]:
-    """Up to `limit` distinct keys of `df` (smallest first), as `--key` texts (None: null)."""
+    where = pc.field(KIND) == "conflict" if conflicts_only else pc.scalar(True)
+    table = _scan(ds, st, DUPLICATES, files, list(ds.key), where)
     schema = ds.source.schema
-    rows = (df.select(*[_canonical(F.col(k), schema[k]).alias(k) for k in ds.key])
-            .distinct().orderBy(*ds.key).limit(limit).collect())
-    return [{k: None if r[k] is None else _key_text(ds, k, r[k]) for k in ds.key} for r in rows]
-
-
-def _key_text(ds: DatasetConfig, col: str, value: Any) -> str:
-    typ = ds.source.schema[col]
-    return value if typ == "string" else _fmt(ds, col, value)
+    found = {tuple(r[k] for k in ds.key) for r in table.to_pylist()}
+    rows = sorted(found, key=lambda r: [(v is not None, _norm(v) == "NaN", v if v == v else 0)
+                                        for v in r])[:limit]
+    return [{k: keys.key_text(schema[k], v) for k, v in zip(ds.key, r, strict=True)} for r in rows]
 
 
 def explain_command(ds: DatasetConfig, key: dict[str, str | None], config: str) -> str:
     """The `dedup-pipeline explain` command line for a key (shell-quoted)."""
-    import shlex
 
     parts = ["dedup-pipeline", "explain", "--config", config, "--dataset", ds.name]
     nulls = {k: None for k, v in key.items() if v is None}

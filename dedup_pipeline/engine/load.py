@@ -4,18 +4,21 @@ dataset lock (design.md L1-L3, R8-R11).
 Before a load, in order: the Delta tables catch up with the records (a publish a crash cut
 short), the dataset contract admits the config (it records a new version just before the commit
 record), a rerun's tables keep serving the hour's last record until its own publish (L1b). After
-the commit, in order: the Delta publish, index retention, index compaction.
+the commit, in order: the Delta publish, the key digest `explain` filters by (L2b), index
+retention, index compaction.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Collection
 from typing import Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import contract, lake
+from dedup_pipeline.engine import contract, keydigest, lake
 from dedup_pipeline.engine.core import commits, hooks
 from dedup_pipeline.engine.core import load as core
 from dedup_pipeline.engine.core.commits import CommitRecord
@@ -24,6 +27,7 @@ from dedup_pipeline.engine.core.index.health import content_damage, record_damag
 from dedup_pipeline.engine.core.index.live import apply_retention
 from dedup_pipeline.engine.core.load import Admission, Committed, HourContext, Progress, Wings
 from dedup_pipeline.engine.core.lock import Lock
+from dedup_pipeline.engine.core.outputs import OUT, REJECTED
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.session import connect_errors
 from dedup_pipeline.hours import HOUR, parse_key, to_tag
@@ -115,6 +119,18 @@ def _publish(c: Committed) -> None:
         lake.publish_load(c.hour.st, c.hour.ds, c.record)
 
 
+def _key_digest(c: Committed) -> dict[str, Any]:
+    """The hour's key digest (L2b), from the cached classification, swapped in and then listed in
+    the record: a filter for `explain`, which reads an hour without a listed one in full."""
+    st, tag = c.hour.st, c.hour.tag
+    tmp = st.path(core.TMP, f"{tag}-{keydigest.DIGEST}-{uuid.uuid4().hex[:12]}")
+    keydigest.write_digest(st, c.classified.filter(F.col(OUT) != REJECTED), tmp)
+    target = st.path(*keydigest.parts(tag))
+    st.replace_dir(tmp, target)
+    st.sync_tree(target)
+    return {"key_digest": keydigest.entries(st, tag)}
+
+
 def _retention(c: Committed) -> dict[str, Any]:
     """Index slices below X_{H - lag} go (never changes results: reads filter on v >= X_H)."""
     h, ds = c.hour, c.hour.ds
@@ -152,7 +168,8 @@ def _compact(c: Committed) -> None:
 WINGS = Wings(
     before_load=(("tables", _tables_catch_up), ("contract", _contract),
                  ("rerun", _tables_rerun)),
-    after_commit=(("publish", _publish), ("retention", _retention), ("compact", _compact)),
+    after_commit=(("publish", _publish), ("key_digest", _key_digest), ("retention", _retention),
+                  ("compact", _compact)),
 )
 
 

@@ -4,7 +4,7 @@ key").
 The run config names the key (`key: {event_id: "4711"}`, null for a null; or `key_json`), and
 optionally `from_hour` / `to_hour`. The result is a Markdown table on the step's output (shown in
 the run's event log and its step's output), plus one log line per occurrence. It only reads (no
-lock, no pool): it runs beside the dataset's loads and reports what they had committed when it
+lock, no pool, no Spark): it runs beside the dataset's loads and reports what they had committed when it
 read their commit records.
 """
 
@@ -26,7 +26,6 @@ from dedup_pipeline.engine.explain import (
 )
 from dedup_pipeline.hours import parse_key, to_tag
 from dedup_pipeline.orchestration import names
-from dedup_pipeline.orchestration.resources import SparkResource
 
 
 def explain_job_name(dataset: str) -> str:
@@ -58,7 +57,7 @@ def build_explain_job(ds: DatasetConfig) -> dg.JobDefinition:
         "to_hour": dg.Field(dg.Noneable(str), is_required=False, default_value=None,
                             description="last load hour to search (inclusive)"),
     }, out=dg.Out(dg.Nothing))
-    def explain_op(context: dg.OpExecutionContext, spark: SparkResource) -> Any:
+    def explain_op(context: dg.OpExecutionContext) -> Any:
         cfg = context.op_config
         raw = cfg.get("key") or {}
         pairs = [f"{k}={v}" for k, v in ((k, _text(v)) for k, v in raw.items()) if v is not None]
@@ -66,7 +65,7 @@ def build_explain_job(ds: DatasetConfig) -> dg.JobDefinition:
         extra = json.loads(cfg["key_json"]) if cfg.get("key_json") else {}
         key_json = json.dumps({**nulls, **extra}) if nulls or extra else None
         given = parse_key_args(ds, pairs, key_json)
-        ex = explain_key(spark.get_session(), ds, given, cfg.get("from_hour"), cfg.get("to_hour"))
+        ex = explain_key(ds, given, cfg.get("from_hour"), cfg.get("to_hour"))
         for line in ex.lines():
             context.log.info(line)
         yield dg.Output(None, metadata={
@@ -87,14 +86,13 @@ def build_explain_job(ds: DatasetConfig) -> dg.JobDefinition:
     return job
 
 
-def key_sampler(spark: Any, ds: DatasetConfig, partition_key: str
-                ) -> Callable[[bool], dict[str, Any]]:
+def key_sampler(ds: DatasetConfig, partition_key: str) -> Callable[[bool], dict[str, Any]]:
     """For `checks.with_sample_keys`: up to 10 keys of the hour's duplicates (conflicts only, or
     all) and the explain command for the first, as check metadata. Only called when a check fails.
     """
     def sample(conflicts_only: bool) -> dict[str, Any]:
         try:
-            keys = sample_keys(spark, ds, to_tag(parse_key(partition_key)), conflicts_only)
+            keys = sample_keys(ds, to_tag(parse_key(partition_key)), conflicts_only)
         except Exception as e:  # noqa: BLE001 - a sample is a convenience, never a failed load
             return {"sample_keys_error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
         return sample_metadata(ds, keys)

@@ -154,7 +154,7 @@ def evaluate(ds: DatasetConfig, r: CommitRecord, spark: Any) -> list[checks.Eval
     evals = checks.evaluate(ds, r)
     if spark is None:
         return evals
-    return checks.with_sample_keys(evals, key_sampler(spark, ds, r.partition_key))
+    return checks.with_sample_keys(evals, key_sampler(ds, r.partition_key))
 
 
 def failed_check(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str,

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -24,6 +24,7 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core.digest import H1, H2, digest_columns
 from dedup_pipeline.engine.core.index.layout import INDEX, is_slice_dir, load_dir
 from dedup_pipeline.engine.core.index.store import match_columns
+from dedup_pipeline.engine.core.keys import key_text
 from dedup_pipeline.engine.core.outputs import OUTPUTS, UNIQUE, columns, partition
 from dedup_pipeline.engine.core.parse import SPARK_TYPES
 from dedup_pipeline.engine.core.storage import Storage, glob_escape
@@ -162,11 +163,17 @@ def check_unique_and_index(
     return fig
 
 
+def _same(c: Column) -> Column:
+    return c
+
+
 def _samples(ds: DatasetConfig, df: DataFrame) -> list[dict[str, str | None]]:
     """Up to 10 keys of `df` for a failed check; a failure to read them never hides the check."""
-    from dedup_pipeline.engine.explain import key_texts  # explain reads commit records: no cycle
-
+    schema = ds.source.schema
+    canonical = {"timestamp": F.unix_micros, "date": F.unix_date}  # the values keys.key_text takes
     try:
-        return key_texts(ds, df)
+        rows = (df.select(*[canonical.get(schema[k], _same)(F.col(k)).alias(k) for k in ds.key])
+                .distinct().orderBy(*ds.key).limit(10).collect())
+        return [{k: key_text(schema[k], r[k]) for k in ds.key} for r in rows]
     except Exception:  # noqa: BLE001 - the check's own failure is what the user must see
         return []

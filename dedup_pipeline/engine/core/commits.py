@@ -18,14 +18,13 @@ from __future__ import annotations
 import json
 from collections.abc import Set as AbstractSet
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core.index.layout import IndexFileEntry
-from dedup_pipeline.engine.core.parse import InputFile
 from dedup_pipeline.engine.core.records import Count, Number, NumberOrNull, Record, optional
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.errors import UserError
@@ -58,6 +57,18 @@ class CommitRecordError(UserError, RuntimeError):
             f"cannot be trusted. Rerun that hour (dedup-pipeline run --from {key_of(tag)} --to "
             f"{key_of(tag)}): it deletes the record and loads the hour afresh, with the same result"
         )
+
+
+class InputFile(Record):
+    """One landing file as listed (path, size, mtime) and as a commit record keeps it."""
+
+    path: str
+    size: Count
+    mtime: Annotated[float, Field(allow_inf_nan=False)]
+    # the SHA-256 of the content, set where a commit record's inputs are built (absent in records
+    # written before 2026-11-27)
+    sha256: str | None = optional()
+
 
 
 class OutputFileEntry(Record):

@@ -6,6 +6,7 @@ type tag, the value's length, ':' and the value as text, or 'N' for a null. It i
 (("ab","c") != ("a","bc")), type-aware (long 1 -> "l1:1", string "1" -> "s1:1") and null-explicit.
 A double is spelled as Spark compares it in a group or a join: `-0.0` as `0.0`, a NaN as `NaN`.
 The digest is two 64-bit XXH64 hashes of that encoding under two different seeds: 128 bits.
+`engine/core/keys.py` computes the same digest of one key in Python (explain, no Spark).
 Collision bound (birthday): p ~ n^2 / 2^129, below 1.5e-19 at n = 1e10 keys.
 """
 
@@ -13,15 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import xxhash
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-TAGS = {"string": "s", "long": "l", "double": "d", "boolean": "b", "timestamp": "t", "date": "D"}
-SEED_1 = "dedup_pipeline/digest/1"
-SEED_2 = "dedup_pipeline/digest/2"
-SEED_FP = "dedup_pipeline/fingerprint"
-H1, H2, FP = "_h1", "_h2", "_fp"
+from dedup_pipeline.engine.core.keys import FP, H1, H2, SEED_1, SEED_2, SEED_FP, TAGS
+
+__all__ = ["FP", "H1", "H2", "SEED_1", "SEED_2", "digest_columns", "encode", "fingerprint_column"]
 
 
 def canonical_text(col: Column, typ: str) -> Column:
@@ -56,23 +54,6 @@ def digest_columns(columns: Sequence[str], schema: dict[str, str]) -> tuple[Colu
     """The two 64-bit halves of the 128-bit key digest."""
     enc = encode(columns, schema)
     return F.xxhash64(F.lit(SEED_1), enc), F.xxhash64(F.lit(SEED_2), enc)
-
-
-def _spark_xxhash64(*values: str) -> int:
-    """Spark's `xxhash64(v1, v2, ...)` of strings: each argument's UTF-8 bytes hashed with the
-    previous result as seed (Spark's 42 first), as a signed 64-bit integer."""
-    h = 42
-    for v in values:
-        h = xxhash.xxh64_intdigest(v.encode("utf-8"), seed=h)
-    return h - (1 << 64) if h >= 1 << 63 else h
-
-
-def string_key_digest(values: Sequence[str]) -> tuple[int, int]:
-    """`digest_columns` of one key whose columns are all strings and none null, computed on the
-    driver: what `explain` types such a key with, without a Spark job. (A value that is not
-    valid UTF-8 text raises UnicodeEncodeError; the caller then asks Spark.)"""
-    enc = "".join(f"{TAGS['string']}{len(v)}:{v}" for v in values)
-    return _spark_xxhash64(SEED_1, enc), _spark_xxhash64(SEED_2, enc)
 
 
 def fingerprint_column(columns: Sequence[str], schema: dict[str, str]) -> Column:

@@ -113,13 +113,15 @@ class Admission:
 
 @dataclass(frozen=True)
 class Committed:
-    """What an after-commit step sees: the hour, its record, the committed hours (H included)
-    and the index files the records listed when the load checked them (healthy)."""
+    """What an after-commit step sees: the hour, its record, the committed hours (H included),
+    the index files the records listed when the load checked them (healthy), and the batch's
+    classification (still cached: every row with its output in `_out`)."""
 
     hour: HourContext
     record: CommitRecord
     committed: HourSet
     index_files: dict[str, IndexFile]
+    classified: DataFrame
 
 
 Check = Callable[[HourContext], Admission | None]
@@ -430,7 +432,8 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
     return record
 
 
-def after_commit(p: Prepared, record: CommitRecord, wings: Wings, clock: Clock) -> CommitRecord:
+def after_commit(p: Prepared, c: Classified, record: CommitRecord, wings: Wings,
+                 clock: Clock) -> CommitRecord:
     """The wings' steps once H is committed (publish, retention, compaction: none changes a later
     result), then the record again with their figures and timings.
 
@@ -440,7 +443,7 @@ def after_commit(p: Prepared, record: CommitRecord, wings: Wings, clock: Clock) 
     """
     done = p.committed.copy()
     done.add(p.tag)
-    after = Committed(p.context, record, done, p.health.files)
+    after = Committed(p.context, record, done, p.health.files, c.frame)
     changed: dict[str, Any] = {}
     for name, step in wings.after_commit:
         changed.update(step(after) or {})
@@ -496,11 +499,11 @@ def _run_load(spark: SparkSession, ds: DatasetConfig, partition_key: str, wings:
         w = write(ds, p, c)
         clock.lap("write_outputs")
         v = verify_written(spark, ds, p, c, w, clock)
-    hooks.at("before_commit")
-    clock.lap("checks")
-    record = commit(ds, p, c, w, v, clock)
-    clock.lap("commit")
-    result = after_commit(p, record, wings, clock)
+        hooks.at("before_commit")
+        clock.lap("checks")
+        record = commit(ds, p, c, w, v, clock)
+        clock.lap("commit")
+        result = after_commit(p, c, record, wings, clock)  # steps may read the cached batch
     say(
         f"{ds.name} {partition_key}: in={result.rows_in} unique={result.unique} "
         f"duplicates={result.duplicates} expired={result.expired} rejected={result.rejected} "

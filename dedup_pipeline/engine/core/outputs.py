@@ -7,11 +7,12 @@ the assets' column schemas (`orchestration/assets.py` only converts them).
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from typing import TYPE_CHECKING
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.core.parse import REASON, SPARK_TYPES
+
+if TYPE_CHECKING:  # the module is read by explain, which runs no Spark
+    from pyspark.sql import DataFrame
 
 UNIQUE, DUPLICATES, EXPIRED, REJECTED = "unique", "duplicates", "expired", "rejected"
 OUTPUTS = (UNIQUE, DUPLICATES, EXPIRED, REJECTED)
@@ -22,7 +23,9 @@ KIND = "_duplicate_kind"  # duplicates: NATURAL or CONFLICT (R5)
 NATURAL, CONFLICT = "natural", "conflict"
 FIRST = "_first_load_hour"  # duplicates: the load hour whose unique row it duplicates (R4)
 EXPIRY_POINT = "_expiry_point"  # expired: the expiry point it fell behind (R6)
-RAW = "_raw"  # rejected: the original line or row as text (R9); REASON is its reject reason
+RAW = "_raw"  # rejected: the original line or row as text (R9)
+REASON = "_reject_reason"  # rejected: its reject reason (R9)
+V = "_v"  # the expiry value of a typed row and of an index entry (R6)
 LOAD_HOUR = "load_hour"  # each output is Hive-partitioned by load hour (L1); so is the index
 PARTITION = f"{LOAD_HOUR}="
 
@@ -60,15 +63,13 @@ def select_output(classified: DataFrame, ds: DatasetConfig, name: str) -> DataFr
     null of its type, so every partition of an output has one schema.
     """
     cols = []
-    for c, typ in columns(ds, name):
-        if c in classified.columns:
-            col = F.col(c)
-            if c == EXPIRY_POINT:
-                col = col.cast(SPARK_TYPES[typ])
-            cols.append(col.alias(c))
+    for c, typ in columns(ds, name):  # SQL text: the declared type names are Spark SQL's
+        q = "`" + c.replace("`", "``") + "`"
+        if c not in classified.columns:
+            cols.append(f"CAST(NULL AS {typ}) AS {q}")
         else:
-            cols.append(F.lit(None).cast(SPARK_TYPES[typ]).alias(c))
-    return classified.filter(F.col(OUT) == name).select(*cols)
+            cols.append(f"CAST({q} AS {typ}) AS {q}" if c == EXPIRY_POINT else q)
+    return classified.filter(f"{OUT} = '{name}'").selectExpr(*cols)
 
 
 # Parquet bloom filters on the key columns of unique, duplicates and expired (design.md L2a;

@@ -38,20 +38,20 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Annotated, BinaryIO
+from typing import BinaryIO
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import Field
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.types import _parse_datatype_json_string
 
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine.core.commits import InputFile
 from dedup_pipeline.engine.core.expiry import expiry_value
-from dedup_pipeline.engine.core.records import Count, Record, optional
+from dedup_pipeline.engine.core.outputs import REASON, V
 from dedup_pipeline.engine.core.storage import Storage, glob_escape
 from dedup_pipeline.errors import UserError
 
@@ -64,8 +64,6 @@ SPARK_TYPES: dict[str, T.DataType] = {
     "date": T.DateType(),
 }
 CORRUPT = "_corrupt_record"
-V = "_v"
-REASON = "_reject_reason"
 PRE = "_read_reason"  # a reason decided while reading (unreadable_file, bad_encoding)
 MISMATCHED = "_mismatched"  # Parquet: the declared columns whose value is of another kind
 UNREADABLE = "unreadable_file"
@@ -77,17 +75,6 @@ READ_OPTIONS = {"fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
                 "fs.file.impl.disable.cache": "true"}
 _OBJECT_STORES = ("s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "az", "adl", "wasb", "wasbs")
 _CHUNK = 1 << 20
-
-
-class InputFile(Record):
-    """One landing file as listed (path, size, mtime) and as a commit record keeps it."""
-
-    path: str
-    size: Count
-    mtime: Annotated[float, Field(allow_inf_nan=False)]
-    # the SHA-256 of the content, set where a commit record's inputs are built (absent in records
-    # written before 2026-11-27)
-    sha256: str | None = optional()
 
 
 @dataclass(frozen=True)

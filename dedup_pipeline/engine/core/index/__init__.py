@@ -16,13 +16,13 @@ One owner per job, as Apex Malhar's dedup operator splits deciding, holding and 
 - `layout`      the path grammar: every directory and file name of the index, built and parsed;
                 `IndexFileEntry` (a file as a record lists it), `IndexFile` (and where it lies),
                 `INDEX_FORMAT`
-- `live`        which entries a load reads: `slice_of`, `min_slice`, `live_files`, `EarlierLoads`;
+- `live`        which entries a load reads: `min_slice`, `live_files`, `EarlierLoads`;
                 retention
                 (`check_retention`, `apply_retention`, `IndexRetentionError`)
-- `store`       the entries as data: `entry_schema`, `match_columns`, `read_live`,
+- `store`       the entries as data: `slice_of`, `entry_schema`, `match_columns`, `read_live`,
                 `stage_entries`, `publish_entries`, `clear_load`
 - `compaction`  merging a slice's per-load directories: `compact`, `remove_load`,
-                `list_compacted`, `covered`
+                (`list_compacted`, `covered` and the manifest live in `layout`)
 - `health`      damage and the manifests that detect it: `check_index`, `IndexDamage`,
                 `content_damage`, `scrub`, the damaged marker (`record_damage`),
                 `index_file_manifest`, `index_read_failure`, `IndexDamagedError`; it reads the

@@ -24,7 +24,6 @@ and the index entry set with and without it, including a rerun inside a compacte
 from __future__ import annotations
 
 from collections.abc import Callable, Container
-from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -34,77 +33,18 @@ from dedup_pipeline.engine.core.index.layout import (
     INDEX,
     MANIFEST,
     WORK,
-    IndexFile,
+    Manifest,
+    ManifestFile,
     compact_dir,
-    is_compact_dir,
+    covered,
+    list_compacted,
     load_dir,
     load_tag,
     slice_dir,
     slice_number,
 )
 from dedup_pipeline.engine.core.index.store import LOAD_HOUR, entry_schema
-from dedup_pipeline.engine.core.records import Count, Record
 from dedup_pipeline.engine.core.storage import ROWS_PER_FILE, Storage
-
-
-class ManifestFile(Record):
-    """One file of a compacted directory as its manifest lists it (the slice is the directory's)."""
-
-    name: str
-    size: Count
-    rows: Count | None = None
-    sha256: str | None = None
-
-
-class Manifest(Record):
-    """A compacted directory's ``_manifest.json``: the loads it merged and its files."""
-
-    slice: int | None = None
-    loads: tuple[str, ...] = ()
-    files: tuple[ManifestFile, ...] = ()
-
-
-@dataclass(frozen=True)
-class Compacted:
-    """One compacted directory, as its manifest describes it."""
-
-    slice: int
-    dir: str  # "compact=<first>_<last>"
-    loads: tuple[str, ...]  # empty if the manifest is missing (a damaged directory)
-    files: tuple[ManifestFile, ...]
-
-    @property
-    def rel(self) -> str:
-        return f"{slice_dir(self.slice)}/{self.dir}"
-
-    def index_files(self) -> list[IndexFile]:
-        """Its files as index files holding every load it merged."""
-        return [IndexFile(tag=min(self.loads, default=""), slice=self.slice, name=f.name,
-                          size=f.size, rows=f.rows, dir=self.dir, loads=self.loads,
-                          sha256=f.sha256)
-                for f in self.files]
-
-
-def list_compacted(st: Storage) -> list[Compacted]:
-    out = []
-    for sdir in st.list_dirs(st.path(INDEX)):
-        n = slice_number(sdir)
-        if n is None:
-            continue
-        for d in st.list_dirs(st.path(INDEX, sdir)):
-            if not is_compact_dir(d):
-                continue
-            try:
-                m = Manifest.read_json(st.read_text(st.path(INDEX, sdir, d, MANIFEST)))
-            except (FileNotFoundError, ValueError):
-                m = Manifest()  # missing or damaged: the directory is damaged (rebuilt from unique)
-            out.append(Compacted(n, d, m.loads, m.files))
-    return out
-
-
-def covered(compacted: list[Compacted]) -> set[tuple[int, str]]:
-    """(slice, load) pairs whose entries live in a compacted directory."""
-    return {(c.slice, t) for c in compacted for t in c.loads}
 
 
 def _write(spark: SparkSession, ds: DatasetConfig, st: Storage, n: int, name: str,

@@ -24,7 +24,6 @@ from typing import Literal
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core import commits
 from dedup_pipeline.engine.core.commit_log import CommitLog, KeptRecord, Summary
-from dedup_pipeline.engine.core.index.compaction import covered, list_compacted
 from dedup_pipeline.engine.core.index.layout import (
     CHECKSUM_PATH,
     DAMAGED,
@@ -32,8 +31,10 @@ from dedup_pipeline.engine.core.index.layout import (
     INDEX_FORMAT,
     IndexFile,
     IndexFileEntry,
+    covered,
     is_compact_dir,
     is_slice_dir,
+    list_compacted,
     load_rel,
     load_tag,
     rel_load,

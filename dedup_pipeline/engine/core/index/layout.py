@@ -19,9 +19,11 @@ change of layout is a change of this module (and of `INDEX_FORMAT`).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from dedup_pipeline.engine.core.outputs import LOAD_HOUR
 from dedup_pipeline.engine.core.records import Count, Record, optional
+from dedup_pipeline.engine.core.storage import Storage
 
 INDEX = "index"
 # Version of the entry layout, kept in every commit record. 2: 32-bit fingerprint. Loads refuse an
@@ -29,6 +31,7 @@ INDEX = "index"
 INDEX_FORMAT = 2
 SLICE = "slice"  # partition column and directory key of a slice
 LOAD = LOAD_HOUR  # partition column and directory key of one load's entries (as the outputs')
+ENTRY_LOAD = "_load_hour"  # entry column: the load that wrote the entry
 COMPACT = "compact"  # directory key of merged loads
 STAGING = "_staging"  # below index/: a load's entries, staged before they are moved in place
 WORK = "_compact"  # below the output root: where compacted directories are written first
@@ -127,3 +130,63 @@ class IndexFile(IndexFileEntry):
     @property
     def holds(self) -> tuple[str, ...]:
         return self.loads or (self.tag,)
+
+
+class ManifestFile(Record):
+    """One file of a compacted directory as its manifest lists it (the slice is the directory's)."""
+
+    name: str
+    size: Count
+    rows: Count | None = None
+    sha256: str | None = None
+
+
+class Manifest(Record):
+    """A compacted directory's ``_manifest.json``: the loads it merged and its files."""
+
+    slice: int | None = None
+    loads: tuple[str, ...] = ()
+    files: tuple[ManifestFile, ...] = ()
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """One compacted directory, as its manifest describes it."""
+
+    slice: int
+    dir: str  # "compact=<first>_<last>"
+    loads: tuple[str, ...]  # empty if the manifest is missing (a damaged directory)
+    files: tuple[ManifestFile, ...]
+
+    @property
+    def rel(self) -> str:
+        return f"{slice_dir(self.slice)}/{self.dir}"
+
+    def index_files(self) -> list[IndexFile]:
+        """Its files as index files holding every load it merged."""
+        return [IndexFile(tag=min(self.loads, default=""), slice=self.slice, name=f.name,
+                          size=f.size, rows=f.rows, dir=self.dir, loads=self.loads,
+                          sha256=f.sha256)
+                for f in self.files]
+
+
+def list_compacted(st: Storage) -> list[Compacted]:
+    out = []
+    for sdir in st.list_dirs(st.path(INDEX)):
+        n = slice_number(sdir)
+        if n is None:
+            continue
+        for d in st.list_dirs(st.path(INDEX, sdir)):
+            if not is_compact_dir(d):
+                continue
+            try:
+                m = Manifest.read_json(st.read_text(st.path(INDEX, sdir, d, MANIFEST)))
+            except (FileNotFoundError, ValueError):
+                m = Manifest()  # missing or damaged: the directory is damaged (rebuilt from unique)
+            out.append(Compacted(n, d, m.loads, m.files))
+    return out
+
+
+def covered(compacted: list[Compacted]) -> set[tuple[int, str]]:
+    """(slice, load) pairs whose entries live in a compacted directory."""
+    return {(c.slice, t) for c in compacted for t in c.loads}

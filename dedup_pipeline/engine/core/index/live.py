@@ -14,12 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Container
 
-from pyspark.sql import functions as F
-
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.core.digest import H1
 from dedup_pipeline.engine.core.index.layout import INDEX, RETENTION_STATE, IndexFile, slice_number
-from dedup_pipeline.engine.core.parse import V
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.errors import UserError
 
@@ -29,13 +25,6 @@ class IndexRetentionError(UserError, RuntimeError):
 
     stage = "index retention"
     fix = "see the error; rerun {hours} once the index is consistent"
-
-
-def slice_of(ds: DatasetConfig) -> F.Column:
-    """The slice an entry belongs to, as a column of the entries."""
-    if ds.expiry is None:
-        return F.pmod(F.col(H1), F.lit(ds.index.buckets))
-    return F.floor(F.col(V) / F.lit(ds.slice_span)).cast("long")
 
 
 def min_slice(ds: DatasetConfig, x: float | None) -> int | None:

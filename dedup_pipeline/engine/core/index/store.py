@@ -9,13 +9,14 @@ them in place before its commit record; a retry first deletes whatever that load
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core.digest import FP, H1, H2
 from dedup_pipeline.engine.core.index.layout import (
+    ENTRY_LOAD,
     INDEX,
     SLICE,
     IndexFile,
@@ -24,11 +25,18 @@ from dedup_pipeline.engine.core.index.layout import (
     slice_number,
     staging_rel,
 )
-from dedup_pipeline.engine.core.index.live import slice_of
 from dedup_pipeline.engine.core.parse import SPARK_TYPES, V
 from dedup_pipeline.engine.core.storage import Storage
 
-LOAD_HOUR = "_load_hour"  # entry column: the load that wrote the entry
+LOAD_HOUR = ENTRY_LOAD  # entry column: the load that wrote the entry
+
+
+def slice_of(ds: DatasetConfig) -> Column:
+    """The slice an entry belongs to, as a column of the entries."""
+    if ds.expiry is None:
+        return F.pmod(F.col(H1), F.lit(ds.index.buckets))
+    return F.floor(F.col(V) / F.lit(ds.slice_span)).cast("long")
+
 
 
 def entry_schema(ds: DatasetConfig) -> T.StructType:

@@ -151,7 +151,7 @@ class DedupDataset(dg.Component):
         if tree is not None:
             source = tree.position.filename
             base: Path | None = Path(source).resolve().parent
-        else:  # built in Python (`from_attributes_dict`): paths as given
+        else:  # built in Python (`from_attributes_dict`): paths against the working directory
             source, base = PYTHON_SOURCE, None
         dataset, spark = parse_attributes(data, source, base, tree)
         return cls(dataset, spark)

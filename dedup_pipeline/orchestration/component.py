@@ -98,7 +98,7 @@ SCAFFOLD = textwrap.dedent("""\
     type: {type}
     attributes:
       name: {name}                          # asset key prefix, [a-z0-9_]+
-      start: "{start}"              # first hourly partition (UTC)
+      start: "{start}"             # first hourly partition (UTC)
       source:
         path: "{{{{ context.project_root }}}}/data/landing/{name}"   # hour H: date=YYYY-MM-DD/hour=HH/
         format: jsonl                       # jsonl | csv | parquet

@@ -197,6 +197,7 @@ def test_a_dg_project_adds_datasets_with_the_component_and_loads_an_hour(clean_v
     key_at = list(ds.source.schema).index("event_id")
     for output in ("unique", "duplicates", "expired"):
         got = DeltaTable(str(root / "data" / "warehouse" / "clicks" / output)).to_pyarrow_table()
+        assert set(got.column("load_hour").to_pylist()) <= {tag}, output
         assert sorted(got.column("event_id").to_pylist()) == sorted(
             row[key_at] for row in expected.rows[output].elements()), output
     assert not (root / "data" / "warehouse" / "orders").exists()  # the other dataset untouched

@@ -135,7 +135,7 @@ with dg.DagsterInstance.get() as instance:
 def _run(args: list[str], env: dict[str, str], cwd: Path, timeout: int = 900) -> str:
     out = subprocess.run(args, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
     assert out.returncode == 0, f"{args}: " + out.stdout[-4000:] + out.stderr[-4000:]
-    return out.stdout + out.stderr
+    return out.stdout
 
 
 @pytest.mark.slow
@@ -182,7 +182,7 @@ def test_a_dg_project_adds_datasets_with_the_component_and_loads_an_hour(clean_v
           "--rows-per-hour", "300", "--start", start], env, root)
     (tmp_path / "evaluate.py").write_text(EVALUATE)
     cursor = tmp_path / "cursor"
-    assert _run([py, str(tmp_path / "evaluate.py"), str(cursor)], env, root).strip().endswith("[]")
+    assert _run([py, str(tmp_path / "evaluate.py"), str(cursor)], env, root).splitlines()[-1] == "[]"
     assets = ",".join(f"clicks/{a}" for a in sorted(WRITTEN))
     _run([dg_cmd, "launch", "--assets", assets, "--partition", start], env, root)
 
@@ -203,6 +203,6 @@ def test_a_dg_project_adds_datasets_with_the_component_and_loads_an_hour(clean_v
     assert not (root / "data" / "warehouse" / "orders").exists()  # the other dataset untouched
 
     # the team's asset downstream: requested for the loaded hour, and it materializes
-    requested = _run([py, str(tmp_path / "evaluate.py"), str(cursor)], env, root).strip()
-    assert requested.endswith(f"['{start}']"), requested
+    requested = _run([py, str(tmp_path / "evaluate.py"), str(cursor)], env, root).splitlines()[-1]
+    assert requested == f"['{start}']", requested
     _run([dg_cmd, "launch", "--assets", "clicks_report", "--partition", start], env, root)

@@ -35,6 +35,7 @@ OPERATIONS = REPO / "docs" / "operations.md"
 NOT_RUN = {
     "./scripts/demo.sh": "the demo: this test's fixture runs `dedup-pipeline demo`, what it runs",
     ".venv/bin/dedup-pipeline spark-server": "servers: test_warm_server.py, test_ui_server.py",
+    "pip install dedup_pipeline dagster-dg-cli": "the component in a fresh dg project: test_install.py",
 }
 
 

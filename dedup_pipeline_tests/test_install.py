@@ -3,12 +3,15 @@
 The README's commands install the `dev` extra, which pulls in pandas and numpy through other
 packages; a team adding the package to its own Dagster deployment installs `dedup_pipeline`
 alone. So a clean venv gets the built wheel with no extras and runs the demo there, and every
-import of the package is checked against `[project.dependencies]`.
+import of the package is checked against `[project.dependencies]`. The same venv then serves a
+team's `dg` project that adds datasets with the `DedupDataset` component (design.md D8), driven
+by the `dg` command as a user drives it.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -17,6 +20,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 # import name -> the declared distribution that provides it (py4j: pyspark's own bridge)
@@ -48,26 +52,45 @@ def test_every_import_of_the_package_is_a_declared_dependency() -> None:
     assert not missing, f"imported but not in [project.dependencies]: {sorted(missing)}"
 
 
+@pytest.fixture(scope="module")
+def clean_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with the built wheel and no extras (minutes: the suite pays it once)."""
+    tmp = tmp_path_factory.mktemp("install")
+    # without PYTHONPATH: a checkout on it would look installed to the venv's pip (its egg-info)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    wheels = tmp / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels),
+                    str(REPO)], check=True, cwd=tmp, timeout=600, env=env)
+    (wheel,) = wheels.glob("dedup_pipeline-*.whl")
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], check=True, timeout=900,
+                   env=env)
+    return venv
+
+
+def _env(venv: Path, home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "SPARK_REMOTE", "VIRTUAL_ENV", "PYSPARK_PYTHON", "DEDUP_CONFIG")}
+    home.mkdir(parents=True, exist_ok=True)
+    env.update(DAGSTER_HOME=str(home), SPARK_MASTER_URL="local[1]",
+               PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")
+    return env
+
+
 @pytest.mark.slow
 @pytest.mark.spark
-def test_the_wheel_with_no_extras_runs_the_demo_in_a_clean_venv(tmp_path: Path) -> None:
-    wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels),
-                    str(REPO)], check=True, cwd=tmp_path, timeout=600)
-    (wheel,) = wheels.glob("dedup_pipeline-*.whl")
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+def test_the_wheel_with_no_extras_runs_the_demo_in_a_clean_venv(clean_venv: Path, tmp_path: Path
+                                                                 ) -> None:
+    venv = clean_venv
     py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], check=True, timeout=900)
     # nothing of the dev extra came along
     probe = subprocess.run([str(py), "-c", "import importlib.util as u; "
                             "print([m for m in ('pandas', 'pytest', 'dagster_webserver') "
                             "if u.find_spec(m)])"], capture_output=True, text=True, check=True)
     assert probe.stdout.strip() == "[]", probe.stdout
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "SPARK_REMOTE", "VIRTUAL_ENV", "PYSPARK_PYTHON")}
-    env.update(DAGSTER_HOME=str(tmp_path / "dh"), SPARK_MASTER_URL="local[1]",
-               PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")
+    env = _env(venv, tmp_path / "dh")
     out = subprocess.run([str(venv / "bin" / "dedup-pipeline"), "demo", "--dir",
                           str(tmp_path / "demo"), "--hours", "2", "--rows-per-hour", "40"],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
@@ -79,3 +102,107 @@ def test_the_wheel_with_no_extras_runs_the_demo_in_a_clean_venv(tmp_path: Path) 
                         str(tmp_path / "demo" / "dedup.yaml")], capture_output=True, text=True,
                        env=env, cwd=tmp_path, timeout=600)
     assert v.returncode == 0 and "OK" in v.stdout, v.stdout + v.stderr
+
+
+# The team's asset after clicks/unique. `eager()` alone requests only the latest hour; a history
+# loaded hour by hour wants every hour, hence without `in_latest_time_window` (docs/operations.md).
+TEAM_ASSET = """\
+import dagster as dg
+
+@dg.asset(deps=[dg.AssetKey(["clicks", "unique"])],
+          partitions_def=dg.HourlyPartitionsDefinition(start_date="{start}"),
+          automation_condition=dg.AutomationCondition.eager().without(
+              dg.AutomationCondition.in_latest_time_window()))
+def clicks_report() -> None:
+    pass
+"""
+# one declarative-automation evaluation, as the daemon's ticks make them: the cursor carried over
+EVALUATE = """\
+import sys
+from pathlib import Path
+import dagster as dg
+from dagster._serdes import deserialize_value, serialize_value
+cursor_file = Path(sys.argv[1])
+defs = dg.load_from_defs_folder(path_within_project=Path.cwd())
+with dg.DagsterInstance.get() as instance:
+    cursor = deserialize_value(cursor_file.read_text()) if cursor_file.exists() else None
+    result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
+    cursor_file.write_text(serialize_value(result.cursor))
+    print(sorted(result.get_requested_partitions(dg.AssetKey("clicks_report"))))
+"""
+
+
+def _run(args: list[str], env: dict[str, str], cwd: Path, timeout: int = 900) -> str:
+    out = subprocess.run(args, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    assert out.returncode == 0, f"{args}: " + out.stdout[-4000:] + out.stderr[-4000:]
+    return out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_a_dg_project_adds_datasets_with_the_component_and_loads_an_hour(clean_venv: Path,
+                                                                         tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    from dedup_pipeline.engine.core import commits
+    from dedup_pipeline.engine.core.storage import Storage
+    from dedup_pipeline.hours import parse_key
+    from dedup_pipeline.orchestration.component import parse_attributes
+    from dedup_pipeline.orchestration.names import WRITTEN
+    from dedup_pipeline_tests.reference import Reference
+    from dedup_pipeline_tests.test_component import write_project
+
+    venv = clean_venv
+    py = str(venv / "bin" / "python")
+    # `dg` is the team's tool, beside the product (installed with no extras)
+    plain = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    _run([py, "-m", "pip", "install", "-q", "dagster-dg-cli>=1.13,<1.14"], plain, tmp_path)
+    root = tmp_path / "teamproj"
+    defs_dir = write_project(root, "teamproj")
+    (root / ".venv").symlink_to(venv)  # the project's environment, where dg looks for it
+    env = _env(venv, tmp_path / "dh")
+    env.update(VIRTUAL_ENV=str(root / ".venv"), PYTHONPATH=str(root / "src"))
+    dg_cmd = str(venv / "bin" / "dg")
+
+    listed = _run([dg_cmd, "list", "components", "--json"], env, root)
+    [line] = [t for t in listed.splitlines() if t.startswith('{"items"')]
+    entries = {e["key"]: e for e in json.loads(line)["items"]}
+    assert entries["dedup_pipeline.DedupDataset"]["summary"].startswith(
+        "A deduplicated hourly dataset on Spark")
+    for name in ("clicks", "orders"):
+        _run([dg_cmd, "scaffold", "defs", "dedup_pipeline.DedupDataset", name], env, root)
+    defs_yaml = defs_dir / "clicks" / "defs.yaml"
+    start = yaml.safe_load(defs_yaml.read_text())["attributes"]["start"]
+    (defs_dir / "report.py").write_text(TEAM_ASSET.format(start=start))
+    _run([dg_cmd, "check", "yaml"], env, root)
+    _run([dg_cmd, "check", "defs"], env, root)
+
+    # sample data where the scaffolded example reads it; the automation's first tick before it
+    _run([str(venv / "bin" / "dedup-pipeline"), "generate", "--out", "data", "--hours", "2",
+          "--rows-per-hour", "300", "--start", start], env, root)
+    (tmp_path / "evaluate.py").write_text(EVALUATE)
+    cursor = tmp_path / "cursor"
+    assert _run([py, str(tmp_path / "evaluate.py"), str(cursor)], env, root).splitlines()[-1] == "[]"
+    assets = ",".join(f"clicks/{a}" for a in sorted(WRITTEN))
+    _run([dg_cmd, "launch", "--assets", assets, "--partition", start], env, root)
+
+    # the commit record and the Delta tables, against the reference model
+    attrs = yaml.safe_load(defs_yaml.read_text().replace("{{ context.project_root }}", str(root)))
+    ds, _ = parse_attributes(attrs["attributes"], str(defs_yaml), defs_yaml.parent)
+    tag = start[:13]
+    expected = Reference(ds).run(parse_key(start), 1)[tag]
+    record = commits.read_commit(Storage(ds.output), tag)
+    assert record is not None
+    assert (record.rows_in, record.unique) == (expected.rows_in, sum(expected.rows["unique"].values()))
+    key_at = list(ds.source.schema).index("event_id")
+    for output in ("unique", "duplicates", "expired"):
+        got = DeltaTable(str(root / "data" / "warehouse" / "clicks" / output)).to_pyarrow_table()
+        assert set(got.column("load_hour").to_pylist()) <= {tag}, output
+        assert sorted(got.column("event_id").to_pylist()) == sorted(
+            row[key_at] for row in expected.rows[output].elements()), output
+    assert not (root / "data" / "warehouse" / "orders").exists()  # the other dataset untouched
+
+    # the team's asset downstream: requested for the loaded hour, and it materializes
+    requested = _run([py, str(tmp_path / "evaluate.py"), str(cursor)], env, root).splitlines()[-1]
+    assert requested == f"['{start}']", requested
+    _run([dg_cmd, "launch", "--assets", "clicks_report", "--partition", start], env, root)

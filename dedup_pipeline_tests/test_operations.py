@@ -26,11 +26,11 @@ from dedup_pipeline.orchestration.definitions import build_definitions
 from dedup_pipeline.orchestration.names import (
     RANGE_END,
     RANGE_START,
-    RUN_FAILURE_SENSOR,
     asset_key,
     load_job_name,
     rebuild_job_name,
     rebuild_op_name,
+    run_failure_sensor_name,
 )
 from dedup_pipeline.orchestration.recovery import build_recovery_sensor, build_run_end_sensors
 from dedup_pipeline.orchestration.runner import run_range
@@ -313,9 +313,9 @@ def test_run_failure_summary_lands_in_the_runs_log(spark, site) -> None:
         failure = [e for e in inst.all_logs(run.run_id) if e.dagster_event
                    and e.dagster_event.event_type_value == "PIPELINE_FAILURE"][0]
         ctx = dg.build_run_status_sensor_context(
-            sensor_name=RUN_FAILURE_SENSOR, dagster_event=failure.dagster_event,
+            sensor_name=run_failure_sensor_name("clicks"), dagster_event=failure.dagster_event,
             dagster_instance=inst, dagster_run=dagster_run).for_run_failure()
-        build_run_end_sensors(list(site.datasets))[0](ctx)
+        build_run_end_sensors(site.dataset("clicks"))[0](ctx)
         texts = [e.message for e in inst.all_logs(run.run_id)]
         summary = [t for t in texts if t and t.startswith("dedup_pipeline run failure")]
         assert len(summary) == 1

@@ -44,10 +44,10 @@ from dedup_pipeline.orchestration.checks import CHECKS
 from dedup_pipeline.orchestration.definitions import build_definitions
 from dedup_pipeline.orchestration.names import (
     PARTITION,
-    RUN_CANCELED_SENSOR,
-    RUN_FAILURE_SENSOR,
     WRITTEN,
     load_job_name,
+    run_canceled_sensor_name,
+    run_failure_sensor_name,
 )
 from dedup_pipeline.orchestration.recovery import build_run_end_sensors
 from dedup_pipeline.orchestration.runner import run_range
@@ -166,10 +166,11 @@ def _run_ended(inst: dg.DagsterInstance, cfg: PipelineConfig, run: dg.DagsterRun
     """One evaluation of the run-end sensor `name` for `run`, as the daemon makes it."""
     [event] = [e.dagster_event for e in inst.all_logs(run.run_id) if e.dagster_event
                and e.dagster_event.event_type_value in ("PIPELINE_FAILURE", "PIPELINE_CANCELED")]
-    [sensor] = [s for s in build_run_end_sensors(list(cfg.datasets)) if s.name == name]
+    ds = cfg.dataset(runs.dataset_of_run(run))
+    [sensor] = [s for s in build_run_end_sensors(ds) if s.name == name]
     ctx = dg.build_run_status_sensor_context(sensor_name=name, dagster_event=event,
                                              dagster_instance=inst, dagster_run=run)
-    sensor(ctx.for_run_failure() if name == RUN_FAILURE_SENSOR else ctx)
+    sensor(ctx.for_run_failure() if name == run_failure_sensor_name(ds.name) else ctx)
 
 
 def _failure_text(inst: dg.DagsterInstance, run_id: str) -> str:
@@ -228,13 +229,13 @@ def test_partition_status_is_the_commit_records_after_every_refusal_and_failure(
     # a cancelled run (queued for H2, cancelled before it ran): the cancel sensor restates H2
     run = inst.create_run_for_job(job, tags={PARTITION: H[2]})
     inst.report_run_canceled(run)
-    _run_ended(inst, cfg, inst.get_run_by_id(run.run_id), RUN_CANCELED_SENSOR)
+    _run_ended(inst, cfg, inst.get_run_by_id(run.run_id), run_canceled_sensor_name(ds.name))
     ui.assert_truth("cancelled")
 
     # a run that failed before its step ran (here: the run worker died): the failure sensor
     run = inst.create_run_for_job(job, tags={PARTITION: H[3]})
     inst.report_run_failed(run, "the run worker died")
-    _run_ended(inst, cfg, inst.get_run_by_id(run.run_id), RUN_FAILURE_SENSOR)
+    _run_ended(inst, cfg, inst.get_run_by_id(run.run_id), run_failure_sensor_name(ds.name))
     ui.assert_truth("failed before its step")
 
     # a rerun of H2..H3 that fails in Spark at H2: the rerun withdrew H2's old commit record

@@ -78,10 +78,15 @@ def _none_is_empty(v: Any) -> Any:
     return {} if v is None else v
 
 
-Written = Annotated[str, BeforeValidator(_written)]
-Names = Annotated[tuple[str, ...], BeforeValidator(_names)]
-Seconds = Annotated[float, BeforeValidator(_seconds)]
-Section = BeforeValidator(_none_is_empty)
+# `json_schema_input_type`: what YAML may hold before the validator (the component's JSON schema,
+# which `dg check yaml` and the UI's docs read, orchestration/component.py)
+Written = Annotated[str, BeforeValidator(_written, json_schema_input_type=str | int | float)]
+Names = Annotated[tuple[str, ...], BeforeValidator(_names, json_schema_input_type=str | list[str])]
+Seconds = Annotated[float, BeforeValidator(_seconds, json_schema_input_type=str | int | float)]
+
+
+def _section(model: type) -> BeforeValidator:
+    return BeforeValidator(_none_is_empty, json_schema_input_type=model | None)
 
 
 class _Model(BaseModel):
@@ -147,7 +152,7 @@ class SourceConfig(_Model):
     path: PathText
     format: Format
     schema_: dict[str, ColumnType] = Field(alias="schema", min_length=1)
-    csv: Annotated[CsvConfig, Section] = CsvConfig()
+    csv: Annotated[CsvConfig, _section(CsvConfig)] = CsvConfig()
 
     @field_validator("schema_")
     @classmethod
@@ -215,7 +220,8 @@ def _whole(v: Any) -> Any:
 class ChecksConfig(_Model):
     """Thresholds of the asset checks (design.md D4); a breach is a WARN, not a failure."""
 
-    max_index_keys: Annotated[int, BeforeValidator(_whole)] = Field(1_000_000_000, ge=0)
+    max_index_keys: Annotated[int, BeforeValidator(_whole, json_schema_input_type=int | float)] = Field(
+        1_000_000_000, ge=0)
     max_duplicate_rate: float = Field(0.5, ge=0, le=1)
     max_conflict_rate: float = Field(0.05, ge=0, le=1)
     max_rejected_rate: float = Field(0.05, ge=0, le=1)
@@ -228,13 +234,14 @@ class DatasetConfig(_FromFile):
     start: Written  # partition key of the first hour (UTC)
     source: SourceConfig
     key: Names
-    fingerprint: Annotated[tuple[str, ...], BeforeValidator(_optional_names)] = ()
+    fingerprint: Annotated[tuple[str, ...], BeforeValidator(
+        _optional_names, json_schema_input_type=str | list[str] | None)] = ()  # or "all"
     order_by: str | None = None
     expiry: ExpiryConfig | None = None
     output: PathText
-    index: Annotated[IndexConfig, Section] = IndexConfig()
-    landing: Annotated[LandingConfig, Section] = LandingConfig()
-    checks: Annotated[ChecksConfig, Section] = ChecksConfig()
+    index: Annotated[IndexConfig, _section(IndexConfig)] = IndexConfig()
+    landing: Annotated[LandingConfig, _section(LandingConfig)] = LandingConfig()
+    checks: Annotated[ChecksConfig, _section(ChecksConfig)] = ChecksConfig()
     on_damaged_index: Literal["fail", "rebuild"] = "fail"
     # delta: each output is a Delta table over its Parquet files (engine/lake.py), readers see
     # committed hours only; parquet: plain Hive-partitioned Parquet directories
@@ -363,7 +370,8 @@ class SparkConfig(_Model):
 
     master: str | None = None
     remote: str | None = None
-    conf: Annotated[dict[str, str], BeforeValidator(_spark_conf)] = {}
+    conf: Annotated[dict[str, str], BeforeValidator(
+        _spark_conf, json_schema_input_type=dict[str, str | int | float | bool] | None)] = {}
 
     @model_validator(mode="after")
     def _master_or_remote(self) -> SparkConfig:
@@ -382,7 +390,7 @@ class PipelineConfig(_FromFile):
     """The whole file: its datasets and the Spark settings."""
 
     datasets: Annotated[tuple[DatasetConfig, ...], BeforeValidator(_datasets)]
-    spark: Annotated[SparkConfig, Section] = SparkConfig()
+    spark: Annotated[SparkConfig, _section(SparkConfig)] = SparkConfig()
 
     @model_validator(mode="after")
     def _datasets_apart(self) -> PipelineConfig:

@@ -1,14 +1,17 @@
-"""Assemble the Definitions for a pipeline config: one `dg.Definitions` per dataset, merged with
-`Definitions.merge` beside one Spark resource and the in-process executor (one Spark driver per
-run, not one per step)."""
+"""The one builder of Dagster definitions (design.md D8): `build_dataset_definitions` makes
+everything of one dataset, self-contained so that datasets compose in any code location. Both ways
+of loading the product call it: the `DedupDataset` component (one per `defs.yaml`,
+`orchestration/component.py`) and the standalone code location (`build_definitions`: every dataset
+of a `DEDUP_CONFIG` file, plus the in-process executor for the whole location)."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import dagster as dg
 
-from dedup_pipeline.config import DatasetConfig, PipelineConfig
+from dedup_pipeline.config import DatasetConfig, PipelineConfig, SparkConfig
 from dedup_pipeline.orchestration.assets import build_dataset_defs
 from dedup_pipeline.orchestration.explain import build_explain_job
 from dedup_pipeline.orchestration.landing_checks import build_input_check
@@ -31,10 +34,12 @@ warnings.filterwarnings("ignore", message=r"Parameter `owners` of initializer `S
                         category=dg.BetaWarning)
 
 
-def build_dataset_definitions(ds: DatasetConfig) -> dg.Definitions:
+def build_dataset_definitions(ds: DatasetConfig, spark: SparkResource) -> dg.Definitions:
     """Everything of one dataset: its assets and input check, its load, rebuild, migrate and
-    explain jobs, its landing and recovery sensors, its hourly and reconcile schedules, and (for
-    Delta outputs) its table upkeep job and schedule."""
+    explain jobs, its landing, recovery and run-end sensors, its hourly and reconcile schedules,
+    (for Delta outputs) its table upkeep job and schedule, and the `spark` resource its steps use.
+    Every name carries the dataset's name, so datasets never collide; `spark` must be the same
+    object for every dataset of a code location (`spark_resource`)."""
     d = build_dataset_defs(ds)
     rebuild = build_rebuild_job(ds)
     jobs = [d.job, rebuild, build_migrate_job(ds), build_explain_job(ds)]
@@ -47,17 +52,28 @@ def build_dataset_definitions(ds: DatasetConfig) -> dg.Definitions:
         assets=[d.raw, d.load],
         asset_checks=[build_input_check(ds)],
         jobs=jobs,
-        sensors=[build_recovery_sensor(ds, rebuild), build_landing_sensor(ds, d.job)],
+        sensors=[build_recovery_sensor(ds, rebuild), build_landing_sensor(ds, d.job),
+                 *build_run_end_sensors(ds)],
         schedules=schedules,
+        resources={"spark": spark},
     )
+
+
+@functools.cache
+def _spark_resource(settings: str) -> SparkResource:
+    return SparkResource.from_config(SparkConfig.model_validate_json(settings))
+
+
+def spark_resource(cfg: SparkConfig) -> SparkResource:
+    """The `spark` resource of these settings: one object per distinct settings in the process,
+    because `Definitions.merge` accepts a resource key twice only as the same object (two
+    components without a `spark:` attribute share the environment's)."""
+    return _spark_resource(cfg.model_dump_json())
 
 
 def build_definitions(cfg: PipelineConfig) -> dg.Definitions:
-    """Every dataset's Definitions merged with what they share: the Spark resource, the
-    in-process executor and the run-failure summary sensor."""
-    shared = dg.Definitions(
-        sensors=build_run_end_sensors(list(cfg.datasets)),
-        resources={"spark": SparkResource.from_config(cfg.spark)},
-        executor=dg.in_process_executor,
-    )
-    return dg.Definitions.merge(shared, *(build_dataset_definitions(ds) for ds in cfg.datasets))
+    """The standalone code location: every dataset of the file, and the in-process executor (one
+    Spark driver per run, not one per step)."""
+    spark = spark_resource(cfg.spark)
+    return dg.Definitions.merge(dg.Definitions(executor=dg.in_process_executor),
+                                *(build_dataset_definitions(ds, spark) for ds in cfg.datasets))

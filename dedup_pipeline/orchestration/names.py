@@ -57,8 +57,10 @@ upkeep_schedule_name: PerDataset = "{}_table_upkeep_schedule".format
 # The pool of every step that writes the dataset (load, index rebuild, migration): with a limit of 1
 # (deploy/dagster.yaml) runs of one dataset queue instead of failing on its lock.
 pool_name: PerDataset = "dedup_{}".format
-RUN_FAILURE_SENSOR = "dedup_run_failure_summary"  # one for all datasets
-RUN_CANCELED_SENSOR = "dedup_run_canceled_restate"  # one for all datasets
+# on the dataset's runs that end without success (orchestration/recovery.py): per dataset, so datasets
+# added as components to one code location never share a name and other jobs' runs are left alone
+run_failure_sensor_name: PerDataset = "{}_run_failure_summary".format
+run_canceled_sensor_name: PerDataset = "{}_run_canceled_restate".format
 
 
 # --- run tags: ours, and Dagster's own that we read or set

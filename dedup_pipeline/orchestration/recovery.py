@@ -8,10 +8,11 @@
   damage, so a repeated tick requests nothing new while that rebuild is pending. A damaged commit
   record is reported (skip reason and warning naming file, hour and fix), not rebuilt: rerunning
   the hour repairs it.
-- `dedup_run_failure_summary`: on any failed run, writes one paragraph (dataset, hours, stage,
-  error) into that run's own event log, where the UI shows it next to the failure; with
-  `dedup_run_canceled_restate` it restates the committed hours a failed or cancelled load did not
-  load (`hour_events.restate_finished_run`).
+- `{ds}_run_failure_summary`: on a failed run of the dataset, writes one paragraph (dataset,
+  hours, stage, error) into that run's own event log, where the UI shows it next to the failure;
+  with `{ds}_run_canceled_restate` it restates the committed hours a failed or cancelled load did
+  not load (`hour_events.restate_finished_run`). Runs of other datasets and other jobs of the code
+  location are left alone.
 """
 
 
@@ -131,41 +132,42 @@ def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition) -> dg.Sensor
     return recovery
 
 
-def _restate(instance: dg.DagsterInstance, run: dg.DagsterRun,
-             datasets: dict[str, DatasetConfig]) -> None:
-    """The committed hours of a load run that ended without loading them, restated into its log
-    (`hour_events.restate_finished_run`); a load of an unknown dataset is left alone."""
-
-    ds = datasets.get(runs.dataset_of_run(run) or "")
-    if ds is not None and runs.is_load(run, ds.name):
+def _restate(instance: dg.DagsterInstance, run: dg.DagsterRun, ds: DatasetConfig) -> None:
+    """The committed hours of a load run of `ds` that ended without loading them, restated into
+    its log (`hour_events.restate_finished_run`)."""
+    if runs.is_load(run, ds.name):
         hour_events.restate_finished_run(instance, ds, run)
 
 
-def build_run_end_sensors(datasets: list[DatasetConfig]) -> list[dg.SensorDefinition]:
-    """The sensors on runs that end without success, one of each for all datasets:
-    `dedup_run_failure_summary` (a failed run: the summary paragraph into its log, then the
-    committed hours it did not load restated) and `dedup_run_canceled_restate` (a cancelled load:
-    its committed hours restated). The load step restates what it can itself; these cover the runs
-    whose step never ran (cancelled in the queue, a resource that would not start, a killed worker)."""
-    by_name = {ds.name: ds for ds in datasets}
+def build_run_end_sensors(ds: DatasetConfig) -> list[dg.SensorDefinition]:
+    """The sensors on the dataset's runs that end without success: `{ds}_run_failure_summary` (a
+    failed run: the summary paragraph into its log, then the committed hours it did not load
+    restated) and `{ds}_run_canceled_restate` (a cancelled load: its committed hours restated).
+    The load step restates what it can itself; these cover the runs whose step never ran
+    (cancelled in the queue, a resource that would not start, a killed worker). A run is the
+    dataset's by `runs.dataset_of_run`; any other run is left alone."""
 
-    @dg.run_failure_sensor(name=names.RUN_FAILURE_SENSOR,
+    @dg.run_failure_sensor(name=names.run_failure_sensor_name(ds.name),
                            default_status=dg.DefaultSensorStatus.RUNNING)
     def run_failure_summary(context: dg.RunFailureSensorContext) -> None:
-        """Writes one paragraph (dataset, hours, cause, fix) into the failed run's own event log,
-        and restates the committed hours the run did not load."""
+        """Writes one paragraph (dataset, hours, cause, fix) into the dataset's failed run's own
+        event log, and restates the committed hours the run did not load."""
         run = context.dagster_run
+        if runs.dataset_of_run(run) != ds.name:
+            return
         err = runs.first_step_error(context.get_step_failure_events())
         summary = runs.failure_summary(run, err, context.failure_event.message or "the run failed",
                                        os.environ.get("DEDUP_CONFIG") or "<config.yaml>")
         context.instance.report_engine_event(summary, run)
-        _restate(context.instance, run, by_name)
+        _restate(context.instance, run, ds)
 
-    @dg.run_status_sensor(name=names.RUN_CANCELED_SENSOR, run_status=dg.DagsterRunStatus.CANCELED,
+    @dg.run_status_sensor(name=names.run_canceled_sensor_name(ds.name),
+                          run_status=dg.DagsterRunStatus.CANCELED,
                           default_status=dg.DefaultSensorStatus.RUNNING,
-                          description="Restates the committed hours a cancelled load did not "
-                                      "load, so their partitions show their committed load.")
+                          description=f"Restates the committed hours a cancelled load of {ds.name} "
+                                      "did not load, so their partitions show their committed load.")
     def run_canceled_restate(context: dg.RunStatusSensorContext) -> None:
-        _restate(context.instance, context.dagster_run, by_name)
+        if runs.dataset_of_run(context.dagster_run) == ds.name:
+            _restate(context.instance, context.dagster_run, ds)
 
     return [run_failure_summary, run_canceled_restate]

@@ -1,0 +1,203 @@
+"""The `DedupDataset` component (design.md D8) in a team's `dg` project, loaded in this process:
+scaffolded `defs.yaml` files, two datasets beside the team's own asset in one code location, the
+config's messages located in the `defs.yaml`, the schema `dg check yaml` reads. The installed
+wheel in a fresh project driven by the `dg` command: test_install.py."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import jsonschema
+import pytest
+import yaml
+from dagster.components.core.snapshot import get_package_entry_snap
+from dagster.components.scaffold.scaffold import ScaffoldRequest
+from dagster_shared.serdes.objects import EnvRegistryKey
+
+import dedup_pipeline
+from dedup_pipeline.config import ConfigError, parse_config
+from dedup_pipeline.orchestration.component import DedupDataset, DedupDatasetScaffolder
+from dedup_pipeline.orchestration.names import WRITTEN
+
+PROJECT_TOML = """\
+[project]
+name = "{pkg}"
+version = "0.1.0"
+requires-python = ">=3.11"
+dependencies = ["dagster", "dedup_pipeline"]
+
+[tool.dg]
+directory_type = "project"
+
+[tool.dg.project]
+root_module = "{pkg}"
+registry_modules = ["{pkg}.components.*"]
+"""
+# the team's own asset: hourly, after each loaded hour of clicks/unique (declarative automation)
+REPORT_PY = """\
+import dagster as dg
+
+@dg.asset(deps=[dg.AssetKey(["clicks", "unique"])],
+          partitions_def=dg.HourlyPartitionsDefinition(start_date="{start}"),
+          automation_condition=dg.AutomationCondition.eager())
+def clicks_report() -> None:
+    pass
+"""
+DATASET_ASSETS = {"raw_batch", *WRITTEN}
+
+
+def write_project(root: Path, pkg: str) -> Path:
+    """A `dg` project as `dg scaffold project` lays it out (src/<pkg>/defs/), written offline."""
+    (root / "src" / pkg / "defs").mkdir(parents=True)
+    (root / "pyproject.toml").write_text(PROJECT_TOML.format(pkg=pkg))
+    (root / "src" / pkg / "__init__.py").write_text("")
+    (root / "src" / pkg / "defs" / "__init__.py").write_text("")
+    (root / "src" / pkg / "definitions.py").write_text(textwrap.dedent("""\
+        from pathlib import Path
+
+        import dagster as dg
+
+
+        @dg.definitions
+        def defs():
+            return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
+        """))
+    return root / "src" / pkg / "defs"
+
+
+def scaffold(defs: Path, name: str, project: Path) -> Path:
+    DedupDatasetScaffolder().scaffold(ScaffoldRequest(
+        type_name="dedup_pipeline.DedupDataset", target_path=defs / name, scaffold_format="yaml",
+        project_root=project, params=None))
+    return defs / name / "defs.yaml"
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A project `teamproj` with clicks and orders scaffolded and the team's report asset."""
+    root = tmp_path / "teamproj"
+    defs = write_project(root, "teamproj")
+    clicks = scaffold(defs, "clicks", root)
+    scaffold(defs, "orders", root)
+    start = yaml.safe_load(clicks.read_text())["attributes"]["start"]
+    (defs / "report.py").write_text(REPORT_PY.format(start=start))
+    sys.path.insert(0, str(root / "src"))
+    try:
+        yield root, defs
+    finally:
+        sys.path.remove(str(root / "src"))
+        for mod in [m for m in sys.modules if m == "teamproj" or m.startswith("teamproj.")]:
+            del sys.modules[mod]
+
+
+def _load(root: Path) -> dg.Definitions:
+    return dg.load_from_defs_folder(path_within_project=root)
+
+
+def test_the_package_exports_the_component_dg_discovers() -> None:
+    assert dedup_pipeline.DedupDataset is DedupDataset
+    assert "DedupDataset" in dir(dedup_pipeline)
+    snap = get_package_entry_snap(EnvRegistryKey(name="DedupDataset", namespace="dedup_pipeline"),
+                                  DedupDataset)
+    assert snap.summary == "A deduplicated hourly dataset on Spark: unique, duplicates, expired and " \
+                           "rejected Delta tables."
+    [schema] = [d.schema for d in snap.feature_data if hasattr(d, "schema") and d.schema
+                and "properties" in d.schema and "source" in d.schema["properties"]]
+    # the config's own fields (config/models.py DatasetConfig) and the Spark section, nothing else
+    assert set(schema["properties"]) == {
+        "name", "start", "source", "key", "fingerprint", "order_by", "expiry", "output", "index",
+        "landing", "checks", "on_damaged_index", "output_format", "spark"}
+    assert set(schema["required"]) == {"name", "start", "source", "key", "output"}
+    assert schema["additionalProperties"] is False
+
+
+def test_two_scaffolded_datasets_and_a_team_asset_load_in_one_code_location(project) -> None:
+    root, defs_dir = project
+    defs = _load(root)
+    repo = defs.get_repository_def()
+    keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
+    assert keys == ({f"{ds}/{a}" for ds in ("clicks", "orders") for a in DATASET_ASSETS}
+                    | {"clicks_report"})
+    assert repo.asset_graph.get(dg.AssetKey("clicks_report")).parent_keys == {
+        dg.AssetKey(["clicks", "unique"])}
+    per_dataset = {"{}_landing_sensor", "{}_index_recovery_sensor", "{}_run_failure_summary",
+                   "{}_run_canceled_restate"}
+    assert {s.name for s in repo.sensor_defs} == (
+        {n.format(ds) for n in per_dataset for ds in ("clicks", "orders")}
+        | {"default_automation_condition_sensor"})
+    jobs = {j.name for j in repo.get_all_jobs()} - {"__ASSET_JOB"}
+    assert jobs == {f"{ds}_{j}" for ds in ("clicks", "orders") for j in (
+        "hourly_load", "index_rebuild", "contract_migrate", "explain", "input_check", "table_upkeep")}
+    # the scaffolded paths: under the project's data/, the template rendered
+    assert _landing(defs, "clicks") == str(root / "data" / "landing" / "clicks")
+    assert defs.resolve_job_def("clicks_hourly_load").tags["dedup_pipeline/dataset"] == "clicks"
+    dg.Definitions.validate_loadable(defs)
+
+
+def _landing(defs: dg.Definitions, ds: str) -> str:
+    [spec] = [s for s in defs.resolve_all_asset_specs() if s.key == dg.AssetKey([ds, "raw_batch"])]
+    return str(spec.metadata["path"])
+
+
+def test_scaffolded_attributes_are_the_demo_dataset_and_satisfy_the_schema(project) -> None:
+    root, defs_dir = project
+    doc = yaml.safe_load((defs_dir / "clicks" / "defs.yaml").read_text())
+    assert doc["type"] == "dedup_pipeline.DedupDataset"
+    attrs = doc["attributes"]
+    jsonschema.validate(attrs, DedupDataset.get_model_cls().model_json_schema())
+    assert attrs["source"]["path"] == "{{ context.project_root }}/data/landing/clicks"
+    # the same dataset as the generator's config (sample/demo.py), paths aside
+    from dedup_pipeline.sample.demo import demo_dataset
+    same = demo_dataset(attrs["start"])
+    for k in ("name", "start", "key", "fingerprint", "order_by", "expiry"):
+        assert attrs[k] == same[k], k
+    assert attrs["source"]["schema"] == same["source"]["schema"]
+
+
+def _bad(defs_dir: Path, old: str, new: str) -> tuple[Path, str]:
+    path = defs_dir / "orders" / "defs.yaml"
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if new in t)
+    return path, f"{path}:{line}"
+
+
+@pytest.mark.parametrize(("old", "new", "fld"), [
+    ("period: 24h", "period: 24x", "expiry.period"),
+    ("key: [event_id]", "key: [event_ide]", "key"),
+    ("output_format: delta", "output_format: iceberg", "output_format"),
+])
+def test_a_bad_defs_yaml_fails_with_the_config_files_message_at_its_line(project, old, new, fld):
+    root, defs_dir = project
+    path, where = _bad(defs_dir, old, new)
+    with pytest.raises(Exception) as raised:
+        _load(root)
+    err = raised.value
+    while not isinstance(err, ConfigError):
+        err = err.__cause__ or err.__context__
+        assert err is not None, raised.value
+    # the message a config file with this dataset gets, located at the line in the defs.yaml
+    attrs = yaml.safe_load(path.read_text())["attributes"]
+    attrs["source"]["path"], attrs["output"] = "landing", "warehouse"
+    with pytest.raises(ConfigError) as from_file:
+        parse_config({"datasets": [attrs]}, "dedup.yaml", path.parent)
+    assert str(err) == str(from_file.value).replace("config error in dedup.yaml:",
+                                                    f"config error in {where}:")
+    assert f"dataset 'orders', field '{fld}'" in str(err)
+
+
+def test_relative_paths_resolve_against_the_defs_yaml(project) -> None:
+    root, defs_dir = project
+    path = defs_dir / "orders" / "defs.yaml"
+    path.write_text(path.read_text().replace(
+        '"{{ context.project_root }}/data/landing/orders"', "landing"))
+    assert _landing(_load(root), "orders") == str(defs_dir / "orders" / "landing")
+    # built in Python, with no file: against the working directory
+    attrs = {**yaml.safe_load(path.read_text())["attributes"], "output": str(root / "o")}
+    component = DedupDataset.from_attributes_dict(attributes=attrs)
+    assert component.dataset.source.path == str(Path.cwd() / "landing")

@@ -40,10 +40,10 @@ from benchmarks.fs_requests import count_requests
 from dedup_pipeline.config import DatasetConfig, parse_config
 from dedup_pipeline.engine.core import commits
 from dedup_pipeline.engine.core.commit_log import CommitLog
-from dedup_pipeline.engine.core.commits import CommitRecord
+from dedup_pipeline.engine.core.commits import CommitRecord, IndexFileEntry
 from dedup_pipeline.engine.core.index import layout
 from dedup_pipeline.engine.core.index.health import check_index, content_damage
-from dedup_pipeline.engine.core.index.layout import IndexFile, IndexFileEntry
+from dedup_pipeline.engine.core.index.layout import IndexFile
 from dedup_pipeline.engine.core.index.live import EarlierLoads, check_retention, live_files
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag

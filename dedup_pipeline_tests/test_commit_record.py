@@ -19,12 +19,12 @@ from dedup_pipeline.engine.core.commits import (
     CommitRecord,
     CommitRecordError,
     DigestFileEntry,
+    IndexFileEntry,
     OutputFileEntry,
     commit_path,
     read_commit,
     write_commit,
 )
-from dedup_pipeline.engine.core.index.layout import IndexFileEntry
 from dedup_pipeline.engine.core.parse import InputFile
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours

@@ -40,12 +40,13 @@ from dedup_pipeline.engine.core.digest import H1, H2, digest_columns
 from dedup_pipeline.engine.core.expiry import (
     X_COL,
     expiry_point_column,
+    expiry_points,
     expiry_value,
     hour_maxima,
     is_live,
     latest_point,
 )
-from dedup_pipeline.engine.core.index.rebuild import _unique_sources, rebuild_index
+from dedup_pipeline.engine.core.index.rebuild import rebuild_index, unique_sources
 from dedup_pipeline.engine.core.load import TMP
 from dedup_pipeline.engine.core.outputs import (
     DUPLICATES,
@@ -280,8 +281,6 @@ def duplicates_under(spark: SparkSession, ds: DatasetConfig, reader: Reader,
                      committed: list[str]) -> tuple[int, list[str]]:
     """Rows of unique that the new contract makes duplicates of an earlier unique row: how many,
     and a sample (key values and both hours). Keys compare by their digest, as the index does."""
-    from dedup_pipeline.engine.verify import _expiry_points
-
     uniq = reader.frame(UNIQUE)
     if uniq is None:
         return 0, []
@@ -293,7 +292,7 @@ def duplicates_under(spark: SparkSession, ds: DatasetConfig, reader: Reader,
         bad = u.filter(F.col("_prev_hour").isNotNull())
     else:
         frames = {n: reader.frame(n) for n in (UNIQUE, DUPLICATES, EXPIRED)}
-        xs = _expiry_points(spark, ds, frames, committed)
+        xs = expiry_points(ds, frames.values(), LOAD_HOUR, committed)
         x_df = spark.createDataFrame([(t, float(x) if x is not None else None)
                                       for t, x in xs.items()], f"{LOAD_HOUR} string, {X_COL} double")
         u = u.withColumn(V, expiry_value(ds)).withColumn("_prev_v", F.lag(V).over(w))
@@ -368,7 +367,7 @@ def migrate(spark: SparkSession, ds: DatasetConfig,
                 f"earlier unique rows under the new contract ({'; '.join(changes)}), e.g. "
                 f"{' | '.join(sample)}; nothing was written. Keep the old config, or load the "
                 f"landing history again under the new config into a new output")
-        _unique_sources(st, committed)  # every listed unique file is there to rebuild from
+        unique_sources(st, committed)  # every listed unique file is there to rebuild from
         nxt = to_key(parse_key(key_of(last)) + HOUR) if last else ds.start
         target = contract.Contract(
             dataset=ds.name, version=(cur.version + 1) if cur else 1, effective_from=nxt,

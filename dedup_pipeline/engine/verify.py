@@ -39,11 +39,9 @@ from dedup_pipeline.engine.core import commits, landing
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.expiry import (
     X_COL,
-    expiry_point,
+    expiry_points,
     expiry_value,
-    hour_maxima,
     is_live,
-    latest_point,
 )
 from dedup_pipeline.engine.core.index import health, layout
 from dedup_pipeline.engine.core.outputs import DUPLICATES, EXPIRED, LOAD_HOUR, OUTPUTS, PARTITION, UNIQUE
@@ -420,7 +418,8 @@ def _check_uniqueness(spark: SparkSession, ds: DatasetConfig, frames: dict[str, 
             dup = uniq.withColumn("_n", F.count(F.lit(1)).over(Window.partitionBy(*key)))
             bad = dup.filter(F.col("_n") > 1).select(LOAD_HOUR).distinct().collect()
         else:
-            xs = _expiry_points(spark, ds, frames, committed, ds_of)
+            xs = expiry_points(ds, (frames[n] for n in (UNIQUE, DUPLICATES, EXPIRED)), LOAD_HOUR,
+                               committed, ds_of)
             x_df = spark.createDataFrame([(t, float(x) if x is not None else None)
                                           for t, x in xs.items()], f"{LOAD_HOUR} string, {X_COL} double")
             u = uniq.withColumn(V, expiry_value(ds))
@@ -432,18 +431,3 @@ def _check_uniqueness(spark: SparkSession, ds: DatasetConfig, frames: dict[str, 
             rep.violations.append(f"{to_key(parse_key(row[LOAD_HOUR]))}: a key in unique is "
                                   "also unique in an earlier hour within the expiry window")
             rep.bad_hours.add(row[LOAD_HOUR])
-
-
-def _expiry_points(spark: SparkSession, ds: DatasetConfig, frames: dict[str, DataFrame | None],
-                   committed: list[str], ds_of: Callable[[str], DatasetConfig] | None = None
-                   ) -> dict[str, float | int | None]:
-    """X_H per committed hour, recomputed from the non-rejected outputs; `ds_of(tag)`: the terms
-    hour `tag` was loaded under (default `ds`)."""
-    maxima = hour_maxima(ds, (frames[n] for n in (UNIQUE, DUPLICATES, EXPIRED)), LOAD_HOUR)
-    out: dict[str, float | int | None] = {}
-    latest = None
-    for tag in committed:
-        d = ds_of(tag) if ds_of is not None else ds
-        latest = latest_point(d, parse_key(tag), latest, maxima.get(tag))
-        out[tag] = expiry_point(d, latest)
-    return out

@@ -23,6 +23,7 @@ from dedup_pipeline.config import DatasetConfig, PipelineConfig, SparkConfig
 from dedup_pipeline.config.errors import config_error, to_config_error
 from dedup_pipeline.config.models import Where
 from dedup_pipeline.orchestration.definitions import build_dataset_definitions, spark_resource
+from dedup_pipeline.sample.generate import default_start
 
 PYTHON_SOURCE = "<DedupDataset attributes>"
 
@@ -79,8 +80,6 @@ class DedupDatasetScaffolder(dg.Scaffolder):
     the sample data of `dedup-pipeline generate` (the demo's dataset) under the project's `data/`."""
 
     def scaffold(self, request: dg.ScaffoldRequest) -> None:
-        from dedup_pipeline.sample.generate import default_start
-
         name = re.sub(r"[^a-z0-9_]", "_", request.target_path.name.lower()) or "clicks"
         start = default_start(24)
         request.target_path.mkdir(parents=True, exist_ok=True)

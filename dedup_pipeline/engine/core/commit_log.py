@@ -19,14 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dedup_pipeline.engine.core import commits
-from dedup_pipeline.engine.core.commits import CommitRecord
-from dedup_pipeline.engine.core.index.layout import INDEX, IndexFileEntry
+from dedup_pipeline.engine.core.commits import CommitRecord, IndexFileEntry
 from dedup_pipeline.engine.core.records import Record
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import HourSet, is_tag
 
 SUMMARY = "_commit_log.json"  # at the output root, beside _commits/
-LEGACY_SUMMARY = (INDEX, "_live.json")  # where releases before 2026-11-28 kept it
 SUMMARY_VERSION = 2
 
 
@@ -106,7 +104,6 @@ class CommitLog:
         self.st = st
         self.state: Summary | None = None  # the latest check's view, which the next save extends
         self.expected: str | None = None  # the _commits mtime after this holder's last change
-        self._legacy = False
 
     # ---------------------------------------------------------------- reading
     def path(self, tag: str) -> str:
@@ -154,7 +151,6 @@ class CommitLog:
         try:
             return Summary.of(SummaryFile.read_json(self.st.read_text(self.st.path(SUMMARY))))
         except FileNotFoundError:
-            self._legacy = True  # the first save removes the old location's file, if any
             return None
         except ValueError:  # not UTF-8, not JSON, not a summary of this version
             return None
@@ -209,9 +205,6 @@ class CommitLog:
                                              index_files=add.index_files)
         saved = Summary(committed, uncovered, kept, self.expected).stored()
         self.st.write_text_atomic(self.st.path(SUMMARY), saved.model_dump_json())
-        if self._legacy:
-            self.st.remove(self.st.path(*LEGACY_SUMMARY))  # never read: stale once records change
-            self._legacy = False
 
     def drop_summary(self) -> None:
         """Delete the summary before records are rewritten in place (a rebuild)."""

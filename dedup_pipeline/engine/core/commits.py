@@ -24,7 +24,6 @@ from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.core.index.layout import IndexFileEntry
 from dedup_pipeline.engine.core.records import Count, Number, NumberOrNull, Record, optional
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.errors import UserError
@@ -69,6 +68,17 @@ class InputFile(Record):
     # written before 2026-11-27)
     sha256: str | None = optional()
 
+
+
+class IndexFileEntry(Record):
+    """One index file as its load's commit record (or a compacted directory's manifest) lists
+    it: what `check_index` compares the disk with."""
+
+    slice: int
+    name: str
+    size: Count
+    rows: Count | None = optional()  # None in commit records written before rows were recorded
+    sha256: str | None = optional()  # content hash recorded when written; None in older records
 
 
 class OutputFileEntry(Record):

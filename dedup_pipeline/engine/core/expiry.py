@@ -19,14 +19,14 @@ the last one, and 2-3 more CPU-seconds of JIT). As data, the code is the same ev
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.hours import HOUR, epoch_micros
+from dedup_pipeline.hours import HOUR, epoch_micros, parse_key
 
 Number = int | float
 
@@ -144,3 +144,19 @@ def hour_maxima(ds: DatasetConfig, frames: Iterable[DataFrame | None], hour_col:
                 cur = maxima.get(row[hour_col])
                 maxima[row[hour_col]] = row["m"] if cur is None else max(cur, row["m"])
     return maxima
+
+
+def expiry_points(ds: DatasetConfig, frames: Iterable[DataFrame | None], hour_col: str,
+                  committed: list[str], ds_of: Callable[[str], DatasetConfig] | None = None
+                  ) -> dict[str, float | int | None]:
+    """X_H per committed hour, recomputed from the non-rejected outputs (`frames`, each with the
+    load hour in `hour_col`); `ds_of(tag)`: the terms hour `tag` was loaded under (default `ds`).
+    What `verify` checks the records against and what `migrate` re-derives."""
+    maxima = hour_maxima(ds, frames, hour_col)
+    out: dict[str, float | int | None] = {}
+    latest = None
+    for tag in committed:
+        d = ds_of(tag) if ds_of is not None else ds
+        latest = latest_point(d, parse_key(tag), latest, maxima.get(tag))
+        out[tag] = expiry_point(d, latest)
+    return out

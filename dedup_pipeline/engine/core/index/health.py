@@ -243,7 +243,7 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
         for f in listed:
             if (lo is not None and f.slice < lo) or (f.slice, tag) in merged:
                 continue  # deleted by retention, or merged by compaction, as intended
-            entry = f.at(tag)
+            entry = IndexFile.of(f, tag)
             damage.files[entry.rel] = entry
             live = True
         if live or old or tag == newest:

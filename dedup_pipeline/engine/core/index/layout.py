@@ -21,8 +21,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dedup_pipeline.engine.core.commits import IndexFileEntry
 from dedup_pipeline.engine.core.outputs import LOAD_HOUR
-from dedup_pipeline.engine.core.records import Count, Record, optional
+from dedup_pipeline.engine.core.records import Count, Record
 from dedup_pipeline.engine.core.storage import Storage
 
 INDEX = "index"
@@ -99,28 +100,20 @@ CHECKSUM_PATH = re.compile(
     rf"({SLICE}=-?\d+/(?:{LOAD}|{COMPACT})=[^/\s]+/[^/\s]+?\.parquet)")
 
 
-class IndexFileEntry(Record):
-    """One index file as its load's commit record (or a compacted directory's manifest) lists
-    it: what `check_index` compares the disk with."""
-
-    slice: int
-    name: str
-    size: Count
-    rows: Count | None = optional()  # None in commit records written before rows were recorded
-    sha256: str | None = optional()  # content hash recorded when written; None in older records
-
-    def at(self, tag: str, dir: str = "", loads: tuple[str, ...] = ()) -> IndexFile:
-        """This file where it lies: of load `tag` (or, in a compacted directory `dir`, of `loads`)."""
-        return IndexFile(tag=tag, dir=dir, loads=loads, slice=self.slice, name=self.name,
-                         size=self.size, rows=self.rows, sha256=self.sha256)
-
-
 class IndexFile(IndexFileEntry):
     """An index file with the load(s) whose entries it holds: its place below the index."""
 
     tag: str  # the (earliest) load whose entries it holds
     dir: str = ""  # directory below the slice: "load_hour=<tag>" (default) or "compact=<a>_<b>"
     loads: tuple[str, ...] = ()  # every load it holds entries of (default: just `tag`)
+
+    @classmethod
+    def of(cls, entry: IndexFileEntry, tag: str, dir: str = "",
+           loads: tuple[str, ...] = ()) -> IndexFile:
+        """A listed file where it lies: of load `tag` (or, in a compacted directory `dir`, of
+        `loads`)."""
+        return cls(tag=tag, dir=dir, loads=loads, slice=entry.slice, name=entry.name,
+                   size=entry.size, rows=entry.rows, sha256=entry.sha256)
 
     @property
     def rel(self) -> str:

@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core import commits
 from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.commits import IndexFileEntry
 from dedup_pipeline.engine.core.digest import FP, H1, H2, digest_columns, fingerprint_column
 from dedup_pipeline.engine.core.expiry import expiry_value
 from dedup_pipeline.engine.core.index import compaction, layout, store
@@ -37,7 +38,7 @@ from dedup_pipeline.engine.core.index.health import (
     prune_marker,
     record_damage,
 )
-from dedup_pipeline.engine.core.index.layout import IndexFile, IndexFileEntry
+from dedup_pipeline.engine.core.index.layout import IndexFile
 from dedup_pipeline.engine.core.outputs import LOAD_HOUR, UNIQUE, partition
 from dedup_pipeline.engine.core.parse import V
 from dedup_pipeline.engine.core.storage import Storage
@@ -57,7 +58,7 @@ def _staged_files(st: Storage, staging: str, tag: str) -> tuple[list[int], list[
     return slices, index_file_manifest(st, tag, slices, root=staging)
 
 
-def _unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
+def unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
     """The unique files to rebuild each load's entries from: the ones its commit record lists
     (with Delta tables the table serves those once it has caught up with the record).
 
@@ -123,7 +124,7 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig,
     staging = st.path(staging_name)
     st.remove(staging)
     entries = 0
-    sources = _unique_sources(st, targets)
+    sources = unique_sources(st, targets)
     present = sorted(sources)
     if present:
         # mergeSchema: hours loaded under an evolved contract have more columns (a key of a

@@ -53,12 +53,13 @@ import yaml
 
 from dedup_pipeline.config import DatasetConfig, load_config
 from dedup_pipeline.engine import daypack, explain, keydigest, outputs
+from dedup_pipeline.engine.columns import RAW
 from dedup_pipeline.engine.commits import committed_tags, read_commit, write_commit
 from dedup_pipeline.engine.explain import committed_history, explain_key, output_files
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.session import SparkSettings, get_session
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
+from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag
 from dedup_pipeline.sample.generate import generate_landing
 
 ARROW_ROW_FILES = explain.ARROW_ROW_FILES
@@ -152,7 +153,7 @@ def _replicate(out: Path, times: int) -> None:
     span = len(tags)
     for r in range(1, times):
         for t in tags:
-            new = to_tag(parse_key(t) + r * span * HOUR)
+            new = to_tag(parse_hour(t) + r * span * HOUR)
             target = commits_dir / f"load_hour={new}.json"
             if target.exists():
                 continue
@@ -160,7 +161,7 @@ def _replicate(out: Path, times: int) -> None:
                 if (out / name / f"load_hour={t}").exists():
                     shutil.copytree(out / name / f"load_hour={t}", out / name / f"load_hour={new}")
             rec = json.loads((commits_dir / f"load_hour={t}.json").read_text())
-            rec.update(load_hour=new, partition_key=to_key(parse_key(new)), index_files=[])
+            rec.update(load_hour=new, partition_key=format_hour(parse_hour(new)), index_files=[])
             target.write_text(json.dumps(rec))
 
 
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     hours, rows = (720, 100_000) if args.full else (args.hours, args.rows_per_hour)
     root = Path(args.dir or tempfile.mkdtemp(prefix="explain_bench_"))
     try:
-        start = to_key(parse_key("2026-01-01-00:00"))
+        start = format_hour(parse_hour("2026-01-01-00:00"))
         if not args.reuse:
             print(f"generating {hours} hours x {rows} rows in {root}", flush=True)
             generate_landing(root, hours=hours, rows_per_hour=rows, seed=7, start=start)
@@ -225,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         spark_digest = load_config(_config(root, "spark_digest_loads")).datasets[0]
         spark = get_session(SparkSettings("local[2]", None, CONF))
         spark.sparkContext.setLogLevel("ERROR")
-        keys = [] if args.reuse else [to_key(parse_key(start) + i * HOUR) for i in range(hours)]
+        keys = [] if args.reuse else [format_hour(parse_hour(start) + i * HOUR) for i in range(hours)]
         for i, k in enumerate(keys):
             order = [("digest", main_ds), ("no digest", no_digest),
                      ("spark digest", spark_digest)] if i < args.load_hours else \
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                     files = [f for t in hist.records for f in
                              output_files(st, name, t, hist.records[t])]
                     df = spark.read.parquet(*files)
-                    col = "event_id" if name != outputs.REJECTED else outputs.RAW
+                    col = "event_id" if name != outputs.REJECTED else RAW
                     cond = (df[col] == key) if name != outputs.REJECTED else df[col].contains(key)
                     n += len(df.filter(cond).collect())
             finally:

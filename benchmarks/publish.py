@@ -31,7 +31,7 @@ from dedup_pipeline.engine import commits, lake
 from dedup_pipeline.engine.commits import CommitRecord, OutputFileEntry
 from dedup_pipeline.engine.outputs import OUTPUTS, partition
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
+from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag
 
 START = "2026-01-01-00:00"
 
@@ -49,7 +49,7 @@ def _dataset(root: Path) -> DatasetConfig:
 
 def _hour(st: Storage, ds: DatasetConfig, i: int) -> CommitRecord:
     """Hour i's files (one small file per output, of the output's schema) and its record."""
-    tag = to_tag(parse_key(START) + i * HOUR)
+    tag = to_tag(parse_hour(START) + i * HOUR)
     files = {}
     for name in OUTPUTS:
         schema = lake.arrow_schema(ds, name)
@@ -59,7 +59,7 @@ def _hour(st: Storage, ds: DatasetConfig, i: int) -> CommitRecord:
         p = d / f"part-00000-{i:06d}-c000.snappy.parquet"
         pq.write_table(table, p)
         files[name] = (OutputFileEntry(name=p.name, size=p.stat().st_size),)
-    rec = CommitRecord(dataset=ds.name, partition_key=to_key(parse_key(tag)), load_hour=tag,
+    rec = CommitRecord(dataset=ds.name, partition_key=format_hour(parse_hour(tag)), load_hour=tag,
                        rows_in=40, unique=10, duplicates=10, expired=10, rejected=10,
                        output_files=files, publish_token=lake.new_token())
     commits.write_commit(st, rec)

@@ -215,9 +215,9 @@ def test_migrate_rekeys_the_history_and_later_loads_agree_with_the_reference(
 
 
 def ref_hour(key: str) -> Any:
-    from dedup_pipeline.hours import parse_key
+    from dedup_pipeline.hours import parse_hour
 
-    return parse_key(key)
+    return parse_hour(key)
 
 
 def test_migrate_refuses_a_narrowed_key_whose_history_has_duplicates(

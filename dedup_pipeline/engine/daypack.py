@@ -39,16 +39,16 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dedup_pipeline.engine import commits, keydigest
+from dedup_pipeline.engine.columns import PACK_HOUR as HOUR_COL
+from dedup_pipeline.engine.columns import RAW, REASON, SOURCE_FILE
 from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.outputs import RAW, REJECTED, SOURCE_FILE, partition
-from dedup_pipeline.engine.parse import REASON
+from dedup_pipeline.engine.outputs import REJECTED, partition
 from dedup_pipeline.engine.storage import READERS, Storage
 
 PACKS = "_daypacks"  # {output}/_daypacks/day=YYYY-MM-DD/
 PREFIX = "day="
 MANIFEST = "manifest.json"
 FORMAT = 1
-HOUR_COL = "_hour"
 KEYS = "keys"
 REJECTS = "rejected"
 REJECTED_COLUMNS = [SOURCE_FILE, REASON, RAW]

@@ -21,7 +21,6 @@ TAGS = {"string": "s", "long": "l", "double": "d", "boolean": "b", "timestamp": 
 SEED_1 = "dedup_pipeline/digest/1"
 SEED_2 = "dedup_pipeline/digest/2"
 SEED_FP = "dedup_pipeline/fingerprint"
-H1, H2, FP = "_h1", "_h2", "_fp"
 
 
 def canonical_text(col: Column, typ: str) -> Column:

@@ -19,14 +19,15 @@ the last one, and 2-3 more CPU-seconds of JIT). As data, the code is the same ev
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.hours import HOUR, epoch_micros
+from dedup_pipeline.engine.columns import LOAD_HOUR_PARTITION
+from dedup_pipeline.hours import HOUR, epoch_micros, parse_hour
 
 Number = int | float
 
@@ -144,3 +145,18 @@ def hour_maxima(ds: DatasetConfig, frames: Iterable[DataFrame | None], hour_col:
                 cur = maxima.get(row[hour_col])
                 maxima[row[hour_col]] = row["m"] if cur is None else max(cur, row["m"])
     return maxima
+
+
+def expiry_points(ds: DatasetConfig, frames: Iterable[DataFrame | None], committed: list[str],
+                  ds_of: Callable[[str], DatasetConfig] | None = None) -> dict[str, Number | None]:
+    """X_H of every committed hour (`committed`, in order), re-derived from the outputs `frames`
+    (unique, duplicates, expired: the non-rejected rows); `ds_of(tag)`: the terms hour `tag` was
+    loaded under (default `ds`). What verify and migrate check and migrate against."""
+    maxima = hour_maxima(ds, frames, LOAD_HOUR_PARTITION)
+    out: dict[str, Number | None] = {}
+    latest = None
+    for tag in committed:
+        d = ds_of(tag) if ds_of is not None else ds
+        latest = latest_point(d, parse_hour(tag), latest, maxima.get(tag))
+        out[tag] = expiry_point(d, latest)
+    return out

@@ -44,29 +44,37 @@ from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits, daypack, keydigest, lake
+from dedup_pipeline.engine.columns import (
+    ENTRY_LOAD_HOUR,
+    EXPIRY_POINT,
+    FIRST,
+    FP,
+    H1,
+    H2,
+    KIND,
+    RAW,
+    REASON,
+    SOURCE_FILE,
+    V,
+)
+from dedup_pipeline.engine.columns import LOAD_HOUR_PARTITION as LOAD_HOUR
 from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, string_key_digest
+from dedup_pipeline.engine.digest import digest_columns, string_key_digest
 from dedup_pipeline.engine.index import layout, live, store
 from dedup_pipeline.engine.index.health import check_index
 from dedup_pipeline.engine.outputs import (
     DUPLICATES,
     EXPIRED,
-    EXPIRY_POINT,
-    FIRST,
-    KIND,
-    LOAD_HOUR,
     OUTPUTS,
-    RAW,
     REJECTED,
-    SOURCE_FILE,
     UNIQUE,
     columns,
     expiry_point_type,
     partition,
 )
-from dedup_pipeline.engine.parse import REASON, SPARK_TYPES, V
+from dedup_pipeline.engine.parse import SPARK_TYPES
 from dedup_pipeline.engine.storage import READERS, Storage
-from dedup_pipeline.hours import compress_ranges, key_of, parse_key, to_tag
+from dedup_pipeline.hours import compress_ranges, format_tag, parse_hour, to_tag
 
 KID = "_kid"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -322,7 +330,7 @@ class Explanation:
             out.append(f"  never seen in the committed hours searched ({self.hours_searched})")
         width = max([len(o) for o in OUTPUTS])
         for o in self.occurrences:
-            out.append(f"  {key_of(o.load_hour)}  {o.output.ljust(width)}  {o.text}")
+            out.append(f"  {format_tag(o.load_hour)}  {o.output.ljust(width)}  {o.text}")
         return out + [f"  {line}" for line in self.footer()]
 
     def footer(self) -> list[str]:
@@ -331,11 +339,11 @@ class Explanation:
         current = next((e for e in reversed(self.index) if e.live), None)
         if current is not None:
             exp = f", expiry value {current.expiry_value}" if current.expiry_value else ""
-            out.append(f"index now: live, first loaded {key_of(current.load_hour)}{exp}, "
+            out.append(f"index now: live, first loaded {format_tag(current.load_hour)}{exp}, "
                        f"slice {current.slice}")
         elif self.index:
             last = self.index[-1]
-            out.append(f"index now: not live (the entry of {key_of(last.load_hour)} has "
+            out.append(f"index now: not live (the entry of {format_tag(last.load_hour)} has "
                        "expired; a later record of the key is unique again)")
         else:
             out.append("index now: no entry (a later record of the key would be unique)")
@@ -366,8 +374,8 @@ def committed_history(st: Storage, first: str | None, last: str | None,
     """The records of the committed hours (`tags`, else the commit log's) from `first` to `last`."""
     log = CommitLog(st)
     tags = sorted(log.committed()) if tags is None else tags
-    lo = to_tag(parse_key(first)) if first else None
-    hi = to_tag(parse_key(last)) if last else None
+    lo = to_tag(parse_hour(first)) if first else None
+    hi = to_tag(parse_hour(last)) if last else None
     records: dict[str, commits.CommitRecord] = {}
     damaged = []
     for t in tags:
@@ -695,7 +703,7 @@ def _index_entries(spark: SparkSession, ds: DatasetConfig, st: Storage,
     if not files:
         return out
     h1s = sorted({h for h, _ in digests})
-    cols = [H1, H2, store.LOAD_HOUR]
+    cols = [H1, H2, ENTRY_LOAD_HOUR]
     if ds.expiry is not None:
         cols.append(V)
     if ds.fingerprint:
@@ -709,7 +717,7 @@ def _index_entries(spark: SparkSession, ds: DatasetConfig, st: Storage,
         rows = [r.asDict() for r in hits.select(*cols).collect()]
     for r in rows:
         i = digests.get((r[H1], r[H2]))
-        if i is not None and r[store.LOAD_HOUR] in committed:
+        if i is not None and r[ENTRY_LOAD_HOUR] in committed:
             r["_slice"] = _slice_of(ds, r)
             out[i].append(r)
     return out
@@ -847,9 +855,9 @@ def _occurrences(ds: DatasetConfig, hist: History, rows: list[tuple[str, dict]],
                              and rec.expiry_point is not None and v_prev is not None
                              and v_prev < rec.expiry_point), None)
                 rule = UNIQUE_AGAIN
-                when = (f"at {key_of(gone)} (expiry point {_fmt_v(ds, hist.records[gone].expiry_point)}"
+                when = (f"at {format_tag(gone)} (expiry point {_fmt_v(ds, hist.records[gone].expiry_point)}"
                         f" > its {_fmt_v(ds, v_prev)})" if gone else "")
-                text = (f"loaded again: the earlier entry (loaded {key_of(earlier[-1])}) expired "
+                text = (f"loaded again: the earlier entry (loaded {format_tag(earlier[-1])}) expired "
                         f"from the index {when}".rstrip() + f" (file {src})")
                 deciding = {"earlier_load_hour": earlier[-1], "earlier_expiry_value":
                             _fmt_v(ds, v_prev), "expired_at_load_hour": gone}
@@ -895,11 +903,11 @@ def _occurrences(ds: DatasetConfig, hist: History, rows: list[tuple[str, dict]],
             elif kind == "conflict":
                 rule = CONFLICT_DUP
                 what = f"({changes})" if changes else "(fingerprint hash differs)"
-                text = (f"conflict: fingerprint differs from the {key_of(first)} row {what} "
+                text = (f"conflict: fingerprint differs from the {format_tag(first)} row {what} "
                         f"(file {src})")
             else:
                 rule = NATURAL_DUP
-                text = f"natural duplicate of the {key_of(first)} row ({fp_text}) (file {src})"
+                text = f"natural duplicate of the {format_tag(first)} row ({fp_text}) (file {src})"
             out.append(Occurrence(tag, name, rule, text, src, vals, deciding))
         elif name == EXPIRED:
             exp = ds.expiry
@@ -929,7 +937,7 @@ def _agreement(ds: DatasetConfig, st: Storage, hist: History, rows: list[tuple[s
     """What the index holds for the key against what its unique rows say it must hold (E3)."""
     problems = []
     uniques = {r[LOAD_HOUR]: r for name, r in rows if name == UNIQUE}
-    by_load = {e[store.LOAD_HOUR]: e for e in entries}
+    by_load = {e[ENTRY_LOAD_HOUR]: e for e in entries}
     kept = live.kept_from(st)
     for tag, r in sorted(uniques.items()):
         e = by_load.get(tag)
@@ -937,14 +945,14 @@ def _agreement(ds: DatasetConfig, st: Storage, hist: History, rows: list[tuple[s
         if e is None:
             retired = ds.expiry is not None and kept is not None and v is not None and v < kept
             if not retired:
-                problems.append(f"the unique row of {key_of(tag)} has no index entry (a later "
+                problems.append(f"the unique row of {format_tag(tag)} has no index entry (a later "
                                 "record of the key would wrongly be unique)")
         elif ds.expiry is not None and v is not None and e.get(V) is not None \
                 and float(e[V]) != float(v):
-            problems.append(f"the index entry of {key_of(tag)} holds expiry value "
+            problems.append(f"the index entry of {format_tag(tag)} holds expiry value "
                             f"{_fmt_v(ds, e[V])}, its unique row {_fmt_v(ds, v)}")
     for tag in sorted(set(by_load) - set(uniques)):
-        problems.append(f"the index holds an entry of {key_of(tag)} but that hour has no unique "
+        problems.append(f"the index holds an entry of {format_tag(tag)} but that hour has no unique "
                         "row of the key (a later record would wrongly be a duplicate)")
     return problems
 
@@ -979,14 +987,14 @@ def explain_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, s
         if ds.expiry is None:  # lever: nothing of the key before its entry's load (docstring)
             for i, es in f_entries.result().items():
                 if es:
-                    since[i] = min(e[store.LOAD_HOUR] for e in es)
+                    since[i] = min(e[ENTRY_LOAD_HOUR] for e in es)
         f_rows = pool.submit(_find_rows, spark, ds, st, hist, typed, since)
         entries, rejected, rows = f_entries.result(), f_rejected.result(), f_rows.result()
     full_range = first is None and last is None
     searched_from_start = first is None or (bool(hist.all_committed)
-                                            and to_tag(parse_key(first)) <= hist.all_committed[0])
+                                            and to_tag(parse_hour(first)) <= hist.all_committed[0])
     tags = list(hist.records)
-    searched = compress_ranges([parse_key(t) for t in tags]) if tags else \
+    searched = compress_ranges([parse_hour(t) for t in tags]) if tags else \
         "no committed hours"
     last_rec = None  # the latest committed load decides what is live now, whatever the range
     if hist.all_committed:
@@ -1000,17 +1008,17 @@ def explain_keys(spark: SparkSession, ds: DatasetConfig, given: list[dict[str, s
     for i, key in by_id.items():
         key_rows = rows.get(i, [])
         idx = []
-        for e in sorted(entries.get(i, []), key=lambda e: e[store.LOAD_HOUR]):
+        for e in sorted(entries.get(i, []), key=lambda e: e[ENTRY_LOAD_HOUR]):
             v = e.get(V)
             alive = ds.expiry is None or x_now is None or (v is not None and v >= x_now)
-            idx.append(IndexEntry(e[store.LOAD_HOUR], e["_slice"],
+            idx.append(IndexEntry(e[ENTRY_LOAD_HOUR], e["_slice"],
                                   _fmt_v(ds, v) if ds.expiry is not None else None, alive))
         notes = []
         if hist.damaged:
             notes.append("commit records that do not read were skipped (hours "
-                         f"{', '.join(key_of(t) for t in hist.damaged)}); {FIX.format(ds=ds.name)}")
+                         f"{', '.join(format_tag(t) for t in hist.damaged)}); {FIX.format(ds=ds.name)}")
         if hist.reruns:
-            notes.append(f"a rerun of {', '.join(key_of(t) for t in hist.reruns)} is in progress "
+            notes.append(f"a rerun of {', '.join(format_tag(t) for t in hist.reruns)} is in progress "
                          "(or was cut short): answered from its last committed load, which the "
                          "tables still serve")
         if key.has_null:
@@ -1045,7 +1053,7 @@ def markdown(ex: Explanation) -> str:
         body = f"Never seen in the committed hours searched ({ex.hours_searched}).\n"
     else:
         body = "| load hour | output | rule | why |\n|---|---|---|---|\n" + "".join(
-            f"| {key_of(o.load_hour)} | {o.output} | {o.rule} | {cell(o.text)} |\n"
+            f"| {format_tag(o.load_hour)} | {o.output} | {o.rule} | {cell(o.text)} |\n"
             for o in ex.occurrences)
     return head + body + "\n" + "".join(f"- {cell(line)}\n" for line in ex.footer())
 

@@ -33,15 +33,14 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine.columns import H1, KEY_HASH, PARTITION
 from dedup_pipeline.engine.commits import CommitRecord, DigestFileEntry
-from dedup_pipeline.engine.digest import H1, digest_columns
+from dedup_pipeline.engine.digest import digest_columns
 from dedup_pipeline.engine.outputs import DUPLICATES, EXPIRED, UNIQUE, partition
 from dedup_pipeline.engine.parse import SPARK_TYPES
 from dedup_pipeline.engine.storage import READERS, Storage
 
 DIGEST = "_keys"  # {output}/_keys/load_hour=<tag>/
-KEY_HASH = "_key_hash"
-PARTITION = "load_hour="
 # Rows per row group: a lookup reads one ~16 KB row group per hour besides the footer.
 ROW_GROUP_BYTES = 16 * 1024
 # Written by every load (the benchmark turns it off to measure its cost).

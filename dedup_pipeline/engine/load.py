@@ -42,10 +42,12 @@ from pyspark.sql import functions as F
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import checks, commits, contract, daypack, hooks, keydigest, lake
 from dedup_pipeline.engine.classify import candidates, classify
+from dedup_pipeline.engine.columns import FP, H1, H2, KIND, OUT, REASON, V
 from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.commits import CommitRecord, DigestFileEntry, OutputFileEntry
-from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
+from dedup_pipeline.engine.digest import digest_columns, fingerprint_column
 from dedup_pipeline.engine.expiry import Number, expiry_point, expiry_point_frame, latest_point
+from dedup_pipeline.engine.hooks import Progress
 from dedup_pipeline.engine.index import compaction, layout, store
 from dedup_pipeline.engine.index.health import (
     IndexDamage,
@@ -70,8 +72,6 @@ from dedup_pipeline.engine.outputs import (
     CONFLICT,
     DUPLICATES,
     EXPIRED,
-    KIND,
-    OUT,
     OUTPUTS,
     REJECTED,
     UNIQUE,
@@ -80,10 +80,8 @@ from dedup_pipeline.engine.outputs import (
     write_options,
 )
 from dedup_pipeline.engine.parse import (
-    REASON,
     BatchPlan,
     InputFile,
-    V,
     check_landing_root,
     failed_file,
     list_input_files,
@@ -93,14 +91,13 @@ from dedup_pipeline.engine.parse import (
 )
 from dedup_pipeline.engine.rebuild import ensure_healthy, ensure_intact
 from dedup_pipeline.engine.storage import ROWS_PER_FILE, Storage
-from dedup_pipeline.hours import HOUR, HourSet, parse_key, to_key, to_tag
+from dedup_pipeline.hours import HOUR, HourSet, format_hour, parse_hour, to_tag
 
 # How the batch, its candidates and its classification are cached. PySpark's MEMORY_AND_DISK keeps
 # the column batches serialized; the deserialized level (what DataFrame.cache() uses) was measured
 # no faster (interleaved in one warm process, 1e5-row hours: median 9.78 s vs 8.81 s).
 CACHE = StorageLevel.MEMORY_AND_DISK
 TMP = "_tmp"
-Progress = Callable[[str], None]
 
 
 class Persisted:
@@ -214,7 +211,7 @@ class Prepared:
 
     @property
     def key(self) -> str:
-        return to_key(self.hour)
+        return format_hour(self.hour)
 
 
 @dataclass(frozen=True)
@@ -253,7 +250,7 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
             say: Progress, run_tags: AbstractSet[str] = frozenset()) -> Prepared:
     """Check that H may load (R11, a healthy index, no later loaded hour left out of the run:
     `run_tags` are the run's hours), forget any earlier attempt, parse it."""
-    hour = parse_key(partition_key)
+    hour = parse_hour(partition_key)
     tag = to_tag(hour)
     check_landing_root(ds)
     st = Storage(ds.output)
@@ -288,7 +285,7 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     assert health.state is not None
     committed = health.state.committed.copy()
     committed.discard(tag)
-    prev = log.read(to_tag(hour - HOUR)) if hour > parse_key(ds.start) else None
+    prev = log.read(to_tag(hour - HOUR)) if hour > parse_hour(ds.start) else None
     return Prepared(hour, tag, st, committed, health, log, _previous_latest(st, ds, prev),
                     _parse(spark, ds, hour, partition_key, cache, say), verdict)
 
@@ -605,7 +602,7 @@ def run_load(
     the load fails with the rebuild hint or, with `on_damaged_index: rebuild`, is redone after the
     rebuild (nothing of the failed attempt was committed).
     """
-    tags = {to_tag(parse_key(k)) for k in run_hours}
+    tags = {to_tag(parse_hour(k)) for k in run_hours}
     try:
         return _run_load(spark, ds, partition_key, progress, tags)
     except Exception as e:  # noqa: BLE001 - only a failed read of an index file is handled
@@ -668,7 +665,7 @@ def load_hours(
     """
     from dedup_pipeline.engine.session import connect_errors
 
-    keys = sorted(partition_keys, key=parse_key)
+    keys = sorted(partition_keys, key=parse_hour)
     results = []
     # Lock.__exit__ never lets a failing release (the same full or read-only disk) replace the
     # load's own error

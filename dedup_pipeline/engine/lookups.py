@@ -21,7 +21,7 @@ from dedup_pipeline.engine import commits, daypack, keydigest
 from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.commits import CommitRecord
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import HourSet, compress_ranges, parse_key
+from dedup_pipeline.hours import HourSet, compress_ranges, parse_hour
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Missing:
 
     def describe(self) -> str:
         """One line: how many of each, with the first ones."""
-        hours = compress_ranges([parse_key(t) for t in self.digests[:24]])
+        hours = compress_ranges([parse_hour(t) for t in self.digests[:24]])
         days = ", ".join(self.days[:5])
         said = [(self.digests, f"hour(s) without a usable key digest ({hours}"),
                 (self.days, f"day(s) whose packs do not match their hours ({days}")]

@@ -11,20 +11,22 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.parse import REASON, SPARK_TYPES
+from dedup_pipeline.engine.columns import (
+    EXPIRY_POINT,
+    FIRST,
+    KIND,
+    OUT,
+    PARTITION,
+    RAW,
+    REASON,
+    SOURCE_FILE,
+)
+from dedup_pipeline.engine.parse import SPARK_TYPES
 
 UNIQUE, DUPLICATES, EXPIRED, REJECTED = "unique", "duplicates", "expired", "rejected"
 OUTPUTS = (UNIQUE, DUPLICATES, EXPIRED, REJECTED)
 
-OUT = "_out"  # the column of a classified batch naming each row's output (never written)
-SOURCE_FILE = "_source_file"  # on every output
-KIND = "_duplicate_kind"  # duplicates: NATURAL or CONFLICT (R5)
 NATURAL, CONFLICT = "natural", "conflict"
-FIRST = "_first_load_hour"  # duplicates: the load hour whose unique row it duplicates (R4)
-EXPIRY_POINT = "_expiry_point"  # expired: the expiry point it fell behind (R6)
-RAW = "_raw"  # rejected: the original line or row as text (R9); REASON is its reject reason
-LOAD_HOUR = "load_hour"  # each output is Hive-partitioned by load hour (L1); so is the index
-PARTITION = f"{LOAD_HOUR}="
 
 
 def partition(name: str, tag: str) -> tuple[str, str]:

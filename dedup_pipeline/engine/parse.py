@@ -50,6 +50,7 @@ from pyspark.sql import types as T
 from pyspark.sql.types import _parse_datatype_json_string
 
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine.columns import REASON, V
 from dedup_pipeline.engine.expiry import expiry_value
 from dedup_pipeline.engine.records import Count, Record, optional
 from dedup_pipeline.engine.storage import Storage, glob_escape
@@ -64,8 +65,6 @@ SPARK_TYPES: dict[str, T.DataType] = {
     "date": T.DateType(),
 }
 CORRUPT = "_corrupt_record"
-V = "_v"
-REASON = "_reject_reason"
 PRE = "_read_reason"  # a reason decided while reading (unreadable_file, bad_encoding)
 MISMATCHED = "_mismatched"  # Parquet: the declared columns whose value is of another kind
 UNREADABLE = "unreadable_file"
@@ -85,8 +84,8 @@ class InputFile(Record):
     path: str
     size: Count
     mtime: Annotated[float, Field(allow_inf_nan=False)]
-    # the SHA-256 of the content, set where a commit record's inputs are built (absent in records
-    # written before 2026-11-27)
+    # the SHA-256 of the content, set where a commit record's inputs are built; None while only
+    # listed, and for a file that could not be read (vanished, no permission)
     sha256: str | None = optional()
 
 

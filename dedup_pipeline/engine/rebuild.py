@@ -23,8 +23,9 @@ from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import commits, contract, lake
+from dedup_pipeline.engine.columns import ENTRY_LOAD_HOUR, FP, H1, H2, LOAD_HOUR_PARTITION, V
 from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.digest import FP, H1, H2, digest_columns, fingerprint_column
+from dedup_pipeline.engine.digest import digest_columns, fingerprint_column
 from dedup_pipeline.engine.expiry import expiry_value
 from dedup_pipeline.engine.index import compaction, layout, live, store
 from dedup_pipeline.engine.index.health import (
@@ -38,10 +39,9 @@ from dedup_pipeline.engine.index.health import (
     record_damage,
 )
 from dedup_pipeline.engine.index.layout import IndexFile, IndexFileEntry
-from dedup_pipeline.engine.outputs import LOAD_HOUR, UNIQUE, partition
-from dedup_pipeline.engine.parse import V
+from dedup_pipeline.engine.outputs import UNIQUE, partition
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import key_of
+from dedup_pipeline.hours import format_tag
 
 
 @dataclass
@@ -57,7 +57,7 @@ def _staged_files(st: Storage, staging: str, tag: str) -> tuple[list[int], list[
     return slices, index_file_manifest(st, tag, slices, root=staging)
 
 
-def _unique_sources(st: Storage, targets: list[str],
+def unique_sources(st: Storage, targets: list[str],
                     ds: DatasetConfig | None = None) -> dict[str, list[str]]:
     """The unique files to rebuild each load's entries from: the ones its commit record lists;
     with Delta tables (`ds` given), the ones the unique table holds for the hour, which must be the
@@ -65,8 +65,8 @@ def _unique_sources(st: Storage, targets: list[str],
 
     A rebuild from a damaged unique partition would make the damage look healthy (a removed file's
     keys gone from the index, so later loads would take them for new; a copied file's keys twice),
-    so it refuses instead, naming the hour and the fix. Files nobody listed are not read. Records
-    without `output_files` (earlier versions) read the partition's directory as it is.
+    so it refuses instead, naming the hour and the fix. Files nobody listed are not read. An hour
+    whose record is damaged (only its rerun restores it) is read as its partition directory is.
     """
     out: dict[str, list[str]] = {}
     table = lake.open_table(st, UNIQUE) if ds is not None and lake.enabled(ds) else None
@@ -79,7 +79,7 @@ def _unique_sources(st: Storage, targets: list[str],
         except commits.CommitRecordError:
             rec = None
         problem = None
-        listed = (rec.output_files or {}).get(UNIQUE) if rec is not None else None
+        listed = rec.output_files.get(UNIQUE, ()) if rec is not None else None
         if not st.exists(part):
             problem = f"its unique partition {part} is missing"
         elif listed is not None:
@@ -91,15 +91,15 @@ def _unique_sources(st: Storage, targets: list[str],
             out[tag] = [st.read_path(*partition(UNIQUE, tag))]
         if problem:
             raise IndexDamagedError(
-                f"cannot rebuild the index entries of hour {key_of(tag)}: {problem}, so its keys "
+                f"cannot rebuild the index entries of hour {format_tag(tag)}: {problem}, so its keys "
                 f"are not all there to rebuild from. Rerun that hour (dedup-pipeline run --from "
-                f"{key_of(tag)} --to {key_of(tag)}); if it was never loaded (a copied commit "
+                f"{format_tag(tag)} --to {format_tag(tag)}); if it was never loaded (a copied commit "
                 f"record), delete {commits.commit_path(st, tag)}")
         if held is not None and rec is not None:  # read through the table: the record's files
             in_table = sorted(held.get(tag, {}))
             if set(in_table) != set(lake.record_files(st, UNIQUE, rec)):
                 raise IndexDamagedError(
-                    f"cannot rebuild the index entries of hour {key_of(tag)}: the unique table "
+                    f"cannot rebuild the index entries of hour {format_tag(tag)}: the unique table "
                     f"({lake.table_path(st, UNIQUE)}) does not hold the files its commit record "
                     "lists. Roll the table forward first: dedup-pipeline verify --repair")
             out[tag] = [st.read_path(UNIQUE, p) for p in in_table]
@@ -138,7 +138,7 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
     staging = st.path(staging_name)
     st.remove(staging)
     entries = 0
-    sources = _unique_sources(st, targets, ds)
+    sources = unique_sources(st, targets, ds)
     present = sorted(sources)
     if present:
         # mergeSchema: hours loaded under an evolved contract have more columns (a key of a
@@ -151,10 +151,10 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig, tags: list[str] | None
             df = df.withColumn(V, expiry_value(ds))
         if ds.fingerprint:
             df = df.withColumn(FP, fingerprint_column(ds.fingerprint, ds.source.schema))
-        df = df.withColumn(store.LOAD_HOUR, F.col(LOAD_HOUR))  # unique's partition column
+        df = df.withColumn(ENTRY_LOAD_HOUR, F.col(LOAD_HOUR_PARTITION))  # unique's partition column
         cols = [f.name for f in store.entry_schema(ds).fields]
         df = df.select(*cols, live.slice_of(ds).alias(layout.SLICE),
-                       F.col(LOAD_HOUR).alias(layout.LOAD))
+                       F.col(LOAD_HOUR_PARTITION).alias(layout.LOAD))
         (df.repartition(layout.SLICE, layout.LOAD).sortWithinPartitions(H1)
          .write.mode("overwrite").partitionBy(layout.SLICE, layout.LOAD)
          .parquet(st.spark_path(staging_name)))

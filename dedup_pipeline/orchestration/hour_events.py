@@ -26,7 +26,7 @@ from dedup_pipeline.engine.checks import LoadCheckError
 from dedup_pipeline.engine.commit_log import CommitLog
 from dedup_pipeline.engine.commits import CommitRecord
 from dedup_pipeline.engine.storage import Storage
-from dedup_pipeline.hours import parse_key, to_tag
+from dedup_pipeline.hours import parse_hour, to_tag
 from dedup_pipeline.orchestration import checks, names
 from dedup_pipeline.orchestration.explain import key_sampler, sample_metadata
 from dedup_pipeline.orchestration.names import INDEX, asset_key
@@ -182,7 +182,7 @@ def restate(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: list[dg.
     turns red in every partition bar, and the failed-partition set of the status cache keeps it
     until a later materialization of the hour. The restated materialization is that later one.
     """
-    rec = CommitLog(Storage(ds.output)).read(to_tag(parse_key(pk)))
+    rec = CommitLog(Storage(ds.output)).read(to_tag(parse_hour(pk)))
     if rec is None:
         return
     note = (f"restated from the committed load of {pk}: run {context.run.run_id} did not load "
@@ -197,12 +197,12 @@ def restate(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: list[dg.
 
 
 def committed(ds: DatasetConfig, pk: str) -> bool:
-    return CommitLog(Storage(ds.output)).read(to_tag(parse_key(pk))) is not None
+    return CommitLog(Storage(ds.output)).read(to_tag(parse_hour(pk))) is not None
 
 
 def run_hours(run: dg.DagsterRun) -> list[str]:
     """The hours (partition keys) a run targeted, from Dagster's partition tags; [] for none."""
-    from dedup_pipeline.hours import hour_range, to_key
+    from dedup_pipeline.hours import format_hour, hour_range
     from dedup_pipeline.orchestration.names import PARTITION, RANGE_END, RANGE_START
 
     start = run.tags.get(RANGE_START) or run.tags.get(PARTITION)
@@ -210,7 +210,7 @@ def run_hours(run: dg.DagsterRun) -> list[str]:
     if not start or not end:
         return []
     try:
-        return [to_key(h) for h in hour_range(start, end)]
+        return [format_hour(h) for h in hour_range(start, end)]
     except ValueError:
         return []
 
@@ -229,7 +229,7 @@ def restate_finished_run(instance: dg.DagsterInstance, ds: DatasetConfig, run: d
     keys = [names.asset_key(ds.name, n) for n in names.WRITTEN]
     done: list[str] = []
     for pk in run_hours(run):
-        rec = log.read(to_tag(parse_key(pk)))
+        rec = log.read(to_tag(parse_hour(pk)))
         if rec is None:
             continue
         latest = instance.fetch_materializations(

@@ -25,11 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container
 from dataclasses import dataclass
+from typing import Literal
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine import formats
+from dedup_pipeline.engine.columns import ENTRY_LOAD_HOUR
 from dedup_pipeline.engine.index.layout import (
     INDEX,
     MANIFEST,
@@ -42,7 +45,7 @@ from dedup_pipeline.engine.index.layout import (
     slice_dir,
     slice_number,
 )
-from dedup_pipeline.engine.index.store import LOAD_HOUR, entry_schema
+from dedup_pipeline.engine.index.store import entry_schema
 from dedup_pipeline.engine.records import Count, Record
 from dedup_pipeline.engine.storage import ROWS_PER_FILE, Storage
 
@@ -52,16 +55,17 @@ class ManifestFile(Record):
 
     name: str
     size: Count
-    rows: Count | None = None
-    sha256: str | None = None
+    rows: Count
+    sha256: str
 
 
 class Manifest(Record):
     """A compacted directory's ``_manifest.json``: the loads it merged and its files."""
 
-    slice: int | None = None
-    loads: tuple[str, ...] = ()
-    files: tuple[ManifestFile, ...] = ()
+    format: Literal[1] = formats.FORMAT
+    slice: int
+    loads: tuple[str, ...]
+    files: tuple[ManifestFile, ...]
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class Compacted:
     dir: str  # "compact=<first>_<last>"
     loads: tuple[str, ...]  # empty if the manifest is missing (a damaged directory)
     files: tuple[ManifestFile, ...]
+    other_format: str | None = None  # the line refusing a manifest of another format
 
     @property
     def rel(self) -> str:
@@ -94,10 +99,23 @@ def list_compacted(st: Storage) -> list[Compacted]:
         for d in st.list_dirs(st.path(INDEX, sdir)):
             if not is_compact_dir(d):
                 continue
+            # missing, damaged or of another format: the directory is damaged (rebuilt from
+            # unique, which deletes it)
+            path = st.path(INDEX, sdir, d, MANIFEST)
             try:
-                m = Manifest.read_json(st.read_text(st.path(INDEX, sdir, d, MANIFEST)))
-            except (FileNotFoundError, ValueError):
-                m = Manifest()  # missing or damaged: the directory is damaged (rebuilt from unique)
+                text = st.read_text(path)
+            except (FileNotFoundError, UnicodeDecodeError):
+                out.append(Compacted(n, d, (), ()))
+                continue
+            other = formats.problem_in_text(path, text, formats.REBUILD)
+            if other is not None:
+                out.append(Compacted(n, d, (), (), other.line))
+                continue
+            try:
+                m = Manifest.read_json(text)
+            except ValueError:
+                out.append(Compacted(n, d, (), ()))
+                continue
             out.append(Compacted(n, d, m.loads, m.files))
     return out
 
@@ -114,7 +132,7 @@ def _write(spark: SparkSession, ds: DatasetConfig, st: Storage, n: int, name: st
     st.remove(work)
     df = spark.read.schema(entry_schema(ds)).parquet(*sources)
     if drop is not None:
-        df = df.filter(F.col(LOAD_HOUR) != F.lit(drop))
+        df = df.filter(F.col(ENTRY_LOAD_HOUR) != F.lit(drop))
     (df.coalesce(1).write.mode("overwrite").option("maxRecordsPerFile", ROWS_PER_FILE)
      .parquet(st.spark_path(WORK, slice_dir(n), name)))
     files = [ManifestFile(name=p.rsplit("/", 1)[1], size=int(st.fs.info(p).get("size") or 0),

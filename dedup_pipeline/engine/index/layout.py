@@ -11,7 +11,6 @@ change of layout is a change of this module (and of `INDEX_FORMAT`).
     ``_staging/load_hour=<tag>/slice=<n>/``         a load's entries before they are published
     ``_damaged.json``                               files found with other content (health)
     ``_retention.json``                             what retention deleted below (live)
-    ``_live.json``                                  the summary of the commit records (health)
 ``{output}/_compact/slice=<n>/<dir>``               a compacted directory before its rename
 ``{output}/index_rebuild/``                          a full rebuild, swapped in whole
 """
@@ -20,15 +19,15 @@ from __future__ import annotations
 
 import re
 
-from dedup_pipeline.engine.outputs import LOAD_HOUR
-from dedup_pipeline.engine.records import Count, Record, optional
+from dedup_pipeline.engine import formats
+from dedup_pipeline.engine.columns import LOAD_HOUR_PARTITION
+from dedup_pipeline.engine.commits import IndexFileEntry
 
 INDEX = "index"
-# Version of the entry layout, kept in every commit record. 2: 32-bit fingerprint. Loads refuse an
-# index of an older version like a damaged one (R12): rebuild-index rewrites it from unique.
-INDEX_FORMAT = 2
+# Version of the entry layout, kept in every commit record and contract: the package's format
+INDEX_FORMAT = formats.FORMAT
 SLICE = "slice"  # partition column and directory key of a slice
-LOAD = LOAD_HOUR  # partition column and directory key of one load's entries (as the outputs')
+LOAD = LOAD_HOUR_PARTITION  # partition column and directory key of one load's entries (as the outputs')
 COMPACT = "compact"  # directory key of merged loads
 STAGING = "_staging"  # below index/: a load's entries, staged before they are moved in place
 WORK = "_compact"  # below the output root: where compacted directories are written first
@@ -96,28 +95,18 @@ CHECKSUM_PATH = re.compile(
     rf"({SLICE}=-?\d+/(?:{LOAD}|{COMPACT})=[^/\s]+/[^/\s]+?\.parquet)")
 
 
-class IndexFileEntry(Record):
-    """One index file as its load's commit record (or a compacted directory's manifest) lists
-    it: what `check_index` compares the disk with."""
-
-    slice: int
-    name: str
-    size: Count
-    rows: Count | None = optional()  # None in commit records written before rows were recorded
-    sha256: str | None = optional()  # content hash recorded when written; None in older records
-
-    def at(self, tag: str, dir: str = "", loads: tuple[str, ...] = ()) -> IndexFile:
-        """This file where it lies: of load `tag` (or, in a compacted directory `dir`, of `loads`)."""
-        return IndexFile(tag=tag, dir=dir, loads=loads, slice=self.slice, name=self.name,
-                         size=self.size, rows=self.rows, sha256=self.sha256)
-
-
 class IndexFile(IndexFileEntry):
     """An index file with the load(s) whose entries it holds: its place below the index."""
 
     tag: str  # the (earliest) load whose entries it holds
     dir: str = ""  # directory below the slice: "load_hour=<tag>" (default) or "compact=<a>_<b>"
     loads: tuple[str, ...] = ()  # every load it holds entries of (default: just `tag`)
+
+    @classmethod
+    def of(cls, entry: IndexFileEntry, tag: str) -> IndexFile:
+        """The file a commit record's `entry` lists, where it lies: of load `tag`."""
+        return cls(tag=tag, slice=entry.slice, name=entry.name, size=entry.size, rows=entry.rows,
+                   sha256=entry.sha256)
 
     @property
     def rel(self) -> str:

@@ -17,9 +17,8 @@ from collections.abc import Container
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.digest import H1
+from dedup_pipeline.engine.columns import H1, V
 from dedup_pipeline.engine.index.layout import INDEX, RETENTION_STATE, IndexFile, slice_number
-from dedup_pipeline.engine.parse import V
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.errors import UserError
 

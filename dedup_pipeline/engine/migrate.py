@@ -247,7 +247,7 @@ def rewrite_outputs(reader: Reader, say: Callable[[str], None]) -> int:
             for f in placed:
                 st.sync_tree(f)
             rec = reader.records[tag]
-            keep = [f for f in (rec.output_files or {}).get(name, ())
+            keep = [f for f in rec.output_files.get(name, ())
                     if st.path(*partition(name, tag), f.name) not in set(stale[tag])]
             new_files.setdefault(tag, {})[name] = tuple(keep) + tuple(
                 OutputFileEntry(name=p.rsplit("/", 1)[1], size=int(st.fs.info(p)["size"]))

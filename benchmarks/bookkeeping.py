@@ -40,13 +40,14 @@ from benchmarks.fs_requests import count_requests
 from dedup_pipeline.config import DatasetConfig, parse_config
 from dedup_pipeline.engine import commits
 from dedup_pipeline.engine.commit_log import CommitLog
-from dedup_pipeline.engine.commits import CommitRecord
+from dedup_pipeline.engine.commits import CommitRecord, IndexFileEntry
 from dedup_pipeline.engine.index import layout
 from dedup_pipeline.engine.index.health import check_index, content_damage
-from dedup_pipeline.engine.index.layout import IndexFile, IndexFileEntry
+from dedup_pipeline.engine.index.layout import IndexFile
 from dedup_pipeline.engine.index.live import EarlierLoads, check_retention, live_files
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag
+from dedup_pipeline_tests.conftest import NOTHING
 
 START = "2025-01-01-00:00"
 LIVE = 24  # hours whose index files are live (the expiry period; retention deleted the rest)
@@ -95,12 +96,12 @@ def synthesize(root: Path, n: int) -> DatasetConfig:
             d.mkdir(parents=True, exist_ok=True)
             (d / entry.name).write_bytes(data)
         latest = v0 + HOUR_US  # the hour's end: X_{i+1} = the start of hour i+1-LIVE
-        rec = CommitRecord(dataset=ds.name, partition_key=format_hour(hour), load_hour=tag,
-                           rows_in=10, unique=10, duplicates=0, expired=0, rejected=0,
-                           latest_point=float(latest), expiry_point=float(latest - LIVE * HOUR_US),
-                           index_rows_written=10, index_slices_written=(n_slice,),
-                           committed_at="2026-01-01T00:00:00Z", index_files=(entry,),
-                           index_format=layout.INDEX_FORMAT)
+        rec = CommitRecord(**{
+            **NOTHING, "latest_point": float(latest), "expiry_point": float(latest - LIVE * HOUR_US),
+            "index_rows_written": 10, "index_slices_written": (n_slice,),
+            "committed_at": "2026-01-01T00:00:00Z", "index_files": (entry,)},
+            dataset=ds.name, partition_key=format_hour(hour), load_hour=tag, rows_in=10, unique=10,
+            duplicates=0, expired=0, rejected=0)
         with open(commits.commit_path(st, tag), "w") as f:
             json.dump(rec.to_json(), f)
     if first_live:

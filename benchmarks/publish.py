@@ -32,6 +32,7 @@ from dedup_pipeline.engine.commits import CommitRecord, OutputFileEntry
 from dedup_pipeline.engine.outputs import OUTPUTS, partition
 from dedup_pipeline.engine.storage import Storage
 from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag
+from dedup_pipeline_tests.conftest import NOTHING
 
 START = "2026-01-01-00:00"
 
@@ -59,9 +60,10 @@ def _hour(st: Storage, ds: DatasetConfig, i: int) -> CommitRecord:
         p = d / f"part-00000-{i:06d}-c000.snappy.parquet"
         pq.write_table(table, p)
         files[name] = (OutputFileEntry(name=p.name, size=p.stat().st_size),)
-    rec = CommitRecord(dataset=ds.name, partition_key=format_hour(parse_hour(tag)), load_hour=tag,
+    rec = CommitRecord(**{**NOTHING, "output_files": files},
+                       dataset=ds.name, partition_key=format_hour(parse_hour(tag)), load_hour=tag,
                        rows_in=40, unique=10, duplicates=10, expired=10, rejected=10,
-                       output_files=files, publish_token=lake.new_token())
+                       publish_token=lake.new_token())
     commits.write_commit(st, rec)
     return rec
 

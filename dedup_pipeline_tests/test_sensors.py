@@ -33,7 +33,13 @@ from dedup_pipeline.orchestration.names import (
     reconcile_schedule_name,
 )
 from dedup_pipeline.orchestration.sensors import build_landing_sensor
-from dedup_pipeline_tests.conftest import dataset_raw, pipeline_config, read_output, write_hour
+from dedup_pipeline_tests.conftest import (
+    NOTHING,
+    dataset_raw,
+    pipeline_config,
+    read_output,
+    write_hour,
+)
 
 H = [f"2026-11-01-{h:02d}:00" for h in range(6)]
 SENSOR, HOURLY, RECONCILE = (landing_sensor_name("clicks"), hourly_schedule_name("clicks"),
@@ -380,9 +386,9 @@ def test_input_change_kinds(tmp_path: Path, change: str) -> None:
     f0 = write_hour(ds, H[0], [_ev(1, 0)])
     f1 = write_hour(ds, H[0], [_ev(2, 0)], name="part-1.jsonl")
     h0 = parse_hour(H[0])
-    record = CommitRecord(dataset=ds.name, partition_key=H[0], load_hour=to_tag(h0), rows_in=0,
-                          unique=0, duplicates=0, expired=0, rejected=0,
-                          inputs=tuple(landing.list_input_files(ds, h0)))
+    record = CommitRecord(**{**NOTHING, "inputs": tuple(landing.list_input_files(ds, h0))},
+                          dataset=ds.name, partition_key=H[0], load_hour=to_tag(h0), rows_in=0,
+                          unique=0, duplicates=0, expired=0, rejected=0)
     assert landing.input_change(ds, h0, record) is None
     if change == "added":
         write_hour(ds, H[0], [_ev(3, 0)], name="part-2.jsonl")

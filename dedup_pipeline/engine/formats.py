@@ -1,4 +1,4 @@
-"""The format of the JSON documents the engine persists (docs/design.md, "Formats").
+"""The format of the JSON documents the engine persists (design.md L4).
 
 A commit record, the commit log's summary, a dataset contract version and a compacted index
 directory's manifest each carry ``"format": 1``, written by every load. A document without it, or

@@ -119,7 +119,7 @@ def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition) -> dg.Sensor
         except contract.ContractError as e:
             return dg.SkipReason(f"{ds.name}: {damage.summary()}; not rebuilt: {e}")
         fingerprint = hashlib.sha256(repr((damage.missing, damage.unexpected, damage.corrupt,
-                                           damage.old_format)).encode()).hexdigest()
+                                           damage.other_format)).encode()).hexdigest()
         return dg.SensorResult(run_requests=[dg.RunRequest(
             run_key=f"{ds.name}:rebuild:{fingerprint[:16]}",
             run_config={"ops": {names.rebuild_op_name(ds.name): {"config": {"hours": hours}}}},

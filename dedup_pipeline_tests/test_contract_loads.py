@@ -288,7 +288,7 @@ def test_files_of_another_format_are_refused_in_one_line_and_the_named_fix_works
     assert r.exit_code == 1
     line = (f"contract error: {v1} is of format 2, expected format 1; migrate the dataset: "
             "dedup-pipeline migrate --config <file> --dataset <name>")
-    assert line in r.output.splitlines(), r.output
+    assert r.output.splitlines() == [f"error: {line}"]  # one line
     r = runner.invoke(main, ["migrate", "--config", config])
     assert r.exit_code == 0, r.output
     pinned = json.loads(v1.read_text())

@@ -218,7 +218,8 @@ def test_a_damaged_commit_record_names_file_hour_and_fix(spark, tmp_path: Path) 
     load_hours(spark, ds, H[:2])
     rec_file = Path(ds.output, "_commits", "load_hour=2026-11-01-01.json")
     good = rec_file.read_text()
-    for bad in (good[: len(good) // 2], json.dumps({"load_hour": "2026-11-01-01"}), "[]"):
+    for bad in (good[: len(good) // 2], json.dumps({"format": 1, "load_hour": "2026-11-01-01"}),
+                "[]"):
         rec_file.write_text(bad)
         with pytest.raises(IndexDamagedError) as ei:
             load_hours(spark, ds, [H[2]])

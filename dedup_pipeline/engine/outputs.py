@@ -1,4 +1,5 @@
-"""The output contract (design.md L1, L2): the four outputs, their columns and the columns' types.
+"""The output contract (design.md L1, L2): the four outputs, their columns and the columns' types
+(the column names themselves are `engine.columns`').
 
 One home for what a reader of the lake relies on: classification names rows' outputs with these
 names, the load writes exactly these columns in these types, and the Dagster layer shows them as

@@ -46,7 +46,8 @@ from dedup_pipeline.engine.core.index.health import check_index, content_damage
 from dedup_pipeline.engine.core.index.layout import IndexFile
 from dedup_pipeline.engine.core.index.live import EarlierLoads, check_retention, live_files
 from dedup_pipeline.engine.core.storage import Storage
-from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
+from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag
+from dedup_pipeline_tests.conftest import NOTHING
 
 START = "2025-01-01-00:00"
 LIVE = 24  # hours whose index files are live (the expiry period; retention deleted the rest)
@@ -80,7 +81,7 @@ def synthesize(root: Path, n: int) -> DatasetConfig:
     ds = dataset(root)
     st = Storage(ds.output)
     os.makedirs(st.path(commits.COMMITS), exist_ok=True)
-    start = parse_key(START)
+    start = parse_hour(START)
     first_live = max(0, n - LIVE)
     for i in range(n):
         hour = start + i * HOUR
@@ -95,12 +96,12 @@ def synthesize(root: Path, n: int) -> DatasetConfig:
             d.mkdir(parents=True, exist_ok=True)
             (d / entry.name).write_bytes(data)
         latest = v0 + HOUR_US  # the hour's end: X_{i+1} = the start of hour i+1-LIVE
-        rec = CommitRecord(dataset=ds.name, partition_key=to_key(hour), load_hour=tag,
-                           rows_in=10, unique=10, duplicates=0, expired=0, rejected=0,
-                           latest_point=float(latest), expiry_point=float(latest - LIVE * HOUR_US),
-                           index_rows_written=10, index_slices_written=(n_slice,),
-                           committed_at="2026-01-01T00:00:00Z", index_files=(entry,),
-                           index_format=layout.INDEX_FORMAT)
+        rec = CommitRecord(**{
+            **NOTHING, "latest_point": float(latest), "expiry_point": float(latest - LIVE * HOUR_US),
+            "index_rows_written": 10, "index_slices_written": (n_slice,),
+            "committed_at": "2026-01-01T00:00:00Z", "index_files": (entry,)},
+            dataset=ds.name, partition_key=format_hour(hour), load_hour=tag, rows_in=10, unique=10,
+            duplicates=0, expired=0, rejected=0)
         with open(commits.commit_path(st, tag), "w") as f:
             json.dump(rec.to_json(), f)
     if first_live:
@@ -120,7 +121,7 @@ def load_bookkeeping(ds: DatasetConfig, n: int) -> list[IndexFile]:
     """The driver-side bookkeeping of loading hour N (`load.prepare`/`classify_batch` without
     their Spark jobs, and with no earlier attempt to forget): returns the files the probe reads."""
     st = Storage(ds.output)
-    hour = parse_key(START) + n * HOUR
+    hour = parse_hour(START) + n * HOUR
     tag = to_tag(hour)
     log = CommitLog(st)
     health = check_index(st, ds, log=log)
@@ -168,7 +169,7 @@ def real_load(spark: Any, ds: DatasetConfig, n: int) -> tuple[float, Counter[str
     """One real load of a 10-row hour N: driver wall time and its requests through Storage."""
     from dedup_pipeline.engine.load import run_load
 
-    hour = parse_key(START) + n * HOUR
+    hour = parse_hour(START) + n * HOUR
     d = Path(ds.source.path) / f"date={hour:%Y-%m-%d}" / f"hour={hour:%H}"
     d.mkdir(parents=True, exist_ok=True)
     ts = hour.strftime("%Y-%m-%dT%H:10:00Z")
@@ -176,7 +177,7 @@ def real_load(spark: Any, ds: DatasetConfig, n: int) -> tuple[float, Counter[str
         json.dumps({"event_id": f"new{i}", "event_time": ts}) + "\n" for i in range(10)))
     with count_requests() as reqs:
         t0 = time.perf_counter()
-        rec = run_load(spark, ds, to_key(hour))
+        rec = run_load(spark, ds, format_hour(hour))
         secs = time.perf_counter() - t0
     assert rec.unique == 10, rec
     return secs, reqs

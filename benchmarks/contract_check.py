@@ -23,7 +23,7 @@ from dedup_pipeline.engine.core.index.health import check_index
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.session import SparkSettings, get_session
-from dedup_pipeline.hours import HOUR, parse_key, to_key
+from dedup_pipeline.hours import HOUR, format_hour, parse_hour
 from dedup_pipeline.sample.generate import generate_landing
 
 
@@ -38,7 +38,7 @@ def main() -> None:
     ds = load_config(stats.config).datasets[0]
     spark = get_session(SparkSettings(master="local[2]", conf={"spark.ui.enabled": "false"}))
     spark.sparkContext.setLogLevel("ERROR")
-    hours = [to_key(parse_key(ds.start) + i * HOUR) for i in range(3)]
+    hours = [format_hour(parse_hour(ds.start) + i * HOUR) for i in range(3)]
     load_hours(spark, ds, hours[:2])
     t0 = time.perf_counter()
     (rec,) = load_hours(spark, ds, hours[2:])

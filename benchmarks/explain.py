@@ -39,7 +39,9 @@ from dedup_pipeline.engine.core import outputs
 from dedup_pipeline.engine.core.commits import committed_tags, read_commit, write_commit
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.explain import committed_history, explain_key
-from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
+from dedup_pipeline.engine.load import load_hours
+from dedup_pipeline.engine.session import SparkSettings, get_session
+from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag
 from dedup_pipeline.sample.generate import generate_landing
 
 CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4",
@@ -101,7 +103,7 @@ def _replicate(out: Path, times: int, span: int) -> None:
     tags = sorted(p.name[len("load_hour="):-len(".json")] for p in commits_dir.glob("*.json"))[:span]
     for r in range(1, times):
         for t in tags:
-            new = to_tag(parse_key(t) + r * span * HOUR)
+            new = to_tag(parse_hour(t) + r * span * HOUR)
             target = commits_dir / f"load_hour={new}.json"
             if target.exists():
                 continue
@@ -109,7 +111,7 @@ def _replicate(out: Path, times: int, span: int) -> None:
                 if (out / name / f"load_hour={t}").exists():
                     shutil.copytree(out / name / f"load_hour={t}", out / name / f"load_hour={new}")
             rec = json.loads((commits_dir / f"load_hour={t}.json").read_text())
-            rec.update(load_hour=new, partition_key=to_key(parse_key(new)), index_files=[])
+            rec.update(load_hour=new, partition_key=format_hour(parse_hour(new)), index_files=[])
             target.write_text(json.dumps(rec))
 
 
@@ -136,13 +138,11 @@ def _timed(f: Callable[[], object], repeat: int) -> tuple[float, float]:
 
 
 def _load(root: Path, ds: DatasetConfig, hours: int, start: str) -> None:
-    from dedup_pipeline.engine.load import load_hours  # Spark: only to build the history
-    from dedup_pipeline.engine.session import SparkSettings, get_session
 
     spark = get_session(SparkSettings("local[2]", None, CONF))
     spark.sparkContext.setLogLevel("ERROR")
     for i in range(hours):
-        load_hours(spark, ds, [to_key(parse_key(start) + i * HOUR)])
+        load_hours(spark, ds, [format_hour(parse_hour(start) + i * HOUR)])
         print(f"  loaded {i + 1}/{hours} hours", flush=True)
 
 
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     root = Path(args.dir or tempfile.mkdtemp(prefix="explain_bench_"))
     try:
-        start = to_key(parse_key("2026-01-01-00:00"))
+        start = format_hour(parse_hour("2026-01-01-00:00"))
         cfg = root / "main.yaml"
         if not args.reuse:
             print(f"generating {args.hours} hours x {args.rows_per_hour} rows in {root}",

@@ -28,7 +28,7 @@ from dedup_pipeline.config import load_config
 from dedup_pipeline.engine.core.parse import list_input_files
 from dedup_pipeline.engine.load import run_load
 from dedup_pipeline.engine.session import SparkSettings, get_session
-from dedup_pipeline.hours import HOUR, parse_key, to_key
+from dedup_pipeline.hours import HOUR, format_hour, parse_hour
 from dedup_pipeline.sample.generate import generate_landing
 
 START = "2026-11-01-00:00"
@@ -73,14 +73,14 @@ def profile(work: Path, rows: int, hours: int, rerun_last: int, conf: dict[str, 
     spark = get_session(SparkSettings(conf={"spark.ui.enabled": "false", **conf}))
     spark.sparkContext.setLogLevel("ERROR")
     counters = JvmCounters(spark)
-    start = parse_key(ds.start)
+    start = parse_hour(ds.start)
     plan = [(i, "new") for i in range(hours)] + [(hours - 1, "rerun")] * rerun_last
     records = []
     for i, kind in plan:
         hour = start + i * HOUR
         before = counters.read()
         with measured(spark, [f.path for f in list_input_files(ds, hour)]) as cost:
-            r = run_load(spark, ds, to_key(hour))
+            r = run_load(spark, ds, format_hour(hour))
         jit, compiles, gc = (a - b for a, b in zip(counters.read(), before, strict=True))
         rec = {"hour": i, "kind": kind, "seconds": round(cost.seconds, 2),
                "cpu_seconds": round(cost.cpu_seconds, 1), "jit_ms": jit,

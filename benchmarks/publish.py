@@ -32,7 +32,8 @@ from dedup_pipeline.engine.core import commits
 from dedup_pipeline.engine.core.commits import CommitRecord, OutputFileEntry
 from dedup_pipeline.engine.core.outputs import OUTPUTS, partition
 from dedup_pipeline.engine.core.storage import Storage
-from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
+from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag
+from dedup_pipeline_tests.conftest import NOTHING
 
 START = "2026-01-01-00:00"
 
@@ -50,7 +51,7 @@ def _dataset(root: Path) -> DatasetConfig:
 
 def _hour(st: Storage, ds: DatasetConfig, i: int) -> CommitRecord:
     """Hour i's files (one small file per output, of the output's schema) and its record."""
-    tag = to_tag(parse_key(START) + i * HOUR)
+    tag = to_tag(parse_hour(START) + i * HOUR)
     files = {}
     for name in OUTPUTS:
         schema = lake.arrow_schema(ds, name)
@@ -60,9 +61,10 @@ def _hour(st: Storage, ds: DatasetConfig, i: int) -> CommitRecord:
         p = d / f"part-00000-{i:06d}-c000.snappy.parquet"
         pq.write_table(table, p)
         files[name] = (OutputFileEntry(name=p.name, size=p.stat().st_size),)
-    rec = CommitRecord(dataset=ds.name, partition_key=to_key(parse_key(tag)), load_hour=tag,
+    rec = CommitRecord(**{**NOTHING, "output_files": files},
+                       dataset=ds.name, partition_key=format_hour(parse_hour(tag)), load_hour=tag,
                        rows_in=40, unique=10, duplicates=10, expired=10, rejected=10,
-                       output_files=files, publish_token=lake.new_token())
+                       publish_token=lake.new_token())
     commits.write_commit(st, rec)
     return rec
 

@@ -61,7 +61,7 @@ from dedup_pipeline.engine.core.parse import list_input_files
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import run_load
 from dedup_pipeline.engine.session import BASE_CONF, SparkSettings, get_session
-from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
+from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag
 from dedup_pipeline.sample.generate import generate_landing
 
 HERE = Path(__file__).resolve().parent
@@ -172,10 +172,10 @@ class Deployed:
         """Wall seconds of the run process for `hour` (its landing files in the page cache first,
         as every system's) and the hour's commit record."""
         settle(spark, _inputs(self.ds, hour))
-        wall = warm.fresh_run(self.cfg, to_key(hour), self.env, self.log)
+        wall = warm.fresh_run(self.cfg, format_hour(hour), self.env, self.log)
         rec = commits.read_commit(Storage(self.ds.output), to_tag(hour))
         if rec is None:
-            raise RuntimeError(f"(g) did not commit {to_key(hour)}; see {self.log}")
+            raise RuntimeError(f"(g) did not commit {format_hour(hour)}; see {self.log}")
         return wall, rec
 
     def close(self) -> None:
@@ -199,7 +199,7 @@ class Bench:
             self.say(f"reusing {hours} h x {rows} rows in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
-            start = to_key(datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+            start = format_hour(datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
                            - (hours + 1) * HOUR)
             st = generate_landing(root, hours=hours, rows_per_hour=rows, seed=7, start=start)
             stamp.write_text(want)
@@ -237,7 +237,7 @@ class Bench:
     def record(self, system: str, hour: datetime, history: int, cost: Cost, **extra: Any) -> None:
         if not cost.peak_is_per_step:
             extra["peak_is_per_step"] = False  # the reset was refused: a lifetime peak
-        self.samples.append(Sample(system, to_key(hour), history, round(cost.seconds, 3),
+        self.samples.append(Sample(system, format_hour(hour), history, round(cost.seconds, 3),
                                    round(cost.cpu_seconds, 3), cost.peak_rss_bytes, extra))
 
     # ------------------------------------------------------------------ the main loop
@@ -248,7 +248,7 @@ class Bench:
         noexp = (self.dataset(config, "out/pipeline_noexp", expiry=False)
                  if "pipeline_noexp" in every else None)
         scratch = self.work / "out" / "scratch"
-        start = parse_key(ds.start)
+        start = parse_hour(ds.start)
         measured_at = plan.measured()
         pipeline = self.system(spark, "pipeline", config, "out/pipeline")
         stream = (self.system(spark, "streaming", config, "out/streaming",
@@ -260,7 +260,7 @@ class Bench:
             deployed = Deployed(self, config) if plan.deployed else None
             for i in range(plan.hours):
                 hour = start + i * HOUR
-                key = to_key(hour)
+                key = format_hour(hour)
                 ca, extra = pipeline.step(key)
                 ra = CommitRecord.from_json(extra["result"], to_tag(hour))
                 self.record("pipeline", hour, i, ca, **_load_figures(ra))
@@ -306,17 +306,17 @@ class Bench:
         line = f" (g) {wall:5.2f}s"
         measured_hour = i >= min(self.plan.points)  # T8 and T8d's hours
         if measured_hour:  # what any run process costs, beside (g)
-            rf = warm.run_floor(to_key(hour), d.env)
+            rf = warm.run_floor(format_hour(hour), d.env)
             extra.update(run_floor_seconds=rf["wall"], run_floor_marks=rf["marks"])
             line += f" run floor {rf['wall']:4.2f}s"
         self.record("deployed", hour, i, Cost(seconds=wall), **extra)
         if not _conserved(rec):
-            self.failures.append(f"{to_key(hour)}: (g) broke conservation")
+            self.failures.append(f"{format_hour(hour)}: (g) broke conservation")
         if measured_hour:
             same = _same_unique(Path(ds.output), Path(d.ds.output), to_tag(hour),
                                 list(ds.source.schema))
             if not same:
-                self.failures.append(f"{to_key(hour)}: (g) and (a) kept different unique rows")
+                self.failures.append(f"{format_hour(hour)}: (g) and (a) kept different unique rows")
             line += f" (g)==(a): {'yes' if same else 'NO'}"
         return line
 
@@ -332,9 +332,9 @@ class Bench:
             self.record("naive", hour, i, cb, unique=rb.unique)
             same = _same_unique(Path(ds.output), naive_out, to_tag(hour), list(ds.source.schema))
             if not same:
-                self.failures.append(f"{to_key(hour)}: (a) and (b) kept different unique rows")
+                self.failures.append(f"{format_hour(hour)}: (a) and (b) kept different unique rows")
             if not rb.conserved:
-                self.failures.append(f"{to_key(hour)}: (b) broke conservation")
+                self.failures.append(f"{format_hour(hour)}: (b) broke conservation")
             line += f" (b) {cb.seconds:5.2f}s"
         if "recompute" in self.plan.sampled:
             with measured(spark, _inputs(ds, hour)) as cc:
@@ -359,7 +359,7 @@ class Bench:
         cache, Spark's status store), which does not follow history. A rerun redoes the hour's
         whole load (R10) and must leave the same unique rows: checked against (b) when it ran."""
         cfg = self.cli_config(config, ds, "fresh.yaml", WORKER_CONF)
-        key = to_key(hour)
+        key = format_hour(hour)
         (self.work / "logs").mkdir(exist_ok=True)
         seconds, peak = _cli_run(cfg, key, key, log=self.work / "logs" / f"fresh-{i}.log")
         self.fresh.append({"hour": key, "history": i, "seconds": round(seconds, 2),
@@ -389,7 +389,7 @@ class Bench:
         hours = plan.big_history + plan.span
         config = self.landing("landing_big", hours, plan.big_rows_per_hour)
         ds = self.dataset(config, "out/big")
-        start = parse_key(ds.start)
+        start = parse_hour(ds.start)
         # alone with the runner in this part: the same driver memory as the runner's copy (e)
         pipeline = self.system(spark, "pipeline", config, "out/big",
                                memory=BENCH_CONF["spark.driver.memory"])
@@ -403,7 +403,7 @@ class Bench:
         plan = self.plan
         for i in range(hours):
             hour = start + i * HOUR
-            ca, extra = pipeline.step(to_key(hour))
+            ca, extra = pipeline.step(format_hour(hour))
             ra = CommitRecord.from_json(extra["result"], to_tag(hour))
             line = f"big h{i:>3}: (a) {ca.seconds:6.2f}s"
             if i >= plan.big_history:
@@ -419,14 +419,14 @@ class Bench:
         plan = self.plan
         ds = self.dataset(config, "out/backfill")
         cfg = self.cli_config(config, ds, "backfill.yaml", BENCH_CONF)
-        start = parse_key(ds.start)
-        first, last = to_key(start), to_key(start + (plan.backfill_hours - 1) * HOUR)
+        start = parse_hour(ds.start)
+        first, last = format_hour(start), format_hour(start + (plan.backfill_hours - 1) * HOUR)
         single, peak = _cli_run(cfg, first, last)
         self.say(f"backfill {plan.backfill_hours} h as one run: {single:.1f}s "
                  f"({single / plan.backfill_hours:.2f}s per hour, peak {peak / 2**20:.0f} MiB)")
         separate = []
         for k in range(plan.separate_runs):
-            key = to_key(start + (plan.backfill_hours + k) * HOUR)
+            key = format_hour(start + (plan.backfill_hours + k) * HOUR)
             separate.append(_cli_run(cfg, key, key)[0])
             self.say(f"separate one-hour run {key}: {separate[-1]:.1f}s")
         return {"backfill_hours": plan.backfill_hours, "single_run_seconds": round(single, 2),

@@ -44,7 +44,7 @@ import dagster as dg
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
-from dedup_pipeline.hours import HOUR, hour_range, key_of, to_key, to_tag
+from dedup_pipeline.hours import HOUR, format_hour, format_tag, hour_range, to_tag
 from dedup_pipeline.orchestration.names import (
     PARTITION,
     RANGE_END,
@@ -161,13 +161,13 @@ def soak(root: Path, minutes: float, every: float, log: Any = print,
                     time.sleep(1)
                 w.land(h, [f"e{i}-{j}" for j in range(20)] + [f"e{max(0, i - 1)}-0"])
                 fig.hours_landed += 1
-                log(f"{time.monotonic() - t0:6.0f}s landed {to_key(h)}")
+                log(f"{time.monotonic() - t0:6.0f}s landed {format_hour(h)}")
                 what = events.get(i)
                 if what == "late":
                     loaded = w.wait("a loaded hour", lambda: sorted(w.committed()), timeout=600)
                     late = datetime.strptime(loaded[-1], "%Y-%m-%d-%H").replace(tzinfo=UTC)
                     w.land(late, [f"late-{i}"], name="part-late.jsonl")
-                    log(f"  late file in {to_key(late)}")
+                    log(f"  late file in {format_hour(late)}")
                 elif what == "index":
                     w.delete_index()
                     log("  index deleted")
@@ -198,9 +198,9 @@ def soak(root: Path, minutes: float, every: float, log: Any = print,
                     first = end = r.tags.get(PARTITION)
                 if first and end:
                     for h in hour_range(first, end):
-                        fig.loads_per_hour[to_key(h)] += 1
+                        fig.loads_per_hour[format_hour(h)] += 1
             for h in hours:
-                fig.loads_per_hour.setdefault(to_key(h), 0)
+                fig.loads_per_hour.setdefault(format_hour(h), 0)
             ticks = w.ticks(inst)
             fig.ticks = Counter(t.status.value for t in ticks)
             fig.skipped_without_reason = sum(1 for t in ticks if t.status == TickStatus.SKIPPED
@@ -253,7 +253,7 @@ def refusals_and_failures(w: Walk, inst: dg.DagsterInstance, fig: Figures, log: 
     cfg = load_config(str(w.config))
     ds = cfg.datasets[0]
     loaded = sorted(w.committed())
-    first, last = key_of(loaded[0]), key_of(loaded[-1])
+    first, last = format_tag(loaded[0]), format_tag(loaded[-1])
 
     def record(kind: str, res: Any) -> None:
         fig.refusals[kind] = "succeeded?!" if res.success else (res.error or "").split(":")[0]

@@ -35,11 +35,10 @@ from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core.classify import batch_order
+from dedup_pipeline.engine.core.columns import REASON, V
 from dedup_pipeline.engine.core.expiry import Number, is_expired
 from dedup_pipeline.engine.core.parse import (
-    REASON,
     SPARK_TYPES,
-    V,
     hour_dir,
     list_input_files,
     read_text_batch,

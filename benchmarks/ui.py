@@ -41,7 +41,7 @@ from dedup_pipeline.config import load_config
 from dedup_pipeline.engine.core import commits
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.session import check_server
-from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
+from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag
 from dedup_pipeline.orchestration.checks import CHECKS
 from dedup_pipeline.orchestration.names import WRITTEN
 from dedup_pipeline.sample.generate import default_start, generate_landing
@@ -126,7 +126,7 @@ def _failure(url: str, run_id: str, status: str, log: Path) -> str:
 
 
 def _engine_seconds(output: str, hour: str) -> float:
-    rec = commits.read_commit(Storage(output), to_tag(parse_key(hour)))
+    rec = commits.read_commit(Storage(output), to_tag(parse_hour(hour)))
     if rec is None:
         raise UiRunFailed(f"hour {hour} succeeded in Dagster but has no commit record in {output}")
     return float(rec.seconds["total"])
@@ -191,7 +191,7 @@ def measure_ui(work: Path, remote: str | None = None, rows: int = 2000, warmup: 
     work.mkdir(parents=True)
     total = warmup + measured
     first = default_start(total)  # the last hour is the last complete one: the UI offers it
-    hours = [to_key(parse_key(first) + i * HOUR) for i in range(total)]
+    hours = [format_hour(parse_hour(first) + i * HOUR) for i in range(total)]
     generate_landing(work, hours=total, rows_per_hour=rows, seed=7, start=first)
     for marker in (work / "landing").rglob("_SUCCESS"):
         marker.unlink()  # the landing sensor (on in dagster dev) must not load them first

@@ -49,7 +49,7 @@ from dedup_pipeline.engine.core import commits
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import run_load
 from dedup_pipeline.engine.session import SparkSettings, get_session
-from dedup_pipeline.hours import HOUR, parse_key, to_key, to_tag
+from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag
 from dedup_pipeline.sample.generate import generate_landing
 
 HERE = Path(__file__).resolve().parent
@@ -83,7 +83,7 @@ def _config(root: Path, way: str) -> Path:
 
 
 def _engine_seconds(output: str, hour: str) -> float:
-    rec = commits.read_commit(Storage(output), to_tag(parse_key(hour)))
+    rec = commits.read_commit(Storage(output), to_tag(parse_hour(hour)))
     assert rec is not None, f"hour {hour} was not committed in {output}"
     return float(rec.seconds["total"])
 
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(root, ignore_errors=True)
     total = args.warmup + args.hours
     generate_landing(root, hours=total, rows_per_hour=args.rows, seed=7, start=START)
-    hours = [to_key(parse_key(START) + i * HOUR) for i in range(total)]
+    hours = [format_hour(parse_hour(START) + i * HOUR) for i in range(total)]
     skip = {"local_mode"} if args.skip_local else set()
     if args.skip_streaming:
         skip |= {"streaming", "run_floor"}

@@ -31,7 +31,7 @@ import yaml
 
 from benchmarks.probe import Cost, measured
 from dedup_pipeline.config import DatasetConfig, parse_config
-from dedup_pipeline.hours import parse_key
+from dedup_pipeline.hours import parse_hour
 
 KINDS = ("pipeline", "streaming")
 # each worker's session: (a)'s and (d)'s in the full benchmark, (d)'s in `benchmarks.warm`
@@ -61,7 +61,7 @@ class System:
         from dedup_pipeline.engine.core.parse import list_input_files
         from dedup_pipeline.engine.load import run_load
 
-        hour = parse_key(key)
+        hour = parse_hour(key)
         inputs = [f.path for f in list_input_files(self.ds, hour)]
         if self.stream is not None:
             self.stream.feed(hour)

@@ -243,7 +243,7 @@ def _report_late_input(cfg: PipelineConfig, ds: DatasetConfig) -> None:
     from dedup_pipeline.engine.core import landing
     from dedup_pipeline.engine.core.commit_log import CommitLog
     from dedup_pipeline.engine.core.storage import Storage
-    from dedup_pipeline.hours import key_of
+    from dedup_pipeline.hours import format_tag
 
     try:
         committed = CommitLog(Storage(ds.output)).committed()
@@ -252,7 +252,7 @@ def _report_late_input(cfg: PipelineConfig, ds: DatasetConfig) -> None:
         click.echo(f"warning: late files of {ds.name!r} not checked: {one_line(e)}")
         return
     for c in changes:
-        click.echo(f"late input: {ds.name} {_with_file(cfg, c.line(ds, key_of(committed.max() or '')))}")
+        click.echo(f"late input: {ds.name} {_with_file(cfg, c.line(ds, format_tag(committed.max() or '')))}")
 
 
 @click.group()
@@ -283,9 +283,9 @@ def run(config: str, dataset: str | None, first: str, last: str | None, cascade:
     cfg = _load(config)
     try:
         ds = cfg.dataset(dataset)
-        from dedup_pipeline.hours import key_of, parse_key
-        parse_key(last)
-        if parse_key(first) < parse_key(ds.start):  # Dagster would refuse it with a CheckError
+        from dedup_pipeline.hours import format_tag, parse_hour
+        parse_hour(last)
+        if parse_hour(first) < parse_hour(ds.start):  # Dagster would refuse it with a CheckError
             raise ValueError(f"dataset {ds.name!r}: hour {first} is before the dataset's start "
                              f"{ds.start}")
         _check_contract(ds, first)
@@ -296,10 +296,10 @@ def run(config: str, dataset: str | None, first: str, last: str | None, cascade:
         from dedup_pipeline.engine.core.storage import Storage
 
         latest = CommitLog(Storage(ds.output)).committed().max()
-        if latest is not None and parse_key(latest) > parse_key(last):
-            click.echo(f"--cascade: hours up to {key_of(latest)} are loaded; reloading "
-                       f"{first} .. {key_of(latest)}")
-            last = key_of(latest)
+        if latest is not None and parse_hour(latest) > parse_hour(last):
+            click.echo(f"--cascade: hours up to {format_tag(latest)} are loaded; reloading "
+                       f"{first} .. {format_tag(latest)}")
+            last = format_tag(latest)
     _run(cfg, dataset, first, last, verbose)
 
 
@@ -351,9 +351,9 @@ def verify(config: str, dataset: str | None, repair: bool) -> None:
         for v in rep.violations:
             click.echo(f"VIOLATION: {ds.name}: {_with_file(cfg, v)}")
         if rep.contracts:
-            from dedup_pipeline.hours import compress_ranges, key_of, parse_key
+            from dedup_pipeline.hours import compress_ranges, format_tag, parse_hour
             click.echo(f"{ds.name}: checked under contract " + "; ".join(
-                f"{v}: {compress_ranges([parse_key(key_of(t)) for t in tags])}"
+                f"{v}: {compress_ranges([parse_hour(format_tag(t)) for t in tags])}"
                 for v, tags in sorted(rep.contracts.items())))
         status = "OK" if rep.ok else f"FAILED ({len(rep.bad_hours)} hour(s))"
         click.echo(f"{ds.name}: {rep.hours_checked} hours, {rep.rows_in} rows in, "
@@ -433,7 +433,7 @@ def explain(config: str, dataset: str | None, pairs: tuple[str, ...], key_json: 
     import json
 
     from dedup_pipeline.engine.explain import ExplainKeyError, explain_key, parse_key_args
-    from dedup_pipeline.hours import parse_key
+    from dedup_pipeline.hours import parse_hour
 
     cfg = _load(config)
     try:
@@ -441,7 +441,7 @@ def explain(config: str, dataset: str | None, pairs: tuple[str, ...], key_json: 
         given = parse_key_args(ds, pairs, key_json)
         for h in (first, last):
             if h is not None:
-                parse_key(h)
+                parse_hour(h)
     except (ConfigError, ExplainKeyError, ValueError) as e:
         _fail(str(e))
     try:  # no Spark: pyarrow reads what the loads committed
@@ -576,10 +576,10 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
                f"late, {stats.malformed + stats.null_keys + stats.bad_values} bad records")
     cfg = _load(stats.config)
     ds = cfg.datasets[0]
-    from dedup_pipeline.hours import HOUR, parse_key, to_key
+    from dedup_pipeline.hours import HOUR, format_hour, parse_hour
 
-    last = to_key(parse_key(ds.start) + (hours - 1) * HOUR)
-    pending = parse_key(ds.start) + hours * HOUR
+    last = format_hour(parse_hour(ds.start) + (hours - 1) * HOUR)
+    pending = parse_hour(ds.start) + hours * HOUR
     pending_marker = (Path(ds.source.path) / f"date={pending:%Y-%m-%d}" / f"hour={pending:%H}" /
                       (ds.landing.marker or "_SUCCESS"))
     pending_marker.unlink(missing_ok=True)
@@ -599,7 +599,7 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
     click.echo(f"Dagster runs recorded in DAGSTER_HOME={os.environ['DAGSTER_HOME']}")
     click.echo("")
     for line in ui_hint(os.environ["DAGSTER_HOME"], str(stats.config), ds.name,
-                        to_key(pending), str(pending_marker)):
+                        format_hour(pending), str(pending_marker)):
         click.echo(line)
     click.echo(f"Recheck everything:  .venv/bin/dedup-pipeline verify --config {stats.config}")
     del results

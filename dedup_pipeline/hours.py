@@ -17,16 +17,17 @@ HOUR = timedelta(hours=1)
 _TAG_RE = re.compile(r"(\d{4})-(\d\d)-(\d\d)-(\d\d)")
 
 
-def parse_key(key: str) -> datetime:
-    """Partition key (or storage tag) -> aware UTC datetime of the hour's start."""
-    if is_tag(key):
-        return tag_hour(key)
+def parse_hour(text: str) -> datetime:
+    """An hour as partitions spell it (2026-11-01-05:00) or a tag (2026-11-01-05) -> aware UTC
+    datetime of the hour's start."""
+    if is_tag(text):
+        return tag_hour(text)
     for fmt in (PARTITION_FMT, TAG_FMT):
         try:
-            return datetime.strptime(key, fmt).replace(tzinfo=UTC)
+            return datetime.strptime(text, fmt).replace(tzinfo=UTC)
         except ValueError:
             continue
-    raise ValueError(f"not an hour: {key!r} (expected YYYY-MM-DD-HH:00)")
+    raise ValueError(f"not an hour: {text!r} (expected YYYY-MM-DD-HH:00)")
 
 
 def is_tag(tag: str) -> bool:
@@ -50,7 +51,8 @@ def tag_hour(tag: str) -> datetime:
     return datetime(int(tag[0:4]), int(tag[5:7]), int(tag[8:10]), int(tag[11:13]), tzinfo=UTC)
 
 
-def to_key(dt: datetime) -> str:
+def format_hour(dt: datetime) -> str:
+    """The hour as its Dagster partition is named (2026-11-01-05:00)."""
     return dt.strftime(PARTITION_FMT)
 
 
@@ -58,13 +60,14 @@ def to_tag(dt: datetime) -> str:
     return f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}-{dt.hour:02d}"  # TAG_FMT, without strftime
 
 
-def key_of(tag: str) -> str:
-    return to_key(parse_key(tag))
+def format_tag(tag: str) -> str:
+    """A tag (2026-11-01-05) as its Dagster partition is named (2026-11-01-05:00)."""
+    return format_hour(parse_hour(tag))
 
 
 def hour_range(first: str, last: str) -> list[datetime]:
     """Every hour from first to last, both inclusive (empty if last < first)."""
-    a, b = parse_key(first), parse_key(last)
+    a, b = parse_hour(first), parse_hour(last)
     out = []
     while a <= b:
         out.append(a)
@@ -85,7 +88,7 @@ def compress_ranges(hours: list[datetime]) -> str:
         j = i
         while j + 1 < len(hs) and hs[j + 1] - hs[j] == HOUR:
             j += 1
-        parts.append(to_key(hs[i]) if i == j else f"{to_key(hs[i])}..{to_key(hs[j])}")
+        parts.append(format_hour(hs[i]) if i == j else f"{format_hour(hs[i])}..{format_hour(hs[j])}")
         i = j + 1
     return ", ".join(parts)
 

@@ -269,3 +269,14 @@ def table_readers(ds: DatasetConfig, output: str, column: str) -> dict[str, Any]
         "polars": Counter(tuple(r) for r in polars),
         "directory": Counter((str(r["load_hour"]), r[column]) for r in plain.to_pylist()),
     }
+
+
+# A commit record's required fields (every field a load writes), at nothing: for records built by
+# hand (`CommitRecord(**NOTHING, load_hour=..., ...)`)
+NOTHING: dict[str, Any] = {
+    "conflicts": 0, "latest_point": None, "expiry_point": None, "files_in": 0,
+    "index_rows_written": 0, "index_rows_read": 0, "index_bytes_read": 0, "index_files_read": 0,
+    "index_slices_written": (), "index_slices_deleted": 0, "files_written": 0, "seconds": {},
+    "check_figures": {}, "committed_at": "2026-11-01T00:00:00Z", "index_checksum": {},
+    "inputs": (), "index_files": (), "index_format": 1, "output_files": {}, "contract_version": 1,
+}

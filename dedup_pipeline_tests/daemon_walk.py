@@ -23,7 +23,7 @@ import yaml
 # tick history has no public API in Dagster 1.13 (the UI reads it through GraphQL)
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
-from dedup_pipeline.hours import to_key
+from dedup_pipeline.hours import format_hour
 from dedup_pipeline.orchestration.landing_checks import CHECK_NAME
 from dedup_pipeline.orchestration.names import (
     asset_key,
@@ -70,7 +70,7 @@ class Walk:
         (self.home / "dagster.yaml").write_text(yaml.safe_dump(instance))
         self.landing = self.root / "landing"
         self.output = self.root / "warehouse"
-        ds = {"name": DATASET, "start": to_key(self.start_hour),
+        ds = {"name": DATASET, "start": format_hour(self.start_hour),
               "source": {"path": str(self.landing), "format": "jsonl", "schema": SCHEMA},
               "key": ["event_id"], "output": str(self.output),
               "landing": {"check_every": f"{self.check_every:g}s"}, **self.extra_config}

@@ -615,7 +615,7 @@ class _Entry:
     fp: tuple
 
 
-def key_of(rec: Record, key: list[str]) -> tuple:
+def format_tag(rec: Record, key: list[str]) -> tuple:
     """A record's key as keys compare (R2): `-0.0` equals `0.0` (as in Python), every NaN is one
     value."""
     return tuple("NaN" if isinstance(v, float) and math.isnan(v) else v
@@ -704,7 +704,7 @@ class Reference:
         # R3: in-batch order per key; R4: earlier unique rows still live; R5: fingerprint
         groups: dict[tuple, list[Record]] = {}
         for r in live:
-            groups.setdefault(key_of(r, ds.key), []).append(r)
+            groups.setdefault(format_tag(r, ds.key), []).append(r)
         for key, group in groups.items():
             group.sort(key=self._order)
             hits = [e for e in self.index.get(key, [])
@@ -770,7 +770,7 @@ class Reference:
         self.index = {}
         for tag, out, rec in self.placed:
             if out == "unique":
-                self.index.setdefault(key_of(rec, ds.key), []).append(
+                self.index.setdefault(format_tag(rec, ds.key), []).append(
                     _Entry(tag, rec.v, self._fp(rec)))
 
     def run(self, start: datetime, hours: int) -> dict[str, HourResult]:

@@ -113,7 +113,7 @@ def test_quick_benchmark_runs_every_system_and_reports(spark, tmp_path: Path, ca
     from dedup_pipeline.config import load_config
     from dedup_pipeline.engine.core import commits
     from dedup_pipeline.engine.core.storage import Storage
-    from dedup_pipeline.hours import parse_key, to_tag
+    from dedup_pipeline.hours import parse_hour, to_tag
     from dedup_pipeline_tests.reference import Reference
 
     results = tmp_path / "results"
@@ -149,7 +149,7 @@ def test_quick_benchmark_runs_every_system_and_reports(spark, tmp_path: Path, ca
     assert row["wall"] > 0 and row["engine_total"] > 0
     assert report["ui"]["wall"]["median"] == row["wall"]
     (ds,) = load_config(str(tmp_path / "work" / "ui" / "dedup.yaml")).datasets
-    hour = parse_key(row["hour"])
+    hour = parse_hour(row["hour"])
     expected = Reference(ds).run(hour, 1)[f"{hour:%Y-%m-%d-%H}"]
     rec = commits.read_commit(Storage(ds.output), to_tag(hour))
     assert rec is not None
@@ -196,7 +196,7 @@ def test_worker_process_loads_like_the_runner_and_reports_its_own_cost(spark, tm
 
     from benchmarks.worker import Worker, dataset_from_spec
     from dedup_pipeline.engine.load import load_hours
-    from dedup_pipeline.hours import HOUR, parse_key, to_key
+    from dedup_pipeline.hours import HOUR, format_hour, parse_hour
     from dedup_pipeline.sample.generate import generate_landing
     from dedup_pipeline_tests.conftest import read_output
 
@@ -204,7 +204,7 @@ def test_worker_process_loads_like_the_runner_and_reports_its_own_cost(spark, tm
     config = tmp_path / "dedup.yaml"
     section = yaml.safe_load(config.read_text())["datasets"][0]
     ds_here = dataset_from_spec({"config": str(config), "dataset": {**section, "output": "here"}})
-    keys = [to_key(parse_key(ds_here.start) + i * HOUR) for i in range(2)]
+    keys = [format_hour(parse_hour(ds_here.start) + i * HOUR) for i in range(2)]
     load_hours(spark, ds_here, keys)
 
     spec = {"config": str(config), "dataset": {**section, "output": "there"},
@@ -213,7 +213,7 @@ def test_worker_process_loads_like_the_runner_and_reports_its_own_cost(spark, tm
     try:
         results = [worker.step(k) for k in keys]
         with pytest.raises(RuntimeError, match="LoadOrderError"):
-            worker.step(to_key(parse_key(keys[-1]) + 2 * HOUR))  # skips an hour: refused
+            worker.step(format_hour(parse_hour(keys[-1]) + 2 * HOUR))  # skips an hour: refused
     finally:
         worker.close()
     assert worker.proc.returncode == 0

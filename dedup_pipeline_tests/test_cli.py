@@ -122,7 +122,7 @@ def test_demo_loads_all_but_the_newest_hour_and_says_how_to_load_it(
 
     from dedup_pipeline.engine.core import commits
     from dedup_pipeline.engine.core.storage import Storage
-    from dedup_pipeline.hours import parse_key, to_tag
+    from dedup_pipeline.hours import parse_hour, to_tag
     from dedup_pipeline.sample.generate import default_start
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
@@ -133,7 +133,7 @@ def test_demo_loads_all_but_the_newest_hour_and_says_how_to_load_it(
     loaded, pending = default_start(2), default_start(1)
     cfg = load_config(str(tmp_path / "demo" / "dedup.yaml"))
     ds = cfg.datasets[0]
-    assert commits.committed_tags(Storage(ds.output)) == {to_tag(parse_key(loaded))}
+    assert commits.committed_tags(Storage(ds.output)) == {to_tag(parse_hour(loaded))}
     marker = Path(ds.source.path) / f"date={pending[:10]}" / f"hour={pending[11:13]}" / "_SUCCESS"
     assert not marker.exists() and list(marker.parent.glob("*.jsonl"))
     assert "  .venv/bin/dedup-pipeline spark-server\n" in r.output

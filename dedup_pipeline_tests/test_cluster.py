@@ -26,7 +26,7 @@ from pyspark.sql import SparkSession
 from dedup_pipeline.config import load_config
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.verify import verify_dataset
-from dedup_pipeline.hours import hour_range, to_key
+from dedup_pipeline.hours import format_hour, hour_range
 from dedup_pipeline.sample.generate import generate_landing
 from dedup_pipeline_tests.conftest import generated_config
 from dedup_pipeline_tests.spark_services import (
@@ -88,7 +88,7 @@ def write_config(root: Path, name: str, uris: bool = False) -> Path:
 def reference(spark: SparkSession, landing: Path, services: dict[str, Any]) -> dict[str, Any]:
     """The local-mode load of the same landing data, in this process."""
     ds = load_config(write_config(landing, "local")).datasets[0]
-    results = load_hours(spark, ds, [to_key(h) for h in hour_range(FIRST, LAST)])
+    results = load_hours(spark, ds, [format_hour(h) for h in hour_range(FIRST, LAST)])
     assert [r.rows_in for r in results] == [ROWS_PER_HOUR] * HOURS
     assert all(r.duplicates and r.unique for r in results[1:])  # cross-batch duplicates exist
     return snapshot(ds.output)

@@ -1,10 +1,9 @@
-"""The commit record is what a load reports: one type, every figure in it, records of
-earlier versions still read, unknown fields kept, damaged ones named with their fix.
+"""The commit record is what a load reports: one type, every figure in it, format 1 and nothing
+else, unknown fields kept, damaged ones named with their fix.
 
-`fixtures/records/` holds records real loads wrote (hour 2026-11-01-01 of a two-hour load with
-expiry and a fingerprint): `first_release.json` by the first release (ef09954, 2026-11-22: no
-index files, hashes, output files, contract, key digest or publish token) and `current.json` by
-0255d9f (2026-11-27, Delta outputs: every field)."""
+`fixtures/records/format_1.json` is a record of hour 2026-11-01-01 of a two-hour load with expiry,
+a fingerprint and Delta outputs, every field set; a load writes exactly its keys (checked by the
+first test)."""
 
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ from dedup_pipeline.engine.core.commits import (
     DigestFileEntry,
     IndexFileEntry,
     OutputFileEntry,
+    RecordFormatError,
     commit_path,
     read_commit,
     write_commit,
@@ -68,42 +68,14 @@ def test_the_record_holds_every_figure_the_load_reports(spark: SparkSession,
         assert r.key_digest and all(
             (Path(ds.output) / "_keys" / f"load_hour={r.load_hour}" / f.name).stat().st_size
             == f.size for f in r.key_digest)
-
-
-def test_records_of_earlier_versions_read_and_keep_their_fields(tmp_path: Path) -> None:
-    """A first-release record: no check figures, index format, output files, rows or hashes."""
-    st = Storage(str(tmp_path / "w"))
-    old = {
-        "dataset": "clicks", "partition_key": "2026-11-01-00:00", "load_hour": TAG, "rows_in": 3,
-        "unique": 2, "duplicates": 1, "expired": 0, "rejected": 0, "conflicts": 1,
-        "latest_point": 1_761_955_200_000_000, "expiry_point": None, "files_in": 1,
-        "index_rows_written": 2, "index_rows_read": 0, "index_bytes_read": 0,
-        "index_files_read": 0, "index_slices_written": [3], "index_slices_deleted": 0,
-        "files_written": 5, "seconds": {"parse": 0.5, "total": 1.5},
-        "committed_at": "2026-11-22T10:00:00Z", "index_checksum": {"xor_h1": 1, "xor_h2": -2},
-        "inputs": [{"path": "/l/part-0.jsonl", "size": 10, "mtime": 1.5}],
-        "index_files": [{"slice": 3, "name": "part-0.parquet", "size": 100}],
-        "operator_note": {"x": 1},
-    }
-    st.write_json_atomic(commit_path(st, TAG), old)
-    rec = read_commit(st, TAG)
-    assert rec is not None
-    assert (rec.check_figures, rec.index_format, rec.output_files, rec.key_digest) == (
-        {}, 1, None, None)
-    assert rec.index_files[0].rows is None and rec.index_files[0].sha256 is None
-    assert rec.inputs is not None and rec.inputs[0].size == 10
-    assert rec.inputs[0].sha256 is None  # inputs without a content hash (before 2026-11-27)
-    assert rec.duplicate_rate == 1 / 3
-    write_commit(st, rec.with_(index_slices_deleted=2))
-    again = json.loads(Path(commit_path(st, TAG)).read_text())
-    assert again == {**old, "index_slices_deleted": 2, "check_figures": {}, "index_format": 1}
-    assert CommitRecord.from_json(rec.to_json(), TAG) == rec
+    fixture = json.loads((FIXTURES / "format_1.json").read_text())
+    for r in results:  # format 1, with the keys of the fixture (Delta outputs: a publish token)
+        assert json.loads(Path(commit_path(st, r.load_hour)).read_text()).keys() == fixture.keys()
+        assert r.format == 1 and r.index_format == 1
 
 
 FIXTURES = Path(__file__).parent / "fixtures" / "records"
 FIXTURE_TAG = "2026-11-01-01"
-# what this version writes for a field the record lacks (as every version since it was added)
-WRITTEN_DEFAULTS = {"check_figures": {}, "index_format": 1, "index_files": []}
 
 
 def _stored(tmp_path: Path, doc: object) -> tuple[Storage, Path]:
@@ -114,10 +86,9 @@ def _stored(tmp_path: Path, doc: object) -> tuple[Storage, Path]:
     return st, path
 
 
-@pytest.mark.parametrize("name", ["first_release", "current"])
-def test_records_real_loads_wrote_read_and_rewrite_with_their_own_keys(name: str,
-                                                                       tmp_path: Path) -> None:
-    doc = json.loads((FIXTURES / f"{name}.json").read_text())
+def test_a_format_1_record_reads_and_rewrites_with_its_own_keys(tmp_path: Path) -> None:
+    doc = json.loads((FIXTURES / "format_1.json").read_text())
+    doc["operator_note"] = {"x": 1}  # a key the package does not know is kept
     st, path = _stored(tmp_path, doc)
     rec = read_commit(st, FIXTURE_TAG)
     assert rec is not None
@@ -129,35 +100,35 @@ def test_records_real_loads_wrote_read_and_rewrite_with_their_own_keys(name: str
     assert rec.latest_point == doc["latest_point"] and isinstance(rec.latest_point, int)
     write_commit(st, rec)
     again = json.loads(path.read_text())
-    assert again == {**WRITTEN_DEFAULTS, **doc}  # every key kept, none added but the defaults
+    assert again == doc  # every key kept, none added
     assert CommitRecord.from_json(again, FIXTURE_TAG) == rec
 
 
-def test_a_first_release_record_reads_without_any_later_field(tmp_path: Path) -> None:
-    st, _ = _stored(tmp_path, (FIXTURES / "first_release.json").read_text())
-    rec = read_commit(st, FIXTURE_TAG)
-    assert rec is not None
-    assert (rec.index_files, rec.index_format, rec.check_figures, rec.output_files,
-            rec.contract_version, rec.key_digest, rec.publish_token) == ((), 1, {}, None, None,
-                                                                          None, None)
-    assert rec.inputs is not None and [(f.size, f.sha256) for f in rec.inputs] == [(358, None)]
-    # the least a record ever held: its hour and its counts
-    least = {"load_hour": FIXTURE_TAG, "rows_in": 5, "unique": 2, "duplicates": 1, "expired": 1,
-             "rejected": 1}
-    st, path = _stored(tmp_path / "least", least)
-    rec = read_commit(st, FIXTURE_TAG)
-    assert rec is not None and (rec.dataset, rec.partition_key, rec.inputs) == (
-        "", "2026-11-01-01:00", None)
-    write_commit(st, rec)
-    assert set(json.loads(path.read_text())) == {  # the unset optional fields left out
-        *least, "dataset", "partition_key", "conflicts", "latest_point", "expiry_point",
-        "files_in", "index_rows_written", "index_rows_read", "index_bytes_read",
-        "index_files_read", "index_slices_written", "index_slices_deleted", "files_written",
-        "seconds", "check_figures", "index_files", "index_format"}
+OTHER_FORMATS = [  # (the "format" value stored, None: the key is absent; how the line says it)
+    (None, "no format"), (2, "format 2"), (0, "format 0"), ("1", 'format "1"'), (True, "format true"),
+]
+
+
+@pytest.mark.parametrize(("found", "said"), OTHER_FORMATS)
+def test_a_record_of_another_format_is_refused_in_one_line(found: object, said: str,
+                                                           tmp_path: Path) -> None:
+    doc = json.loads((FIXTURES / "format_1.json").read_text())
+    if found is None:
+        del doc["format"]
+    else:
+        doc["format"] = found
+    st, path = _stored(tmp_path, doc)
+    with pytest.raises(RecordFormatError) as ei:
+        read_commit(st, FIXTURE_TAG)
+    assert str(ei.value) == (
+        f"{path} is of {said}, expected format 1; the dataset was loaded by another version: "
+        "move its output aside and load it again from its start (dedup-pipeline run --config "
+        "<file> --dataset <name> --from <start> --to <latest hour>)")
+    assert isinstance(ei.value, CommitRecordError)  # damage of its hour to every check
 
 
 def test_a_current_record_has_one_entry_type_per_file_kind(tmp_path: Path) -> None:
-    st, _ = _stored(tmp_path, (FIXTURES / "current.json").read_text())
+    st, _ = _stored(tmp_path, (FIXTURES / "format_1.json").read_text())
     rec = read_commit(st, FIXTURE_TAG)
     assert rec is not None and rec.inputs and rec.output_files and rec.key_digest
     assert all(isinstance(f, IndexFileEntry) and f.sha256 and f.rows == 1 for f in rec.index_files)
@@ -167,7 +138,7 @@ def test_a_current_record_has_one_entry_type_per_file_kind(tmp_path: Path) -> No
     assert all(isinstance(f, OutputFileEntry) and f.size for fs in rec.output_files.values()
                for f in fs)
     assert all(isinstance(f, DigestFileEntry) and f.footer_sha256 for f in rec.key_digest)
-    assert (rec.contract_version, rec.index_format) == (1, 2) and rec.publish_token
+    assert (rec.format, rec.contract_version, rec.index_format) == (1, 1, 1) and rec.publish_token
     with pytest.raises(ValueError):  # frozen: a changed record is a new one
         rec.rows_in = 6  # type: ignore[misc]
     assert rec.with_(rows_in=6).rows_in == 6 and rec.rows_in == 5
@@ -177,12 +148,27 @@ def _index_file(doc: dict, **change: object) -> dict:
     return {**doc, "index_files": [{**doc["index_files"][0], **change}, *doc["index_files"][1:]]}
 
 
-CURRENT = json.loads((FIXTURES / "current.json").read_text())
+CURRENT = json.loads((FIXTURES / "format_1.json").read_text())
+
+
+def _without(doc: dict, key: str) -> dict:
+    return {k: v for k, v in doc.items() if k != key}
+
 DAMAGED = [  # (the record, what the error must say is wrong)
     ({**CURRENT, "rows_in": "5"}, "field 'rows_in' is '5', expected a count"),
     ({**CURRENT, "unique": True}, "field 'unique' is True, expected a count"),
     ({**CURRENT, "duplicates": -1}, "field 'duplicates' is -1, expected a count"),
     ({k: v for k, v in CURRENT.items() if k != "expired"}, "field 'expired' is missing"),
+    # every field a load writes is required
+    (_without(CURRENT, "contract_version"), "field 'contract_version' is missing"),
+    (_without(CURRENT, "output_files"), "field 'output_files' is missing"),
+    (_without(CURRENT, "inputs"), "field 'inputs' is missing"),
+    (_without(CURRENT, "committed_at"), "field 'committed_at' is missing"),
+    (_without(CURRENT, "check_figures"), "field 'check_figures' is missing"),
+    (_without(CURRENT, "dataset"), "field 'dataset' is missing"),
+    ({**CURRENT, "index_files": [{k: v for k, v in CURRENT["index_files"][0].items()
+                                  if k != "sha256"}]}, "field 'index_files[0].sha256' is missing"),
+    ({**CURRENT, "index_format": 2}, "field 'index_format' is 2, expected 1"),
     ({**CURRENT, "load_hour": "2026-11-01-02"},
      "load_hour is '2026-11-01-02', expected '2026-11-01-01'"),
     ({**CURRENT, "latest_point": "garbage"},
@@ -191,7 +177,8 @@ DAMAGED = [  # (the record, what the error must say is wrong)
     ({**CURRENT, "index_slices_written": [1992772, "x"]},
      "field 'index_slices_written[1]' is 'x', expected an integer"),
     (_index_file(CURRENT, size=-1512), "field 'index_files[0].size' is -1512, expected a count"),
-    ({**CURRENT, "index_files": [{"slice": 1, "name": "p"}]}, "field 'index_files[0].size' is missing"),
+    ({**CURRENT, "index_files": [{"slice": 1, "name": "p"}]},
+     "field 'index_files[0].size' is missing"),
     ({**CURRENT, "inputs": [{**CURRENT["inputs"][0], "mtime": "yesterday"}]},
      "field 'inputs[0].mtime' is 'yesterday', expected a number"),
     ({**CURRENT, "output_files": {"unique": [{"size": 4003}]}},
@@ -221,18 +208,15 @@ def test_a_damaged_record_is_named_with_what_is_wrong_and_the_fix(doc: object, p
 def test_the_commit_log_gives_one_answer_and_sees_changes_made_by_hand(tmp_path: Path) -> None:
     """`CommitLog.committed` (what loads, sensors, checks and verify ask) answers from the saved
     summary only while `_commits/` is as it was when saved; a record deleted or added by hand is
-    seen at once, a summary that does not parse is read around, and the first save removes the
-    summary of the old location (`index/_live.json`)."""
-    from dedup_pipeline.engine.core.commit_log import LEGACY_SUMMARY, SUMMARY, CommitLog
+    seen at once, and a summary that does not parse or is of another format is read around (and
+    said so in one line)."""
+    from dedup_pipeline.engine.core.commit_log import SUMMARY, CommitLog
     from dedup_pipeline.engine.core.commits import committed_tags
     from dedup_pipeline.hours import HourSet
 
-    rec = CommitRecord.from_json(json.loads((FIXTURES / "current.json").read_text()), FIXTURE_TAG)
+    rec = CommitRecord.from_json(json.loads((FIXTURES / "format_1.json").read_text()), FIXTURE_TAG)
     st = Storage(str(tmp_path / "w"))
     Path(st.path("_commits")).mkdir(parents=True)
-    legacy = Path(st.path(*LEGACY_SUMMARY))
-    legacy.parent.mkdir(parents=True)
-    legacy.write_text("{}")
     tags = ["2026-11-01-00", "2026-11-01-01", "2026-11-01-02"]
     log = CommitLog(st)
     assert log.summary() is None
@@ -248,8 +232,8 @@ def test_the_commit_log_gives_one_answer_and_sees_changes_made_by_hand(tmp_path:
     holder.follow(Summary(HourSet.of(tags[:2]), commits_mtime=holder.mtime()))
     holder.forget("2026-11-01-09")  # own change (nothing there): stamps _commits/
     holder.save_summary()
-    assert not legacy.exists()
     saved = CommitLog(st).summary()
+    assert json.loads(Path(st.path(SUMMARY)).read_text())["format"] == 1
     assert saved is not None and saved.commits_mtime == CommitLog(st).mtime()
     assert set(CommitLog(st).committed()) == set(tags[:2])
 
@@ -261,3 +245,15 @@ def test_the_commit_log_gives_one_answer_and_sees_changes_made_by_hand(tmp_path:
     Path(st.path(SUMMARY)).write_text("{garbage")
     assert CommitLog(st).summary() is None
     assert set(CommitLog(st).committed()) == set(tags[1:])
+    for found, said in OTHER_FORMATS:  # a summary of another format is not read: rebuilt
+        doc = json.loads(saved.stored().model_dump_json())
+        if found is None:
+            del doc["format"]
+        else:
+            doc["format"] = found
+        Path(st.path(SUMMARY)).write_text(json.dumps(doc))
+        assert CommitLog(st).summary() is None
+        assert CommitLog(st).summary_problem() == (
+            f"{st.path(SUMMARY)} is of {said}, expected format 1; it is rebuilt from the commit "
+            "records")
+        assert set(CommitLog(st).committed()) == set(tags[1:])

@@ -18,13 +18,14 @@ from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.columns import ENTRY_LOAD_HOUR
 from dedup_pipeline.engine.core.index import compaction, store
 from dedup_pipeline.engine.core.index.health import check_index
 from dedup_pipeline.engine.core.index.live import live_files
 from dedup_pipeline.engine.core.index.rebuild import rebuild_index
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.hours import parse_key, to_tag
+from dedup_pipeline.hours import parse_hour, to_tag
 from dedup_pipeline_tests.conftest import dataset_config, write_hour
 
 HOURS = [f"2026-11-01-{h:02d}:00" for h in range(6)]
@@ -83,7 +84,7 @@ def _rows(ds: DatasetConfig) -> dict[str, list[tuple]]:
 def _entries_read_by(spark: SparkSession, ds: DatasetConfig, hour: str) -> list[dict[str, Any]]:
     """The index entries a (re)load of `hour` probes, before the expiry filter (every slice)."""
     st = Storage(ds.output)
-    tag = to_tag(parse_key(hour))
+    tag = to_tag(parse_hour(hour))
     readable = {t for t in commits.committed_tags(st) if t < tag}
     live = live_files(ds, check_index(st, ds).files, readable, None)
     df = store.read_live(spark, ds, st, live, tag)
@@ -105,18 +106,18 @@ def test_compaction_never_changes_results(spark: SparkSession, tmp_path: Path, e
     assert _rows(on) == _rows(off)
     # a (re)load of any hour probes exactly the entries of earlier loads, compacted or not: a
     # compacted directory can also hold the hour's own and later loads, which it must not see (R10)
-    tags = {h: to_tag(parse_key(h)) for h in HOURS[:5]}
+    tags = {h: to_tag(parse_hour(h)) for h in HOURS[:5]}
     straddled = [h for h in HOURS[:5] if any(min(c.loads) < tags[h] <= max(c.loads) for c in merged)]
     assert straddled, "no compacted directory holds both earlier and later loads: nothing tested"
     for h in HOURS[:5]:
         seen = _entries_read_by(spark, on, h)
         assert seen == _entries_read_by(spark, off, h), h
-        assert all(e[store.LOAD_HOUR] < tags[h] for e in seen), h
+        assert all(e[ENTRY_LOAD_HOUR] < tags[h] for e in seen), h
 
     # a rerun of an hour whose entries are inside a compacted directory
     inside = sorted({t for c in merged for t in c.loads})[1]
     rerun = f"{inside[:10]}-{inside[11:13]}:00"
-    load_hours(spark, on, [h for h in HOURS[:5] if parse_key(h) >= parse_key(rerun)])
+    load_hours(spark, on, [h for h in HOURS[:5] if parse_hour(h) >= parse_hour(rerun)])
     assert check_index(st, on).ok
     assert _rows(on) == _rows(off)
 

@@ -1,7 +1,7 @@
 """The dataset contract (engine/contract.py, docs/design.md "The dataset contract"), without Spark:
-every config field's classification, the contract files, tentative and pending versions, the
-upgrade pin. The end-to-end behaviour (loads, rebuild, verify, readers, migrate, Dagster) is in
-test_contract_loads.py."""
+every config field's classification, the contract files (format 1, nothing else), tentative and
+pending versions, a history without a contract. The end-to-end behaviour (loads, rebuild, verify,
+readers, migrate, Dagster) is in test_contract_loads.py."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def pinned(tmp: Path, raw: dict[str, Any]) -> Storage:
     ds = ds_of(tmp, raw)
     st = Storage(ds.output)
     v = contract.check(st, ds, FIRST, set())
-    assert v.new is not None and v.new.version == 1 and not v.new.assumed
+    assert v.new is not None and v.new.version == 1 and v.new.format == 1
     contract.record(st, v)
     return st
 
@@ -126,8 +126,9 @@ def test_each_classification(tmp_path: Path, case: tuple[str, dict[str, Any], st
     fld, raw, path, value, kind = case
     st = pinned(tmp_path, raw)
     new_raw = edit(raw, path, value)
-    if fld == "output":  # another output is another table: it gets its own first contract
-        v = check(tmp_path, new_raw)
+    if fld == "output":  # another output is another table (nothing loaded): its own contract
+        ds = ds_of(tmp_path, new_raw)
+        v = contract.check(Storage(ds.output), ds, NEXT, set())
         assert v.current is None and v.new is not None and v.new.version == 1
         return
     if kind == "breaking":
@@ -189,7 +190,7 @@ def test_a_package_with_another_index_format_or_digest_is_breaking(tmp_path: Pat
     path = tmp_path / "warehouse" / "_contract" / "v0001.json"
     doc = json.loads(path.read_text())
     if term == "index format":
-        doc["terms"]["index"]["format"] = 1
+        doc["terms"]["index"]["format"] = 2
     else:
         doc["terms"]["digest_version"] = 0
     path.write_text(json.dumps(doc))
@@ -284,23 +285,49 @@ def test_unfinished_migration_refuses_every_check(tmp_path: Path) -> None:
     assert check(tmp_path, base()).version == 2
 
 
-def test_first_load_after_upgrading_pins_the_config_for_the_history(tmp_path: Path) -> None:
+def test_hours_loaded_without_a_contract_are_refused_naming_migrate(tmp_path: Path) -> None:
     ds = ds_of(tmp_path, base())
     st = Storage(ds.output)
     hours = HourSet.of([TAG0, "2026-11-01-01", "2026-11-01-02"])
-    v = contract.check(st, ds, "2026-11-01-03:00", hours)
-    assert v.new is not None and v.new.assumed and v.new.effective_from == FIRST
-    assert "assumed unchanged" in (contract.describe_new(v) or "")
+    with pytest.raises(contract.ContractError) as e:
+        contract.check(st, ds, "2026-11-01-03:00", hours)
+    assert str(e.value) == (
+        f"contract error: dataset 'clicks': hours since {FIRST} are loaded but "
+        f"{st.path('_contract')} holds no contract; restore it from a backup, or record the "
+        "current config as the history's contract: dedup-pipeline migrate --config "
+        "/etc/dedup.yaml --dataset clicks")
 
 
-def test_commit_record_names_its_contract_version_and_old_records_still_read() -> None:
-    rec = commits.CommitRecord(dataset="d", partition_key=FIRST, load_hour=TAG0, rows_in=1,
-                               unique=1, duplicates=0, expired=0, rejected=0, contract_version=3)
-    doc = rec.to_json()
-    assert doc["contract_version"] == 3
-    assert commits.CommitRecord.from_json(doc, TAG0).contract_version == 3
-    old = {k: v for k, v in doc.items() if k != "contract_version"}
-    assert commits.CommitRecord.from_json(old, TAG0).contract_version is None
-    assert "contract_version" not in commits.CommitRecord.from_json(old, TAG0).to_json()
+@pytest.mark.parametrize(("found", "said"), [(None, "no format"), (2, "format 2"),
+                                             ("1", 'format "1"')])
+def test_a_contract_of_another_format_is_refused_in_one_line(tmp_path: Path, found: object,
+                                                             said: str) -> None:
+    pinned(tmp_path, base())
+    path = tmp_path / "warehouse" / "_contract" / "v0001.json"
+    doc = json.loads(path.read_text())
+    assert doc["format"] == 1
+    if found is None:
+        del doc["format"]
+    else:
+        doc["format"] = found
+    path.write_text(json.dumps(doc))
+    with pytest.raises(contract.ContractError) as e:
+        check(tmp_path, base())
+    assert str(e.value) == (
+        f"contract error: {path} is of {said}, expected format 1; migrate the dataset: "
+        "dedup-pipeline migrate --config <file> --dataset <name>")
+    # migrate reads around it (and replaces it): the history is left with no contract in force
+    hist = contract.read_history(Storage(str(tmp_path / "warehouse")), TAG3, other_formats=True)
+    assert hist.versions == () and hist.other_formats == (str(path),)
+
+
+def test_commit_record_names_its_contract_version() -> None:
+    doc = json.loads((Path(__file__).parent / "fixtures" / "records" / "format_1.json")
+                     .read_text())
+    tag = doc["load_hour"]
+    assert commits.CommitRecord.from_json({**doc, "contract_version": 3}, tag).contract_version == 3
+    with pytest.raises(commits.RecordProblem, match="field 'contract_version' is missing"):
+        commits.CommitRecord.from_json({k: v for k, v in doc.items() if k != "contract_version"},
+                                       tag)
     with pytest.raises(commits.RecordProblem, match="field 'contract_version' is 'v3', expected a count"):
-        commits.CommitRecord.from_json({**doc, "contract_version": "v3"}, TAG0)
+        commits.CommitRecord.from_json({**doc, "contract_version": "v3"}, tag)

@@ -183,7 +183,8 @@ def test_migrate_rekeys_the_history_and_later_loads_agree_with_the_reference(
     assert "done: 'clicks' is under contract v2" in r.output
     mig = json.loads((Path(ds.output) / "_contract" / "v0002.json").read_text())
     assert mig["migration"] == {"from_version": 1,
-                                "changes": ["key changed from [event_id] to [event_id, user_id]"]}
+                                "changes": ["key changed from [event_id] to [event_id, user_id]"],
+                                "latest_points": None}  # no expiry
     assert (Path(ds.output) / "_contract" / "v0002.done").exists()
     r = runner.invoke(main, ["migrate", "--config", str(tmp_path / "dedup.yaml")])
     assert r.exit_code == 0 and "nothing to migrate" in r.output  # idempotent
@@ -215,9 +216,9 @@ def test_migrate_rekeys_the_history_and_later_loads_agree_with_the_reference(
 
 
 def ref_hour(key: str) -> Any:
-    from dedup_pipeline.hours import parse_key
+    from dedup_pipeline.hours import parse_hour
 
-    return parse_key(key)
+    return parse_hour(key)
 
 
 def test_migrate_refuses_a_narrowed_key_whose_history_has_duplicates(
@@ -272,30 +273,43 @@ def test_dagster_fails_the_run_with_the_line_definitions_load_sensor_skips(
     assert _tree(ds.output) == before
 
 
-def test_history_from_before_contracts_is_pinned_by_the_next_load_and_reported_by_verify(
+def test_files_of_another_format_are_refused_in_one_line_and_the_named_fix_works(
         spark: SparkSession, tmp_path: Path) -> None:
+    """A contract or a commit record of another format is refused with one line naming the file,
+    the format found, format 1 and the command; `migrate` replaces such a contract."""
     cfg, ds = _history(tmp_path)
+    config = str(tmp_path / "dedup.yaml")
     load_hours(spark, ds, H[:1])
-    # as a version before contracts left it: no _contract/, no contract_version in the record
-    for p in (Path(ds.output) / "_contract").iterdir():
-        p.unlink()
-    rec_path = Path(ds.output) / "_commits" / f"load_hour={H[0][:13]}.json"
-    doc = json.loads(rec_path.read_text())
-    del doc["contract_version"]
-    rec_path.write_text(json.dumps(doc))
+    v1 = Path(ds.output) / "_contract" / "v0001.json"
+    assert json.loads(v1.read_text())["format"] == 1
+    v1.write_text(json.dumps({**json.loads(v1.read_text()), "format": 2}))
+    runner = CliRunner()
+    r = runner.invoke(main, ["run", "--config", config, "--from", H[1], "--to", H[1]])
+    assert r.exit_code == 1
+    line = (f"contract error: {v1} is of format 2, expected format 1; migrate the dataset: "
+            "dedup-pipeline migrate --config <file> --dataset <name>")
+    assert r.output.splitlines() == [f"error: {line}"]  # one line
+    r = runner.invoke(main, ["migrate", "--config", config])
+    assert r.exit_code == 0, r.output
+    pinned = json.loads(v1.read_text())
+    assert pinned["format"] == 1 and pinned["migration"]["from_version"] is None
+    (rec1,) = load_hours(spark, ds, [H[1]])
+    assert rec1.contract_version == 1
 
-    rep = verify_dataset(spark, ds)
-    assert rep.ok, rep.violations
-    assert rep.warnings == ["1 hour(s) (2026-11-01-00:00) were loaded before contracts were "
-                            "recorded: checked under the current config, assumed unchanged since "
-                            "they were loaded"]
-    said: list[str] = []
-    load_hours(spark, ds, [H[1]], said.append)
-    pin = json.loads((Path(ds.output) / "_contract" / "v0001.json").read_text())
-    assert pin["assumed"] is True and pin["effective_from"] == H[0]
-    assert any("assumed unchanged before contracts were recorded" in m for m in said)
-    rep = verify_dataset(spark, ds)
-    assert rep.ok and rep.contracts == {"unknown": [H[0][:13]], "v1": [H[1][:13]]}
+    path = Path(ds.output) / "_commits" / f"load_hour={H[0][:13]}.json"
+    doc = json.loads(path.read_text())
+    assert doc["format"] == 1
+    del doc["format"]
+    path.write_text(json.dumps(doc))
+    before = _tree(ds.output)
+    with pytest.raises(Exception) as ei:
+        load_hours(spark, ds, [H[2]])
+    assert str(ei.value).endswith(
+        f"{path} is of no format, expected format 1; the dataset was loaded by another version: "
+        "move its output aside and load it again from its start (dedup-pipeline run --config "
+        "<file> --dataset <name> --from <start> --to <latest hour>)")
+    assert "\n" not in str(ei.value)
+    assert _tree(ds.output) == before  # nothing written
 
 
 def test_a_longer_period_is_recorded_and_verify_checks_each_hour_under_its_own(

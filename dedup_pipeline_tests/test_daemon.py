@@ -20,7 +20,7 @@ import pytest
 # tick history has no public API in Dagster 1.13 (the UI reads it through GraphQL)
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
-from dedup_pipeline.hours import HOUR, to_key, to_tag
+from dedup_pipeline.hours import HOUR, format_hour, to_tag
 from dedup_pipeline.orchestration.names import (
     PARTITION,
     RANGE_END,
@@ -72,7 +72,7 @@ def _run_errors(inst: dg.DagsterInstance, run_id: str) -> str:
 @pytest.mark.slow
 def test_daemon_landing_sensor_launches_and_completes_a_run(tmp_path: Path, monkeypatch) -> None:
     hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - HOUR  # the last complete hour
-    key, tag = to_key(hour), to_tag(hour)
+    key, tag = format_hour(hour), to_tag(hour)
     write_config(tmp_path, dataset_raw(start=key, source=source_raw(
         schema={"event_id": "string", "event_time": "timestamp"}), landing={"check_every": "5s"}))
     hour_dir = tmp_path / "landing" / f"date={hour:%Y-%m-%d}" / f"hour={hour:%H}"

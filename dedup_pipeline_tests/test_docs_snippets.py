@@ -23,7 +23,7 @@ import yaml
 from dedup_pipeline.config import load_config
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.storage import Storage
-from dedup_pipeline.hours import key_of
+from dedup_pipeline.hours import format_tag
 from dedup_pipeline_tests.spark_services import REPO, VENV_BIN, clean_env
 
 pytestmark = pytest.mark.slow
@@ -87,7 +87,7 @@ def test_every_shell_block_runs(demo: Path) -> None:
             first = text.strip().splitlines()[0].split("#")[0].strip()
             assert first in NOT_RUN, f"a README shell block neither run nor covered: {text}"
     (ds,) = load_config(str(demo / "dedup.yaml")).datasets
-    hours = sorted(key_of(t) for t in CommitLog(Storage(ds.output)).committed())
+    hours = sorted(format_tag(t) for t in CommitLog(Storage(ds.output)).committed())
     assert len(hours) == 2
     env = clean_env(DAGSTER_HOME=str(demo / "dagster_home"), DEDUP_CONFIG=str(demo / "dedup.yaml"))
     ran = 0

@@ -20,12 +20,12 @@ from click.testing import CliRunner
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.config import PipelineConfig, load_config
-from dedup_pipeline.hours import HOUR, to_key
+from dedup_pipeline.hours import HOUR, format_hour
 from dedup_pipeline.orchestration.definitions import build_definitions
 
 REPO = Path(__file__).resolve().parents[1]
 NOW = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-START = to_key(NOW + 24 * HOUR)
+START = format_hour(NOW + 24 * HOUR)
 
 
 def _write(tmp: Path) -> Path:
@@ -87,7 +87,7 @@ def test_cli_run_before_the_start_is_refused(tmp_path: Path, monkeypatch: pytest
     path = _write(tmp_path)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     (tmp_path / "dagster_home").mkdir()
-    before = to_key(NOW)
+    before = format_hour(NOW)
     r = CliRunner().invoke(main, ["run", "--config", str(path), "--from", before, "--to", before])
     assert r.exit_code != 0
     assert "before the dataset's start" in r.output, r.output

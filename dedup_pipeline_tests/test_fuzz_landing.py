@@ -38,7 +38,7 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core import commits
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.hours import parse_key
+from dedup_pipeline.hours import parse_hour
 from dedup_pipeline_tests.conftest import dataset_config, source_raw
 from dedup_pipeline_tests.reference import OUTPUTS, Reference
 from dedup_pipeline_tests.test_hostile_landing import engine_placement, reference_placement
@@ -246,7 +246,7 @@ def _load_and_compare(spark: SparkSession, root: Path, fmt: str, by_rid: bool) -
         rec = commits.read_commit(Storage(ds.output), TAG)
         assert rec is not None, "the hour did not commit"
         ref = Reference(ds)
-        res = ref.load(parse_key(HOUR))
+        res = ref.load(parse_hour(HOUR))
         assert got.rows_in == res.rows_in, (got.rows_in, res.rows_in)
         if by_rid:  # Parquet: every row has its rid; where each went, and why
             engine = engine_placement(ds, TAG)

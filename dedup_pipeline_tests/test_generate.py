@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dedup_pipeline.config import load_config
-from dedup_pipeline.hours import parse_key
+from dedup_pipeline.hours import parse_hour
 from dedup_pipeline.sample.generate import (
     COLUMNS,
     URLS,
@@ -127,7 +127,7 @@ class Mix:
 
 def _mix(parsed: Parsed, start: str) -> Mix:
     """Duplicates, replays and conflicts from the keys; lateness from event_time."""
-    t0 = parse_key(start)
+    t0 = parse_hour(start)
     by_key: dict[str, list[Row]] = defaultdict(list)
     for r in parsed.rows:
         by_key[r.key].append(r)
@@ -289,7 +289,7 @@ def test_rerun_replaces_parts_and_reports_progress(tmp_path: Path) -> None:
 
 def test_default_start_ends_at_last_complete_hour() -> None:
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-    first = parse_key(default_start(5))
+    first = parse_hour(default_start(5))
     assert first + timedelta(hours=4) == now - timedelta(hours=1)
 
 

@@ -42,7 +42,7 @@ from dedup_pipeline.engine.core.parse import (
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.verify import verify_dataset
-from dedup_pipeline.hours import parse_key
+from dedup_pipeline.hours import parse_hour
 from dedup_pipeline_tests.conftest import dataset_config, output_table, source_raw
 from dedup_pipeline_tests.reference import OUTPUTS, Reference
 from dedup_pipeline_tests.test_reference import read_engine
@@ -201,8 +201,8 @@ def load_and_compare(spark: SparkSession, ds: DatasetConfig, hours: list[str],
     st = Storage(ds.output)
     out = {}
     for h, got in zip(hours, results, strict=True):
-        tag = f"{parse_key(h):%Y-%m-%d-%H}"
-        res = ref.load(parse_key(h))
+        tag = f"{parse_hour(h):%Y-%m-%d-%H}"
+        res = ref.load(parse_hour(h))
         engine = engine_placement(ds, tag)
         assert engine == reference_placement(ref, tag), tag
         rec = commits.read_commit(st, tag)
@@ -360,7 +360,7 @@ def test_a_file_that_vanishes_is_one_unreadable_row(spark: SparkSession, tmp_pat
     d = hour_dir(Path(ds.source.path), 0)
     for i in range(3):
         (d / f"f{i}.jsonl").write_bytes(lines(obj(500 + i)))
-    files = list_input_files(ds, parse_key(H0))
+    files = list_input_files(ds, parse_hour(H0))
     (d / "f0.jsonl").unlink()  # after listing
     plan = plan_batch(ds, files)
     assert [u.path.rsplit("/", 1)[-1] for u in plan.unreadable] == ["f0.jsonl"]
@@ -397,7 +397,7 @@ def test_unreadable_files_name_their_reason(tmp_path: Path) -> None:
     (d / "e.jsonl.deflate").write_bytes(zlib.compress(b"{}\n") + zlib.compress(b"{}\n"))
     (d / "f.jsonl.zst").write_bytes(pa.compress(b"{}\n", "zstd", asbytes=True) * 2)
     os.symlink(d / "nowhere", d / "g.jsonl")
-    plan = plan_batch(ds, list_input_files(ds, parse_key(H0)))
+    plan = plan_batch(ds, list_input_files(ds, parse_hour(H0)))
     why = {u.path.rsplit("/", 1)[-1]: u.error for u in plan.unreadable}
     assert sorted(why) == ["a.jsonl.lz4", "b.jsonl.GZ", "c.jsonl.deflate", "d.jsonl.zst",
                            "g.jsonl"]

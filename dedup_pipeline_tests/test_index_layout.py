@@ -24,9 +24,10 @@ def test_names_build_and_parse_back() -> None:
 
 
 def test_index_file_paths_and_the_checksum_message_agree() -> None:
-    entry = IndexFileEntry(slice=7, name="part-0.parquet", size=10, rows=1)
+    entry = IndexFileEntry(slice=7, name="part-0.parquet", size=10, rows=1, sha256="ab")
     per_load = IndexFile.of(entry, "2026-11-01-05")
     merged = IndexFile(tag="2026-11-01-01", slice=7, name="part-1.parquet", size=10, rows=1,
+                       sha256="cd",
                        dir="compact=2026-11-01-01_2026-11-01-04",
                        loads=("2026-11-01-01", "2026-11-01-04"))
     assert isinstance(per_load, IndexFileEntry) and per_load.to_json() == {

@@ -146,7 +146,7 @@ def test_a_dg_project_adds_datasets_with_the_component_and_loads_an_hour(clean_v
 
     from dedup_pipeline.engine.core import commits
     from dedup_pipeline.engine.core.storage import Storage
-    from dedup_pipeline.hours import parse_key
+    from dedup_pipeline.hours import parse_hour
     from dedup_pipeline.orchestration.component import parse_attributes
     from dedup_pipeline.orchestration.names import WRITTEN
     from dedup_pipeline_tests.reference import Reference
@@ -190,7 +190,7 @@ def test_a_dg_project_adds_datasets_with_the_component_and_loads_an_hour(clean_v
     attrs = yaml.safe_load(defs_yaml.read_text().replace("{{ context.project_root }}", str(root)))
     ds, _ = parse_attributes(attrs["attributes"], str(defs_yaml), defs_yaml.parent)
     tag = start[:13]
-    expected = Reference(ds).run(parse_key(start), 1)[tag]
+    expected = Reference(ds).run(parse_hour(start), 1)[tag]
     record = commits.read_commit(Storage(ds.output), tag)
     assert record is not None
     assert (record.rows_in, record.unique) == (expected.rows_in, sum(expected.rows["unique"].values()))

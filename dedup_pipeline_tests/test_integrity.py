@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dedup_pipeline.engine.core.commits import CommitRecordError, read_commit
-from dedup_pipeline.engine.core.index.health import IndexDamagedError, check_index, checksum_failure
+from dedup_pipeline.engine.core.index.health import IndexDamagedError, check_index
 from dedup_pipeline.engine.core.index.rebuild import rebuild_index
 from dedup_pipeline.engine.core.lock import DatasetLockedError, Lock
 from dedup_pipeline.engine.core.storage import Storage
@@ -168,32 +168,6 @@ def test_flipped_bits_in_index_are_caught_before_a_result_changes(spark, tmp_pat
     assert not (Path(ds.output) / "index" / "_damaged.json").exists()
 
 
-def test_stale_crc_on_a_file_without_a_recorded_hash_is_index_damage(spark, tmp_path: Path) -> None:
-    """Records of earlier versions carry no hashes: a Hadoop ChecksumException is the same damage."""
-    ds = _site(tmp_path)
-    load_hours(spark, ds, H[:2])
-    for rec_file in Path(ds.output, "_commits").glob("*.json"):
-        rec = json.loads(rec_file.read_text())
-        for f in rec["index_files"]:
-            f.pop("sha256", None)
-        rec_file.write_text(json.dumps(rec))
-    for p in _hour0_index_files(ds):  # same-size random bytes, the .crc left as it was
-        data = bytearray(p.read_bytes())
-        data[4:len(data) - 8] = os.urandom(len(data) - 12)
-        p.write_bytes(bytes(data))
-    # what Spark itself says reading such a file becomes the same damage report (load.py)
-    damaged = _hour0_index_files(ds)[0]
-    with pytest.raises(Exception, match="ChecksumException") as ei:
-        spark.read.parquet(str(damaged)).collect()
-    assert checksum_failure(ei.value) == str(damaged.relative_to(Path(ds.output, "index")))
-    with pytest.raises(IndexDamagedError, match=r"checksum.*rebuild-index"):
-        load_hours(spark, ds, [H[2]])
-    assert check_index(Storage(ds.output), ds).damaged_loads == ["2026-11-01-00"]
-    load_hours(spark, dataset_config(tmp_path, on_damaged_index="rebuild"), [H[2]])
-    assert _ids(spark, ds, "duplicates", H[2]) == {f"a{i}" for i in range(10)}
-    assert check_index(Storage(ds.output), ds).ok
-
-
 def _delete_index_once_read(ds, monkeypatch) -> None:
     """Delete the whole index right after a load planned its read of it (before Spark runs the
     read): the index removed under a running load, as a person or a cleanup job would."""
@@ -244,7 +218,8 @@ def test_a_damaged_commit_record_names_file_hour_and_fix(spark, tmp_path: Path) 
     load_hours(spark, ds, H[:2])
     rec_file = Path(ds.output, "_commits", "load_hour=2026-11-01-01.json")
     good = rec_file.read_text()
-    for bad in (good[: len(good) // 2], json.dumps({"load_hour": "2026-11-01-01"}), "[]"):
+    for bad in (good[: len(good) // 2], json.dumps({"format": 1, "load_hour": "2026-11-01-01"}),
+                "[]"):
         rec_file.write_text(bad)
         with pytest.raises(IndexDamagedError) as ei:
             load_hours(spark, ds, [H[2]])
@@ -501,10 +476,9 @@ def _truncate_manifest(ds) -> None:
     m.write_text(m.read_text()[:30])
 
 
-def _drop_index_files_field(ds) -> None:
-    rec = _rec_file(ds, "2026-11-01-01")
-    rec.write_text(json.dumps({k: v for k, v in json.loads(rec.read_text()).items()
-                               if k != "index_files"}))
+def _manifest_of_another_format(ds) -> None:
+    m = sorted(Path(ds.output, "index").glob("slice=*/compact=*/_manifest.json"))[0]
+    m.write_text(json.dumps({**json.loads(m.read_text()), "format": 2}))
 
 
 def _harmless(ds) -> None:
@@ -519,7 +493,9 @@ def _harmless(ds) -> None:
 @pytest.mark.parametrize("damage, refused", [
     (_flip_compacted_with_crc, "index files whose content differs"),
     (_truncate_manifest, "index file(s) not written by their load"),
-    (_drop_index_files_field, "index file(s) not written by their load"),
+    (_manifest_of_another_format, "_manifest.json is of format 2, expected format 1; rebuild the "
+                                  "index: dedup-pipeline rebuild-index --config <file> --dataset "
+                                  "<name>"),
     (_harmless, None),
 ])
 def test_index_damage_is_refused_then_exact_after_rebuild(spark, loaded: Path, tmp_path: Path,

@@ -30,7 +30,7 @@ from dedup_pipeline.engine.core import commits
 from dedup_pipeline.engine.core.parse import LandingMissingError, list_input_files
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.verify import verify_dataset
-from dedup_pipeline.hours import parse_key
+from dedup_pipeline.hours import parse_hour
 from dedup_pipeline_tests.conftest import dataset_config, dataset_raw, source_raw, write_config
 from dedup_pipeline_tests.reference import Reference
 from dedup_pipeline_tests.test_reference import read_engine
@@ -216,8 +216,8 @@ def test_jsonl_corpus_through_the_cli(spark: SparkSession, tmp_path: Path,
     r = CliRunner().invoke(main, ["verify", "--config", str(cfg_path)])
     assert r.exit_code == 0, r.output
     # a file added with the next run's listing only: the late-file check sees no change
-    assert list_input_files(ds, parse_key(H0)) == [
-        f for f in list_input_files(ds, parse_key(H0))]
+    assert list_input_files(ds, parse_hour(H0)) == [
+        f for f in list_input_files(ds, parse_hour(H0))]
 
 
 # --- 2. the same names under a file:// root, in-process -------------------------------------------
@@ -231,7 +231,7 @@ def test_names_under_a_file_uri_root(spark: SparkSession, tmp_path: Path) -> Non
     assert placement(ds) == {rid: ("unique", None) for rid in NAMED.values()}
     by_id = {row["id"]: row["_source_file"] for row in output_rows(ds, "unique")}
     assert by_id == {rid: f"{d}/{name}" for name, rid in NAMED.items()}
-    assert {f.path for f in list_input_files(ds, parse_key(H0))} == set(by_id.values())
+    assert {f.path for f in list_input_files(ds, parse_hour(H0))} == set(by_id.values())
     rep = verify_dataset(spark, ds)
     assert rep.ok and rep.rows_in == len(NAMED), rep.violations
 
@@ -432,7 +432,7 @@ def test_reference_agrees_with_the_engine_on_the_corpus(
     expect = write(hour_dir(tmp_path))
     ds = make_ds(tmp_path, fmt, schema, **extra)
     ref = Reference(ds)
-    res = ref.load(parse_key(H0))
+    res = ref.load(parse_hour(H0))
     [got] = load_hours(spark, ds, [H0])
     engine = placement(ds)
     # the same place for every record id (whole sets), and both as the rules say

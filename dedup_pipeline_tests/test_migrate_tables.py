@@ -26,7 +26,7 @@ from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.migrate import migrate
 from dedup_pipeline.engine.verify import verify_dataset
-from dedup_pipeline.hours import parse_key
+from dedup_pipeline.hours import parse_hour
 from dedup_pipeline_tests.conftest import CLICKS_SCHEMA, dataset_raw, pipeline_config, source_raw, write_hour
 from dedup_pipeline_tests.reference import Reference, java_double, micros
 
@@ -89,7 +89,7 @@ def test_migrating_the_expiry_column_to_another_type_rederives_l_and_the_expired
     load_hours(spark, old, H[:2])
     ref = Reference(old)
     for h in H[:2]:
-        ref.load(parse_key(h))
+        ref.load(parse_hour(h))
 
     new = _ds(tmp_path, schema, {"column": "rid", "period": 10})
     res = migrate(spark, new)
@@ -100,7 +100,7 @@ def test_migrating_the_expiry_column_to_another_type_rederives_l_and_the_expired
     ref.migrate(new)
     load_hours(spark, new, H[2:])
     for h in H[2:]:
-        ref.load(parse_key(h))
+        ref.load(parse_hour(h))
 
     assert _tables(new) == _expected(ref)
     for tag in TAGS[2:]:
@@ -133,7 +133,7 @@ def test_a_retyped_column_is_migrated_by_one_overwrite_and_every_hour_stays_read
     load_hours(spark, old, H[:2])
     ref = Reference(old)
     for h in H[:2]:
-        ref.load(parse_key(h))
+        ref.load(parse_hour(h))
     before = DeltaTable(str(Path(old.output) / "unique")).version()
 
     new = _ds(tmp_path, {**schema, "amount": "string"}, exp)
@@ -149,7 +149,7 @@ def test_a_retyped_column_is_migrated_by_one_overwrite_and_every_hour_stays_read
 
     load_hours(spark, new, H[2:])
     for h in H[2:]:
-        ref.load(parse_key(h))
+        ref.load(parse_hour(h))
     assert _tables(new, "amount") == _expected(ref, "amount")
     rep = verify_dataset(spark, new)
     assert rep.ok, rep.violations
@@ -300,7 +300,7 @@ def test_every_edit_migrate_accepts_ends_in_exact_tables(
         write_hour(old, h, rows)
     load_hours(spark, old, H[:1])
     ref = Reference(old)
-    ref.load(parse_key(H[0]))
+    ref.load(parse_hour(H[0]))
 
     new = _edit_ds(tmp_path, new_fields)
     r = CliRunner().invoke(main, ["migrate", "--config", str(tmp_path / "dedup.yaml")])
@@ -308,7 +308,7 @@ def test_every_edit_migrate_accepts_ends_in_exact_tables(
     ref.migrate(new, renames=renames)
     load_hours(spark, new, H[1:3])
     for h in H[1:3]:
-        ref.load(parse_key(h))
+        ref.load(parse_hour(h))
 
     assert _whole_tables(new) == _whole_expected(ref)
     for tag in TAGS[1:3]:

@@ -3,7 +3,6 @@ one run at a time per dataset (R10). Real materializations on local Spark."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -247,47 +246,6 @@ def test_corrupted_index_file_is_detected_and_self_heals_when_configured(
         healing = _cfg(tmp_path / "x", on_damaged_index="rebuild")
         assert run_range(healing, "clicks", HOURS[3], HOURS[4], inst).success
         assert check_index(Storage(ds.output), ds).ok
-    assert _snapshot(spark, ds) == _snapshot(spark, clean.datasets[0])
-
-
-def _downgrade_to_format_1(ds) -> None:
-    """Make the index what the version before index format 2 wrote: 64-bit `_fp`, and commit
-    records without `index_format` (their file sizes updated, so only the layout is "wrong")."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    root = Path(ds.output)
-    for f in (root / "index").rglob("*.parquet"):
-        t = pq.read_table(f)
-        i = t.schema.get_field_index("_fp")
-        pq.write_table(t.set_column(i, "_fp", t.column(i).cast(pa.int64())), f)
-    for rec_file in (root / "_commits").glob("*.json"):
-        rec = json.loads(rec_file.read_text())
-        rec.pop("index_format", None)
-        tag = rec["load_hour"]
-        for entry in rec["index_files"]:
-            part = root / "index" / f"slice={entry['slice']}" / f"load_hour={tag}" / entry["name"]
-            entry["size"] = part.stat().st_size
-        rec_file.write_text(json.dumps(rec))
-
-
-def test_index_of_an_older_layout_is_refused_then_rebuilt(spark, site, tmp_path: Path) -> None:
-    clean = _cfg(tmp_path / "c")
-    _landing(clean)
-    ds = site.datasets[0]
-    from dedup_pipeline.engine.core.index.rebuild import rebuild_index
-    from dedup_pipeline.engine.load import load_hours
-
-    load_hours(spark, clean.datasets[0], HOURS)
-    load_hours(spark, ds, HOURS[:3])
-    _downgrade_to_format_1(ds)
-    damage = check_index(Storage(ds.output), ds)
-    assert damage.old_format == [h[:13] for h in HOURS[:3]] and not damage.missing
-    with pytest.raises(IndexDamagedError, match="older layout.*rebuild-index"):
-        load_hours(spark, ds, [HOURS[3]])
-    rebuild_index(spark, ds, damage.damaged_loads)
-    assert check_index(Storage(ds.output), ds).ok
-    load_hours(spark, ds, HOURS[3:])
     assert _snapshot(spark, ds) == _snapshot(spark, clean.datasets[0])
 
 

@@ -193,16 +193,16 @@ def test_verify_and_run_report_changed_landing_files_and_verify_a_doubled_key(
 @pytest.mark.fast
 def test_later_loaded_hours_are_found_across_gaps_and_damaged_records_do_not_count() -> None:
     from dedup_pipeline.engine.core.commits import later_loaded
-    from dedup_pipeline.hours import HourSet, parse_key
+    from dedup_pipeline.hours import HourSet, parse_hour
 
     committed = HourSet.of(["2026-11-01-00", "2026-11-01-01", "2026-11-01-02", "2026-11-01-05",
                             "2026-11-01-06"])
-    hour = parse_key("2026-11-01-01")
+    hour = parse_hour("2026-11-01-01")
     assert [f"{h:%H}" for h in later_loaded(committed, hour, {"2026-11-01-01"})] == [
         "02", "05", "06"]
     assert [f"{h:%H}" for h in later_loaded(committed, hour, {"2026-11-01-01", "2026-11-01-02"},
                                             damaged={"2026-11-01-06"})] == ["05"]
-    assert later_loaded(committed, parse_key("2026-11-01-06"), set()) == []
-    assert later_loaded(committed, parse_key("2026-11-01-07"), set()) == []
-    assert [f"{h:%H}" for h in later_loaded(committed, parse_key("2026-10-31-23"), set())] == [
+    assert later_loaded(committed, parse_hour("2026-11-01-06"), set()) == []
+    assert later_loaded(committed, parse_hour("2026-11-01-07"), set()) == []
+    assert [f"{h:%H}" for h in later_loaded(committed, parse_hour("2026-10-31-23"), set())] == [
         "00", "01", "02", "05", "06"]

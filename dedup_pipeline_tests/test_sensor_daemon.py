@@ -22,7 +22,7 @@ import dagster as dg
 import pytest
 from dagster._core.scheduler.instigation import TickStatus
 
-from dedup_pipeline.hours import HOUR, to_key, to_tag
+from dedup_pipeline.hours import HOUR, format_hour, to_tag
 from dedup_pipeline.orchestration.names import PARTITION, RANGE_END, RANGE_START
 from dedup_pipeline.orchestration.runs import hours_of_run
 from dedup_pipeline_tests.daemon_walk import Walk
@@ -87,7 +87,7 @@ def _reprocess(w: Walk, first: str, last: str) -> None:
 def test_late_file_reported_reprocessed_and_reported_again_then_new_hours_load(walk: Walk) -> None:
     w = walk
     h0, h1, h2 = (w.start_hour + i * HOUR for i in range(3))
-    k0, k1, k2 = (to_key(h) for h in (h0, h1, h2))
+    k0, k1, k2 = (format_hour(h) for h in (h0, h1, h2))
     w.land(h0, ["a", "b", "a"])
     w.land(h1, ["c", "b"])
     w.start_daemon()

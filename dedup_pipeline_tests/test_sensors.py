@@ -17,7 +17,7 @@ import pytest
 from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.engine.core import landing
 from dedup_pipeline.engine.core.commits import CommitRecord
-from dedup_pipeline.hours import parse_key, to_tag
+from dedup_pipeline.hours import parse_hour, to_tag
 from dedup_pipeline.orchestration.assets import build_dataset_defs
 from dedup_pipeline.orchestration.definitions import build_definitions
 from dedup_pipeline.orchestration.landing_checks import CHECK_NAME, build_input_check
@@ -33,7 +33,13 @@ from dedup_pipeline.orchestration.names import (
     reconcile_schedule_name,
 )
 from dedup_pipeline.orchestration.sensors import build_landing_sensor
-from dedup_pipeline_tests.conftest import dataset_raw, pipeline_config, read_output, write_hour
+from dedup_pipeline_tests.conftest import (
+    NOTHING,
+    dataset_raw,
+    pipeline_config,
+    read_output,
+    write_hour,
+)
 
 H = [f"2026-11-01-{h:02d}:00" for h in range(6)]
 SENSOR, HOURLY, RECONCILE = (landing_sensor_name("clicks"), hourly_schedule_name("clicks"),
@@ -318,10 +324,10 @@ def test_completeness_rules_with_a_fixed_clock(tmp_path: Path) -> None:
     ds = cfg.datasets[0]
     write_hour(ds, H[0], [_ev(1, 0)])
     _marker(cfg, H[0])
-    h0 = parse_key(H[0])
+    h0 = parse_hour(H[0])
     assert not landing.is_complete(ds, h0, datetime(2026, 11, 1, 0, 59, tzinfo=UTC))  # not ended
     assert landing.is_complete(ds, h0, datetime(2026, 11, 1, 1, 0, tzinfo=UTC))
-    assert not landing.is_complete(ds, parse_key(H[1]), datetime(2026, 11, 9, tzinfo=UTC))  # no marker
+    assert not landing.is_complete(ds, parse_hour(H[1]), datetime(2026, 11, 9, tzinfo=UTC))  # no marker
 
     null_cfg = _cfg(tmp_path / "null", marker=None, grace="20m")
     nds = null_cfg.datasets[0]
@@ -330,7 +336,7 @@ def test_completeness_rules_with_a_fixed_clock(tmp_path: Path) -> None:
     assert not landing.is_complete(nds, h0, datetime(2026, 11, 1, 1, 19, 59, tzinfo=UTC))
     assert landing.is_complete(nds, h0, datetime(2026, 11, 1, 1, 20, tzinfo=UTC))
     ready = landing.ready_hours(nds, h0, datetime(2026, 11, 1, 2, 19, tzinfo=UTC))
-    assert ready.hours == [h0] and ready.blocked_at == parse_key(H[1])
+    assert ready.hours == [h0] and ready.blocked_at == parse_hour(H[1])
     assert "2026-11-01 02:20:00Z" in ready.blocked_why
 
     # the same rule through the sensor, with its clock pinned
@@ -367,7 +373,7 @@ def test_reconcile_range_also_closes_a_gap(tmp_path: Path) -> None:
     """A reload that failed half-way leaves a gap before the latest loaded hour: start there."""
     ds = _cfg(tmp_path).datasets[0]
     plan = landing.reprocess_range(ds, {"2026-11-01-00", "2026-11-01-02", "2026-11-01-03"})
-    assert plan is not None and (plan.first, plan.last) == (parse_key(H[1]), parse_key(H[3]))
+    assert plan is not None and (plan.first, plan.last) == (parse_hour(H[1]), parse_hour(H[3]))
     assert landing.reprocess_range(ds, {"2026-11-01-00", "2026-11-01-01"}) is None
     assert landing.reprocess_range(ds, set()) is None
 
@@ -379,10 +385,10 @@ def test_input_change_kinds(tmp_path: Path, change: str) -> None:
     ds = cfg.datasets[0]
     f0 = write_hour(ds, H[0], [_ev(1, 0)])
     f1 = write_hour(ds, H[0], [_ev(2, 0)], name="part-1.jsonl")
-    h0 = parse_key(H[0])
-    record = CommitRecord(dataset=ds.name, partition_key=H[0], load_hour=to_tag(h0), rows_in=0,
-                          unique=0, duplicates=0, expired=0, rejected=0,
-                          inputs=tuple(landing.list_input_files(ds, h0)))
+    h0 = parse_hour(H[0])
+    record = CommitRecord(**{**NOTHING, "inputs": tuple(landing.list_input_files(ds, h0))},
+                          dataset=ds.name, partition_key=H[0], load_hour=to_tag(h0), rows_in=0,
+                          unique=0, duplicates=0, expired=0, rejected=0)
     assert landing.input_change(ds, h0, record) is None
     if change == "added":
         write_hour(ds, H[0], [_ev(3, 0)], name="part-2.jsonl")

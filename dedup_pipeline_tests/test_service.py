@@ -30,7 +30,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
+from dedup_pipeline.hours import format_hour, hour_range, parse_hour, to_tag
 from dedup_pipeline.orchestration.names import RANGE_END, RANGE_START, pool_name
 from dedup_pipeline.sample.generate import generate_landing
 from dedup_pipeline_tests.apt import apt_install
@@ -57,7 +57,7 @@ pytestmark = pytest.mark.slow
 
 DEPLOY = REPO / "deploy"
 FIRST, LAST = "2026-11-01-00:00", "2026-11-01-02:00"
-HOURS = [to_key(h) for h in hour_range(FIRST, LAST)]
+HOURS = [format_hour(h) for h in hour_range(FIRST, LAST)]
 ROWS_PER_HOUR = 300
 ASSETS = [["clicks", n] for n in (*OUTPUTS, "index")]
 LOCATION = "dedup_pipeline"
@@ -237,13 +237,13 @@ def test_backfill_through_graphql_loads_every_hour(service_env: dict[str, Any],
 
     out: Path = service_env["output"]
     for key in HOURS:
-        tag = to_tag(parse_key(key))
+        tag = to_tag(parse_hour(key))
         rec = json.loads((out / "_commits" / f"load_hour={tag}.json").read_text())
         assert rec["rows_in"] == ROWS_PER_HOUR
         written = {o: pq.read_table(out / o / f"load_hour={tag}").num_rows for o in OUTPUTS}
         assert written == {o: rec[o] for o in OUTPUTS}
         assert sum(written.values()) == ROWS_PER_HOUR  # R8
-    assert sum(json.loads((out / "_commits" / f"load_hour={to_tag(parse_key(h))}.json").read_text())
+    assert sum(json.loads((out / "_commits" / f"load_hour={to_tag(parse_hour(h))}.json").read_text())
                ["duplicates"] for h in HOURS[1:]) > 0
 
 

@@ -27,7 +27,7 @@ import dagster as dg
 import pytest
 
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
-from dedup_pipeline.hours import HOUR, hour_range, to_key, to_tag
+from dedup_pipeline.hours import HOUR, format_hour, hour_range, to_tag
 from dedup_pipeline.orchestration.landing_checks import CHECK_NAME
 from dedup_pipeline_tests.daemon_walk import DATASET, Walk
 from dedup_pipeline_tests.spark_services import (
@@ -118,7 +118,7 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         entry = wait_until("the webserver to load the code location",
                            lambda: loaded_location(url, "dedup_pipeline"), 300, [web, daemon], 2)
         assert entry["locationOrLoadError"]["__typename"] == "RepositoryLocation", entry
-        yield {"url": url, "walk": w, "hours": [to_key(h0), to_key(h1)], "root": root,
+        yield {"url": url, "walk": w, "hours": [format_hour(h0), format_hour(h1)], "root": root,
                "services": [web, daemon, server.service]}
     finally:
         stop_all([web, daemon, server.service])
@@ -280,7 +280,7 @@ def _partition_status_in_browser(page: Any, url: str, shot: Path) -> tuple[dict[
     hours: dict[str, set[str]] = {"MATERIALIZED": set(), "FAILED": set()}
     for r in node["assetPartitionStatuses"]["ranges"]:
         hours.setdefault(r["status"], set()).update(
-            to_key(h) for h in hour_range(r["startKey"], r["endKey"]))
+            format_hour(h) for h in hour_range(r["startKey"], r["endKey"]))
     return counts, hours
 
 
@@ -338,45 +338,45 @@ def test_the_browser_clicks_every_materialize_and_execute(ui: dict[str, Any], tm
         # materialized for all five outputs
         for asset, hour in by_asset.items():
             t0 = time.monotonic()
-            _materialize(page, url, asset, to_key(hour))
+            _materialize(page, url, asset, format_hour(hour))
             run = runs.next_finished(f"Materialize of {asset}")
             page.screenshot(path=str(shots / f"materialize-{asset}.png"))
             assert run.status == dg.DagsterRunStatus.SUCCESS, (asset, run.run_id)
-            assert run.tags.get("dagster/partition") == to_key(hour), run.tags
+            assert run.tags.get("dagster/partition") == format_hour(hour), run.tags
             assert to_tag(hour) in w.committed()
             for out in OUTPUT_ASSETS:
                 recs = inst.fetch_materializations(dg.AssetRecordsFilter(
-                    asset_key=dg.AssetKey([DATASET, out]), asset_partitions=[to_key(hour)]),
+                    asset_key=dg.AssetKey([DATASET, out]), asset_partitions=[format_hour(hour)]),
                     limit=5).records
                 assert recs and recs[0].run_id == run.run_id, (asset, out, recs)  # the latest
-            print(f"Materialize {asset} {to_key(hour)}: {time.monotonic() - t0:.0f}s")
+            print(f"Materialize {asset} {format_hour(hour)}: {time.monotonic() - t0:.0f}s")
 
         # a failed load (hour 6 after the never-landed hour 5): its one-line cause and fix, the
         # UI and the CLI way, where the run page opens; the traceback only behind it
-        _materialize(page, url, "unique", to_key(hours[6]))
+        _materialize(page, url, "unique", format_hour(hours[6]))
         run = runs.next_finished("Materialize of an hour after a missing one")
         assert run.status == dg.DagsterRunStatus.FAILURE, run.run_id
-        text = _failure_in_view(page, url, run.run_id, f"Load of {DATASET} hour(s) {to_key(hours[6])}")
+        text = _failure_in_view(page, url, run.run_id, f"Load of {DATASET} hour(s) {format_hour(hours[6])}")
         page.screenshot(path=str(shots / "run-load-order-error.png"))
         assert "LoadOrderError" in text and "Fix: load the missing earlier hours first" in text, text
         assert f"in the UI, open asset {DATASET}/unique" in text, text
-        assert f"dedup-pipeline run --config {w.config} --from {to_key(hours[5])}" in text, text
+        assert f"dedup-pipeline run --config {w.config} --from {format_hour(hours[5])}" in text, text
         assert "Traceback" not in text and 'File "' not in text, text
         assert to_tag(hours[6]) not in w.committed()
 
         # a refused rerun (hour 1 while hours 2-4 are loaded): its fix names hours 1..4 in order;
         # the partition bar and the checks still show hour 1 as committed; only hour 6, whose
         # load committed nothing, is Failed
-        _materialize(page, url, "unique", to_key(hours[1]))
+        _materialize(page, url, "unique", format_hour(hours[1]))
         run = runs.next_finished("Materialize of a loaded hour before later loaded ones")
         assert run.status == dg.DagsterRunStatus.FAILURE, run.run_id
-        text = _failure_in_view(page, url, run.run_id, f"Load of {DATASET} hour(s) {to_key(hours[1])}")
+        text = _failure_in_view(page, url, run.run_id, f"Load of {DATASET} hour(s) {format_hour(hours[1])}")
         assert "LaterHoursLoadedError" in text, text
-        assert f"--from {to_key(hours[1])} --to {to_key(hours[4])}" in text, text
+        assert f"--from {format_hour(hours[1])} --to {format_hour(hours[4])}" in text, text
         counts, status = _partition_status_in_browser(page, url, shots / "after-refusal.png")
         assert counts.get("Materialized") == 5 and counts.get("Failed") == 1, counts
-        committed = {to_key(h) for h in hours[:5]}
-        assert status["MATERIALIZED"] == committed and status["FAILED"] == {to_key(hours[6])}, status
+        committed = {format_hour(h) for h in hours[:5]}
+        assert status["MATERIALIZED"] == committed and status["FAILED"] == {format_hour(hours[6])}, status
         counts = _check_counts_in_browser(page, url, "conservation", shots / "check-after-refusal.png")
         assert counts.get("Passed") == 5 and not counts.get("Failed") and not counts.get("Skipped"), counts
         w.land(hours[1], ["late"], name="part-late.jsonl", marker=False)  # after hour 1's load
@@ -406,5 +406,5 @@ def test_the_browser_clicks_every_materialize_and_execute(ui: dict[str, Any], tm
                 run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)]
             # every loaded hour compared; hour 1's late file reported
             assert ev.check_name == CHECK_NAME and ev.passed is False, ev
-            assert ev.metadata["changed_hours"].value == to_key(hours[1]), ev.metadata
+            assert ev.metadata["changed_hours"].value == format_hour(hours[1]), ev.metadata
     print(f"screenshots in {shots}")

@@ -37,7 +37,7 @@ import yaml
 
 from dedup_pipeline.cli import DEMO_INSTANCE_YAML
 from dedup_pipeline.config import load_config
-from dedup_pipeline.hours import HOUR, hour_range, parse_key, to_key
+from dedup_pipeline.hours import HOUR, format_hour, hour_range, parse_hour
 from dedup_pipeline.orchestration.names import (
     PARTITION,
     RANGE_END,
@@ -74,7 +74,7 @@ pytestmark = pytest.mark.slow
 # the last seven complete hours: the UI's Plots -> Partitions asks for the latest 120 partition
 # keys of the definition (up to now), so older hours would not be plotted at all
 FIRST = default_start(7)
-HOURS = [to_key(parse_key(FIRST) + i * HOUR) for i in range(7)]
+HOURS = [format_hour(parse_hour(FIRST) + i * HOUR) for i in range(7)]
 ROWS_PER_HOUR = 200
 DS = "clicks"
 OUTPUTS = WRITTEN
@@ -158,7 +158,7 @@ def check_statuses(url: str) -> dict[str, dict[str, set[str]]]:
             assert ps["__typename"] == "AssetCheckTimePartitionStatuses", ps
             by_status: dict[str, set[str]] = {}
             for r in ps["ranges"]:
-                keys = {to_key(h) for h in hour_range(r["startKey"], r["endKey"])}
+                keys = {format_hour(h) for h in hour_range(r["startKey"], r["endKey"])}
                 by_status.setdefault(r["status"], set()).update(keys)
             out[check["name"]] = by_status
     return out
@@ -179,10 +179,10 @@ def latest_figures(url: str, asset: str) -> dict[str, dict[str, Any]]:
 def expected_figures(root: Path) -> dict[str, dict[str, int]]:
     """Each hour's figures by the design.md oracle (`reference.py`), from the generated landing files."""
     (ds,) = load_config(str(root / "dedup.yaml")).datasets
-    ref = Reference(ds).run(parse_key(FIRST), len(HOURS))
+    ref = Reference(ds).run(parse_hour(FIRST), len(HOURS))
     out = {}
     for key in HOURS:
-        res = ref[f"{parse_key(key):%Y-%m-%d-%H}"]
+        res = ref[f"{parse_hour(key):%Y-%m-%d-%H}"]
         out[key] = {"rows_in": res.rows_in,
                     **{o: sum(res.rows[o].values()) for o in ("unique", "duplicates", "expired",
                                                                "rejected")}}
@@ -209,7 +209,7 @@ def ui_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
         m.unlink()  # the sensor waits; each path below decides who loads which hour
 
     def land(hour: str) -> None:
-        h = parse_key(hour)
+        h = parse_hour(hour)
         (root / "landing" / DS / f"date={h:%Y-%m-%d}" / f"hour={h:%H}" / "_SUCCESS").write_text("")
 
     logs = root / "logs"
@@ -330,7 +330,7 @@ def test_every_ui_and_sensor_run_succeeded_once_per_hour(ui_session: dict[str, A
         first = tags.get(RANGE_START) or tags[PARTITION]
         last = tags.get(RANGE_END) or first
         for h in hour_range(first, last):
-            loaded_by.setdefault(to_key(h), []).append(r["runId"])
+            loaded_by.setdefault(format_hour(h), []).append(r["runId"])
     assert {h: len(ids) for h, ids in loaded_by.items()} == dict.fromkeys(HOURS, 1), loaded_by
     # the collision: the tick named the UI run and requested nothing; no sensor run of H4
     tick = ui_session["skipped_tick"]
@@ -364,7 +364,7 @@ def test_each_hour_carries_its_own_figures(ui_session: dict[str, Any]) -> None:
             assert md["dagster/row_count"] == (figures["unique"] if asset == "index" else figures[asset])
             assert "range_hours" not in md and "range_rows" not in md
             # a time, not epoch microseconds: within the generated hours' day
-            assert abs(float(md["latest_point"]) - parse_key(hour).timestamp()) < 2 * 86400, md
+            assert abs(float(md["latest_point"]) - parse_hour(hour).timestamp()) < 2 * 86400, md
 
 
 # ---------------------------------------------------------------- the real browser

@@ -38,7 +38,7 @@ from dedup_pipeline.engine.core import load as engine_load
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.lock import Lock
 from dedup_pipeline.engine.core.storage import Storage
-from dedup_pipeline.hours import hour_range, key_of, to_key
+from dedup_pipeline.hours import format_hour, format_tag, hour_range
 from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.checks import CHECKS
 from dedup_pipeline.orchestration.definitions import build_definitions
@@ -69,7 +69,7 @@ query { assetNodes { assetKey { path }
 
 
 def _keys(ranges: list[dict[str, str]], status: str) -> set[str]:
-    return {to_key(h) for r in ranges if r["status"] == status
+    return {format_hour(h) for r in ranges if r["status"] == status
             for h in hour_range(r["startKey"], r["endKey"])}
 
 
@@ -108,7 +108,7 @@ class UI:
         """Every committed hour materialized with every check Passed; only `failed` (hours whose
         load failed, uncommitted) Failed; nothing else."""
         ds = self.cfg.datasets[0]
-        committed = {key_of(t) for t in CommitLog(Storage(ds.output)).committed()}
+        committed = {format_tag(t) for t in CommitLog(Storage(ds.output)).committed()}
         st = self.status()
         assert set(st["assets"]) == set(WRITTEN), st
         for asset, s in st["assets"].items():
@@ -155,7 +155,7 @@ def _spark_fails_at(monkeypatch: pytest.MonkeyPatch, key: str) -> None:
     orig = engine_load.verify_written
 
     def failing(spark: Any, ds: Any, p: Any, *a: Any, **k: Any) -> Any:
-        if to_key(p.hour) == key:
+        if format_hour(p.hour) == key:
             spark.sql("select raise_error('injected failure of the Spark job')").collect()
         return orig(spark, ds, p, *a, **k)
 
@@ -245,7 +245,7 @@ def test_partition_status_is_the_commit_records_after_every_refusal_and_failure(
         _spark_fails_at(m, H[2])
         res = run_range(cfg, ds.name, H[2], H[3], inst)
     assert not res.success and "injected failure" in (res.error or ""), res.error
-    assert "2026-11-01-02:00" not in {key_of(t) for t in CommitLog(Storage(ds.output)).committed()}
+    assert "2026-11-01-02:00" not in {format_tag(t) for t in CommitLog(Storage(ds.output)).committed()}
     ui.assert_truth("Spark failure of a rerun", failed={H[2]})
     assert run_range(cfg, ds.name, H[2], H[3], inst).success  # the fix: load them again
     ui.assert_truth("H2..H3 loaded again")

@@ -29,7 +29,7 @@ from dedup_pipeline.config import load_config
 from dedup_pipeline.engine.connect_host import CONNECT_PLUGIN, SCRIPT
 from dedup_pipeline.engine.load import load_hours
 from dedup_pipeline.engine.session import BASE_CONF, PARALLEL_GC, SERVER_CONF, server_command
-from dedup_pipeline.hours import HOUR, hour_range, parse_key, to_key
+from dedup_pipeline.hours import HOUR, format_hour, hour_range, parse_hour
 from dedup_pipeline.sample.generate import generate_landing
 from dedup_pipeline_tests.conftest import generated_config
 from dedup_pipeline_tests.spark_services import (
@@ -138,12 +138,12 @@ def write_config(root: Path, label: str) -> Path:
 def local_reference(spark: SparkSession, root: Path, hours: int) -> dict[str, Any]:
     """A local-mode load of every hour of the landing zone, in this process."""
     ds = load_config(write_config(root, "local")).datasets[0]
-    load_hours(spark, ds, [to_key(h) for h in hour_range(FIRST, last_hour(hours))])
+    load_hours(spark, ds, [format_hour(h) for h in hour_range(FIRST, last_hour(hours))])
     return snapshot(ds.output)
 
 
 def last_hour(hours: int) -> str:
-    return to_key(parse_key(FIRST) + (hours - 1) * HOUR)
+    return format_hour(parse_hour(FIRST) + (hours - 1) * HOUR)
 
 
 def start_run(root: Path, label: str, hours: int, remote: str,
@@ -482,7 +482,7 @@ def test_spark_server_logs_one_line_per_session_and_every_run_releases_its_sessi
                         cwd=tmp_path)
     root = make_landing(tmp_path / "land", "sessions", seed=5, hours=2, rows=50)
     env = clean_env(SPARK_REMOTE=srv.url, DAGSTER_HOME=str(tmp_path / "dagster_home"))
-    h0, h1 = FIRST, to_key(parse_key(FIRST) + HOUR)
+    h0, h1 = FIRST, format_hour(parse_hour(FIRST) + HOUR)
 
     def sessions() -> tuple[int, int]:
         log = srv.service.tail(10**8) if srv.service else ""

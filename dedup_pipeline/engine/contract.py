@@ -19,8 +19,9 @@ hour was loaded under (`CommitRecord.contract_version`).
 - A migration (`engine/migrate.py`) writes its version first: that file is the migration's commit
   point. Its index rebuild follows; until the ``v000N.done`` marker beside it exists, every path
   refuses with "finish the migration".
-- The first load of a dataset whose history predates contracts pins the current config as the
-  contract of that history (`assumed`): we assume the config did not change before this version.
+- Each version carries ``"format": 1`` (`engine.formats`); a version of another format is
+  refused, naming the file and the migrate command, which records the current config as the
+  contract in its place.
 
 Which config field is free, evolvable or breaking is `FIELDS` (one table; docs/design.md repeats
 it with the argument for each). Pure Python: no Spark, no Dagster.
@@ -38,20 +39,18 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine.core import formats
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.index.layout import INDEX_FORMAT
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.errors import UserError
-from dedup_pipeline.hours import HourSet, key_of, parse_key, to_tag
+from dedup_pipeline.hours import HourSet, format_tag, parse_hour, to_tag
 from dedup_pipeline.units import MICROS_PER_DAY, MICROS_PER_SECOND
 
 CONTRACT = "_contract"
-CONTRACT_FORMAT = 1
 # The version of the key digest and fingerprint encoding (engine/core/digest.py): a change of that
 # encoding makes every stored digest unmatchable, so it is a term of the contract.
 DIGEST_VERSION = 1
-# The index layout version (engine/core/index/layout.py INDEX_FORMAT), imported lazily: layout needs
-# pyspark, this module must not (the sensors read contracts).
 _NAME = re.compile(r"^v(\d{4,})\.json$")
 _DONE = re.compile(r"^v(\d{4,})\.done$")
 
@@ -189,21 +188,17 @@ class Migration(_Frozen):
 class Contract(_Frozen):
     """One version of a dataset's contract, as stored in ``_contract/v000N.json``."""
 
-    contract_format: Literal[1] = CONTRACT_FORMAT
+    format: Literal[1] = formats.FORMAT
     dataset: str
     version: int = Field(ge=1)
     effective_from: str  # partition key of the first hour loaded under it
     recorded_at: str
-    assumed: bool = False  # pinned from the config on the first load after upgrading
     changes: tuple[str, ...] = ()  # the evolvable changes from the version before
     migration: Migration | None = None
     terms: Terms
 
     def to_json(self) -> dict:
-        out = self.model_dump(mode="json", by_alias=True)
-        if out.get("migration") and out["migration"].get("latest_points") is None:
-            del out["migration"]["latest_points"]  # without expiry: the format before it
-        return out
+        return self.model_dump(mode="json", by_alias=True)
 
 
 def contract_path(st: Storage, version: int) -> str:
@@ -220,6 +215,9 @@ class History:
 
     versions: tuple[Contract, ...]
     done: frozenset[int]
+    # versions of another format, by path (only `read_history(..., other_formats=True)` keeps
+    # them here; otherwise they are refused)
+    other_formats: tuple[str, ...] = ()
 
     @property
     def current(self) -> Contract | None:
@@ -236,13 +234,16 @@ class History:
             else None
 
 
-def read_history(st: Storage, last_committed: str | None) -> History:
+def read_history(st: Storage, last_committed: str | None, other_formats: bool = False) -> History:
     """Every contract version, validated; versions whose first hour has not committed (written
     by a load that then crashed) are tentative and dropped. `last_committed` is the latest
-    committed hour's tag (None: none)."""
+    committed hour's tag (None: none). A version of another format is refused in one line
+    (`ContractError`), unless `other_formats` (migrate, which replaces them): then it is left
+    out and named in `History.other_formats`."""
     names = st.list_names(st.path(CONTRACT))
     found: list[Contract] = []
     done = set()
+    others: list[str] = []
     for name in sorted(names):
         if (m := _DONE.match(name)) is not None:
             done.add(int(m.group(1)))
@@ -250,7 +251,14 @@ def read_history(st: Storage, last_committed: str | None) -> History:
             continue
         path = st.path(CONTRACT, name)
         try:
-            c = Contract.model_validate(json.loads(st.read_text(path)))
+            doc = json.loads(st.read_text(path))
+            other = formats.problem(path, doc, formats.MIGRATE)
+            if other is not None:
+                if other_formats:
+                    others.append(path)
+                    continue
+                raise ContractError(f"contract error: {other.line}")
+            c = Contract.model_validate(doc)
         except (OSError, UnicodeDecodeError, ValueError, ValidationError) as e:
             first = str(e).splitlines()[0][:200]
             raise ContractError(
@@ -269,27 +277,27 @@ def read_history(st: Storage, last_committed: str | None) -> History:
         kept.append(c)
     while kept and _tentative(kept[-1], last_committed):
         kept.pop()
-    return History(tuple(kept), frozenset(done))
+    return History(tuple(kept), frozenset(done), tuple(others))
 
 
-def migrated_since(hist: History, version: int | None) -> Contract | None:
-    """The newest migration after contract `version` (None: a record from before contracts):
+def migrated_since(hist: History, version: int) -> Contract | None:
+    """The newest migration after contract `version`:
     what an hour loaded under `version` derived (its L_H, its X_H) is not in the terms in force,
     and the migration re-derived it."""
     for c in reversed(hist.versions):
-        if c.migration is not None and (version is None or c.version > version):
+        if c.migration is not None and c.version > version:
             return c
     return None
 
 
 def _tentative(c: Contract, last_committed: str | None) -> bool:
-    if c.assumed or c.migration is not None:
+    if c.migration is not None:
         return False
     return last_committed is None or to_tag_of(c.effective_from) > last_committed
 
 
 def to_tag_of(partition_key: str) -> str:
-    return to_tag(parse_key(partition_key))
+    return to_tag(parse_hour(partition_key))
 
 
 # --- comparing terms ------------------------------------------------------------------------------
@@ -478,11 +486,15 @@ def check(st: Storage, ds: DatasetConfig, hour_key: str, committed: Collection[s
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     cur = hist.current
     if cur is None:
-        # the first load, or the first after upgrading: the history's contract is this config
-        assumed = last_committed is not None
-        first = key_of(first_committed or last_committed) if assumed else hour_key  # type: ignore[arg-type]
-        return Verdict(None, Contract(dataset=ds.name, version=1, effective_from=first,
-                                      recorded_at=now, assumed=assumed, terms=terms))
+        if last_committed is not None:  # hours loaded, their contract gone: nothing to check against
+            since = format_tag(first_committed or last_committed)
+            raise ContractError(
+                f"contract error: dataset {ds.name!r}: hours since {since} are loaded but "
+                f"{st.path(CONTRACT)} holds no contract; restore it from a backup, or record the "
+                f"current config as the history's contract: {migrate_command(ds)}")
+        # the first load: the dataset's contract is this config
+        return Verdict(None, Contract(dataset=ds.name, version=1, effective_from=hour_key,
+                                      recorded_at=now, terms=terms))
     if cur.terms == terms:
         return Verdict(cur, None)
     held = True
@@ -520,9 +532,6 @@ def describe_new(v: Verdict) -> str | None:
     n = v.new
     if n is None:
         return None
-    if n.assumed:
-        return (f"contract v1 recorded from the current config for the history since "
-                f"{n.effective_from} (assumed unchanged before contracts were recorded)")
     if n.version == 1:
         return f"contract v1 recorded, effective from {n.effective_from}"
     return f"contract v{n.version} recorded, effective from {n.effective_from}: " + \

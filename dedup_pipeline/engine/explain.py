@@ -32,29 +32,34 @@ import pyarrow.parquet as pq
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import keydigest, lake
 from dedup_pipeline.engine.core import commits, keys
+from dedup_pipeline.engine.core.columns import (
+    ENTRY_LOAD_HOUR,
+    EXPIRY_POINT,
+    FIRST,
+    FP,
+    H1,
+    H2,
+    KIND,
+    RAW,
+    REASON,
+    SOURCE_FILE,
+    V,
+)
+from dedup_pipeline.engine.core.columns import LOAD_HOUR_PARTITION as LOAD_HOUR
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.index import layout, live
 from dedup_pipeline.engine.core.index.health import check_index
-from dedup_pipeline.engine.core.keys import FP, H1, H2
 from dedup_pipeline.engine.core.outputs import (
     DUPLICATES,
     EXPIRED,
-    EXPIRY_POINT,
-    FIRST,
-    KIND,
-    LOAD_HOUR,
     OUTPUTS,
-    RAW,
-    REASON,
     REJECTED,
-    SOURCE_FILE,
     UNIQUE,
-    V,
     columns,
     partition,
 )
 from dedup_pipeline.engine.core.storage import READERS, Storage
-from dedup_pipeline.hours import compress_ranges, key_of, parse_key, to_tag
+from dedup_pipeline.hours import compress_ranges, format_tag, parse_hour, to_tag
 
 # rules, as the JSON names them
 FIRST_SEEN = "first_seen"
@@ -251,7 +256,7 @@ class Explanation:
             out.append(f"  never seen in the committed hours searched ({self.hours_searched})")
         width = max([len(o) for o in OUTPUTS])
         for o in self.occurrences:
-            out.append(f"  {key_of(o.load_hour)}  {o.output.ljust(width)}  {o.text}")
+            out.append(f"  {format_tag(o.load_hour)}  {o.output.ljust(width)}  {o.text}")
         return out + [f"  {line}" for line in self.footer()]
 
     def footer(self) -> list[str]:
@@ -260,11 +265,11 @@ class Explanation:
         current = next((e for e in reversed(self.index) if e.live), None)
         if current is not None:
             exp = f", expiry value {current.expiry_value}" if current.expiry_value else ""
-            out.append(f"index now: live, first loaded {key_of(current.load_hour)}{exp}, "
+            out.append(f"index now: live, first loaded {format_tag(current.load_hour)}{exp}, "
                        f"slice {current.slice}")
         elif self.index:
             last = self.index[-1]
-            out.append(f"index now: not live (the entry of {key_of(last.load_hour)} has "
+            out.append(f"index now: not live (the entry of {format_tag(last.load_hour)} has "
                        "expired; a later record of the key is unique again)")
         else:
             out.append("index now: no entry (a later record of the key would be unique)")
@@ -295,8 +300,8 @@ def committed_history(st: Storage, first: str | None, last: str | None,
     """The records of the committed hours (`tags`, else the commit log's) from `first` to `last`."""
     log = CommitLog(st)
     tags = sorted(log.committed()) if tags is None else tags
-    lo = to_tag(parse_key(first)) if first else None
-    hi = to_tag(parse_key(last)) if last else None
+    lo = to_tag(parse_hour(first)) if first else None
+    hi = to_tag(parse_hour(last)) if last else None
     records: dict[str, commits.CommitRecord] = {}
     damaged = []
     for t in tags:
@@ -443,7 +448,7 @@ def _index_entries(ds: DatasetConfig, st: Storage, typed: dict[int, Key], commit
     if ds.expiry is None:  # an entry's slice is its h1's hash bucket (index.live.slice_of)
         slices = {h1 % ds.index.buckets for h1, _ in digests}
         files = [f for f in files if f.slice in slices]
-    cols = [H1, H2, layout.ENTRY_LOAD, *([V] if ds.expiry is not None else []),
+    cols = [H1, H2, ENTRY_LOAD_HOUR, *([V] if ds.expiry is not None else []),
             *([FP] if ds.fingerprint else [])]
     wanted = pa.array(sorted({h for h, _ in digests}), pa.int64())
 
@@ -459,7 +464,7 @@ def _index_entries(ds: DatasetConfig, st: Storage, typed: dict[int, Key], commit
     with ThreadPoolExecutor(max_workers=READERS) as pool:
         for r in [r for part in pool.map(one, [f.rel for f in files]) for r in part]:
             i = digests.get((r[H1], r[H2]))
-            if i is not None and r[layout.ENTRY_LOAD] in committed:
+            if i is not None and r[ENTRY_LOAD_HOUR] in committed:
                 r["_slice"] = (r[H1] % ds.index.buckets if ds.expiry is None  # Spark's pmod
                                else None if r[V] is None else math.floor(float(r[V]) / ds.slice_span))
                 out[i].append(r)
@@ -572,9 +577,9 @@ def _occurrences(ds: DatasetConfig, hist: History, rows: list[tuple[str, dict]],
                              and rec.expiry_point is not None and v_prev is not None
                              and v_prev < rec.expiry_point), None)
                 rule = UNIQUE_AGAIN
-                when = (f"at {key_of(gone)} (expiry point {_fmt_v(ds, hist.records[gone].expiry_point)}"
+                when = (f"at {format_tag(gone)} (expiry point {_fmt_v(ds, hist.records[gone].expiry_point)}"
                         f" > its {_fmt_v(ds, v_prev)})" if gone else "")
-                text = (f"loaded again: the earlier entry (loaded {key_of(earlier[-1])}) expired "
+                text = (f"loaded again: the earlier entry (loaded {format_tag(earlier[-1])}) expired "
                         f"from the index {when}".rstrip() + f" (file {src})")
                 deciding = {"earlier_load_hour": earlier[-1], "earlier_expiry_value":
                             _fmt_v(ds, v_prev), "expired_at_load_hour": gone}
@@ -620,11 +625,11 @@ def _occurrences(ds: DatasetConfig, hist: History, rows: list[tuple[str, dict]],
             elif kind == "conflict":
                 rule = CONFLICT_DUP
                 what = f"({changes})" if changes else "(fingerprint hash differs)"
-                text = (f"conflict: fingerprint differs from the {key_of(first)} row {what} "
+                text = (f"conflict: fingerprint differs from the {format_tag(first)} row {what} "
                         f"(file {src})")
             else:
                 rule = NATURAL_DUP
-                text = f"natural duplicate of the {key_of(first)} row ({fp_text}) (file {src})"
+                text = f"natural duplicate of the {format_tag(first)} row ({fp_text}) (file {src})"
             out.append(Occurrence(tag, name, rule, text, src, vals, deciding))
         elif name == EXPIRED:
             exp = ds.expiry
@@ -654,7 +659,7 @@ def _agreement(ds: DatasetConfig, st: Storage, hist: History, rows: list[tuple[s
     """What the index holds for the key against what its unique rows say it must hold (E3)."""
     problems = []
     uniques = {r[LOAD_HOUR]: r for name, r in rows if name == UNIQUE}
-    by_load = {e[layout.ENTRY_LOAD]: e for e in entries}
+    by_load = {e[ENTRY_LOAD_HOUR]: e for e in entries}
     kept = live.kept_from(st)
     for tag, r in sorted(uniques.items()):
         e = by_load.get(tag)
@@ -662,14 +667,14 @@ def _agreement(ds: DatasetConfig, st: Storage, hist: History, rows: list[tuple[s
         if e is None:
             retired = ds.expiry is not None and kept is not None and v is not None and v < kept
             if not retired:
-                problems.append(f"the unique row of {key_of(tag)} has no index entry (a later "
+                problems.append(f"the unique row of {format_tag(tag)} has no index entry (a later "
                                 "record of the key would wrongly be unique)")
         elif ds.expiry is not None and v is not None and e.get(V) is not None \
                 and float(e[V]) != float(v):
-            problems.append(f"the index entry of {key_of(tag)} holds expiry value "
+            problems.append(f"the index entry of {format_tag(tag)} holds expiry value "
                             f"{_fmt_v(ds, e[V])}, its unique row {_fmt_v(ds, v)}")
     for tag in sorted(set(by_load) - set(uniques)):
-        problems.append(f"the index holds an entry of {key_of(tag)} but that hour has no unique "
+        problems.append(f"the index holds an entry of {format_tag(tag)} but that hour has no unique "
                         "row of the key (a later record would wrongly be a duplicate)")
     return problems
 
@@ -700,14 +705,14 @@ def explain_keys(ds: DatasetConfig, given: list[dict[str, str | None]],
         if ds.expiry is None:  # nothing of the key before its entry's load (module docstring)
             for i, es in f_entries.result().items():
                 if es:
-                    since[i] = min(e[layout.ENTRY_LOAD] for e in es)
+                    since[i] = min(e[ENTRY_LOAD_HOUR] for e in es)
         rows = _find_rows(ds, st, hist, typed, since)
         entries, rejected = f_entries.result(), f_rejected.result()
     full_range = first is None and last is None
     searched_from_start = first is None or (bool(hist.all_committed)
-                                            and to_tag(parse_key(first)) <= hist.all_committed[0])
+                                            and to_tag(parse_hour(first)) <= hist.all_committed[0])
     tags = list(hist.records)
-    searched = compress_ranges([parse_key(t) for t in tags]) if tags else \
+    searched = compress_ranges([parse_hour(t) for t in tags]) if tags else \
         "no committed hours"
     last_rec = None  # the latest committed load decides what is live now, whatever the range
     if hist.all_committed:
@@ -721,17 +726,17 @@ def explain_keys(ds: DatasetConfig, given: list[dict[str, str | None]],
     for i, key in by_id.items():
         key_rows = rows.get(i, [])
         idx = []
-        for e in sorted(entries.get(i, []), key=lambda e: e[layout.ENTRY_LOAD]):
+        for e in sorted(entries.get(i, []), key=lambda e: e[ENTRY_LOAD_HOUR]):
             v = e.get(V)
             alive = ds.expiry is None or x_now is None or (v is not None and v >= x_now)
-            idx.append(IndexEntry(e[layout.ENTRY_LOAD], e["_slice"],
+            idx.append(IndexEntry(e[ENTRY_LOAD_HOUR], e["_slice"],
                                   _fmt_v(ds, v) if ds.expiry is not None else None, alive))
         notes = []
         if hist.damaged:
             notes.append("commit records that do not read were skipped (hours "
-                         f"{', '.join(key_of(t) for t in hist.damaged)}); {FIX.format(ds=ds.name)}")
+                         f"{', '.join(format_tag(t) for t in hist.damaged)}); {FIX.format(ds=ds.name)}")
         if hist.reruns:
-            notes.append(f"a rerun of {', '.join(key_of(t) for t in hist.reruns)} is in progress "
+            notes.append(f"a rerun of {', '.join(format_tag(t) for t in hist.reruns)} is in progress "
                          "(or was cut short): answered from its last committed load, which the "
                          "tables still serve")
         if key.has_null:
@@ -766,7 +771,7 @@ def markdown(ex: Explanation) -> str:
         body = f"Never seen in the committed hours searched ({ex.hours_searched}).\n"
     else:
         body = "| load hour | output | rule | why |\n|---|---|---|---|\n" + "".join(
-            f"| {key_of(o.load_hour)} | {o.output} | {o.rule} | {cell(o.text)} |\n"
+            f"| {format_tag(o.load_hour)} | {o.output} | {o.rule} | {cell(o.text)} |\n"
             for o in ex.occurrences)
     return head + body + "\n" + "".join(f"- {cell(line)}\n" for line in ex.footer())
 

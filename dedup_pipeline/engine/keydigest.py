@@ -27,19 +27,17 @@ import pyarrow.parquet as pq
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core import commits, keys
+from dedup_pipeline.engine.core.columns import H1, KEY_HASH, PARTITION
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.commits import CommitRecord, DigestFileEntry
-from dedup_pipeline.engine.core.keys import H1
 from dedup_pipeline.engine.core.outputs import DUPLICATES, EXPIRED, UNIQUE, partition
 from dedup_pipeline.engine.core.storage import READERS, Storage
-from dedup_pipeline.hours import compress_ranges, parse_key
+from dedup_pipeline.hours import compress_ranges, parse_hour
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 DIGEST = "_keys"  # {output}/_keys/load_hour=<tag>/
-KEY_HASH = "_key_hash"
-PARTITION = "load_hour="
 OPTIONS: dict[str, Any] = {  # 8,192-value row groups: a lookup reads ~16 KB per hour
     "row_group_size": 8192, "use_dictionary": False, "data_page_version": "2.0",
     "compression": "snappy", "column_encoding": {KEY_HASH: "DELTA_BINARY_PACKED"},
@@ -171,7 +169,7 @@ def missing(st: Storage, records: Mapping[str, CommitRecord]) -> str | None:
         return None
     more = ", ..." if len(bad) > 24 else ""
     return (f"{len(bad)} hour(s) without a usable key digest "
-            f"({compress_ranges([parse_key(t) for t in bad[:24]])}{more}): explain reads those "
+            f"({compress_ranges([parse_hour(t) for t in bad[:24]])}{more}): explain reads those "
             "hours in full instead (slower, the same answer); dedup-pipeline verify --repair "
             "writes them again")
 

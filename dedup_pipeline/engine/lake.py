@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,14 +49,16 @@ from deltalake.transaction import (
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core import commits, hooks
+from dedup_pipeline.engine.core.columns import LOAD_HOUR_PARTITION
 from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.hooks import Progress
 from dedup_pipeline.engine.core.lock import Lock
-from dedup_pipeline.engine.core.outputs import LOAD_HOUR, OUTPUTS, columns, partition
+from dedup_pipeline.engine.core.outputs import OUTPUTS, columns, partition
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.errors import UserError
-from dedup_pipeline.hours import key_of
+from dedup_pipeline.hours import format_tag
 
-PART = LOAD_HOUR  # the partition column: in the Delta log and the directory names, not the files
+PART = LOAD_HOUR_PARTITION  # the partition column: in the Delta log and the directory names, not the files
 PENDING = "_publish"  # hours whose tables may lag their commit record
 APP = "dedup_pipeline"
 DELTA_LOG = "_delta_log"
@@ -66,7 +68,6 @@ DEFAULT_RETENTION_HOURS = 24
 # default, lists the whole log to delete expired entries (dropped: `vacuum` does it, on schedule)
 _HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 
-Say = Callable[[str], None]
 
 _ARROW = {
     "string": pa.string(),
@@ -141,13 +142,12 @@ def new_token(previous: int | None = None) -> int:
 
 
 def record_token(rec: commits.CommitRecord) -> int:
-    """The token a record publishes with; for records before tokens, from their commit time."""
+    """The token a record publishes with; for an hour loaded with `output_format: parquet` (no
+    token), from its commit time."""
     if rec.publish_token is not None:
         return rec.publish_token
-    if rec.committed_at:
-        at = datetime.strptime(rec.committed_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-        return int(at.timestamp()) * 1_000_000
-    return 1
+    at = datetime.strptime(rec.committed_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    return int(at.timestamp()) * 1_000_000
 
 
 # -- the schema ------------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ def check_publishable(st: Storage, ds: DatasetConfig, files: dict[str, list[str]
             bad = _type_changes(have, target)
             if bad:
                 raise PublishRefusedError(
-                    f"hour {key_of(tag)} not committed: the {name} table's {bad[0]}; a column "
+                    f"hour {format_tag(tag)} not committed: the {name} table's {bad[0]}; a column "
                     f"type changes only through `dedup-pipeline migrate --config <file> --dataset "
                     f"{ds.name}`, which rewrites the tables under the new schema")
             schema = pa.schema([*have, *[f for f in target if f.name not in have.names]])
@@ -217,7 +217,7 @@ def check_publishable(st: Storage, ds: DatasetConfig, files: dict[str, list[str]
             try:
                 _check_file(st, path, schema)
             except LakeError as e:
-                raise PublishRefusedError(f"hour {key_of(tag)} not committed: {e}") from None
+                raise PublishRefusedError(f"hour {format_tag(tag)} not committed: {e}") from None
 
 
 def _evolve(dt: DeltaTable, want: pa.Schema) -> pa.Schema:
@@ -253,14 +253,10 @@ def files_by_hour(dt: DeltaTable) -> dict[str, dict[str, int]]:
 
 
 def record_files(st: Storage, name: str, rec: commits.CommitRecord | None) -> dict[str, int | None]:
-    """The files (relative to the table) and sizes the record vouches for in output `name`; a
-    record before files were listed vouches for its partition directory as it is."""
+    """The files (relative to the table) and sizes the record vouches for in output `name`."""
     if rec is None:
         return {}
     rel = "/".join(partition(name, rec.load_hour)[1:])
-    if rec.output_files is None:
-        return {f"{rel}/{p.rsplit('/', 1)[1]}": s
-                for p, s in st.file_sizes(st.path(*partition(name, rec.load_hour)), ".parquet").items()}
     return {f"{rel}/{f.name}": f.size for f in rec.output_files.get(name, ())}
 
 
@@ -308,7 +304,7 @@ def publish_hour(st: Storage, ds: DatasetConfig, name: str, tag: str,
             size = int(st.fs.info(path)["size"])
         adds.append(AddAction(rel, size, values, now, True, json.dumps({"numRecords": rows})))
     props = CommitProperties(app_transactions=[Transaction(app_id(tag), version)],
-                             custom_metadata={"dedup_pipeline.load_hour": key_of(tag)})
+                             custom_metadata={"dedup_pipeline.load_hour": format_tag(tag)})
     if dt is None:
         create_table_with_add_actions(uri, Schema.from_arrow(schema), adds, mode="error",
                                       partition_by=[PART], commit_properties=props,
@@ -327,7 +323,7 @@ def publish_hour(st: Storage, ds: DatasetConfig, name: str, tag: str,
 
 def _mark(st: Storage, tag: str) -> None:
     if previous_record(st, tag) is None:  # a rerun's mark keeps the hour's last committed record
-        st.write_text_atomic(st.path(PENDING, tag), key_of(tag))
+        st.write_text_atomic(st.path(PENDING, tag), format_tag(tag))
 
 
 def mark_rerun(st: Storage, ds: DatasetConfig, rec: commits.CommitRecord) -> None:
@@ -392,7 +388,7 @@ def tables_missing(st: Storage) -> list[str]:
 
 
 def roll_forward(st: Storage, ds: DatasetConfig, tags: Iterable[str] | None = None,
-                 say: Say | None = None, *, trust_tokens: bool = True,
+                 say: Progress | None = None, *, trust_tokens: bool = True,
                  ) -> list[tuple[str, Published]]:
     """Bring every table to the commit records for `tags` (None: every hour a record or a table
     has); returns the (hour, table) commits made. Pending marks of the hours done are removed.
@@ -409,14 +405,14 @@ def roll_forward(st: Storage, ds: DatasetConfig, tags: Iterable[str] | None = No
         try:
             rec = log.read(tag) if tag in committed else None
         except commits.CommitRecordError as e:
-            say(f"{ds.name} {key_of(tag)}: tables not rolled forward: {e}")
+            say(f"{ds.name} {format_tag(tag)}: tables not rolled forward: {e}")
             continue  # stays pending: the record's own problem is reported where it is read
         rerun = rec is None and (rec := previous_record(st, tag)) is not None
         try:
             pubs = [publish_hour(st, ds, name, tag, rec, tables[name], held[name].get(tag, {}),
                                  trust_tokens) for name in OUTPUTS]
         except LakeError as e:  # stays pending; a rerun of the hour writes files that publish
-            say(f"{ds.name} {key_of(tag)}: tables not rolled forward: {e}")
+            say(f"{ds.name} {format_tag(tag)}: tables not rolled forward: {e}")
             continue
         for name, pub in zip(OUTPUTS, pubs, strict=True):
             if pub.committed:
@@ -425,13 +421,14 @@ def roll_forward(st: Storage, ds: DatasetConfig, tags: Iterable[str] | None = No
                 made.append((tag, pub))
                 what = ("kept at its last committed version (a rerun of it is under way)" if rerun
                         else "published" if rec is not None else "removed (no commit record)")
-                say(f"{ds.name} {key_of(tag)}: {name} table {what} at version {pub.version}")
+                say(f"{ds.name} {format_tag(tag)}: {name} table {what} at version {pub.version}")
         if not rerun:  # a rerun's mark stays until its own commit is published
             _unmark(st, tag)
     return made
 
 
-def repair_pending(st: Storage, ds: DatasetConfig, say: Say | None = None) -> list[tuple[str, Published]]:
+def repair_pending(st: Storage, ds: DatasetConfig,
+                   say: Progress | None = None) -> list[tuple[str, Published]]:
     """At the start of a load: roll forward the hours marked pending (a publish a crash cut
     short), or every committed hour where a table does not exist yet (the first load in delta
     mode of a dataset loaded before). O(pending) when nothing is missing."""
@@ -497,7 +494,7 @@ def hour_files(st: Storage, name: str, tag: str) -> tuple[int, int] | None:
 
 def hour_version(dt: DeltaTable, tag: str, limit: int = 1000) -> int:
     """The newest version of `dt` whose commit published hour `tag` (see `hour_files`)."""
-    key = key_of(tag)
+    key = format_tag(tag)
     for h in dt.history(limit):  # newest first; usually the hour's commit is among the first
         if h.get("dedup_pipeline.load_hour") == key and "version" in h:
             return int(h["version"])
@@ -529,7 +526,7 @@ def drift(st: Storage, records: dict[str, commits.CommitRecord | None]) -> list[
             have = set(held.get(tag, {}))
             if want == have:
                 continue
-            hour = key_of(tag)
+            hour = format_tag(tag)
             if rec is None:
                 out.append(f"{hour}: the {name} table holds {len(have)} file(s) of an hour with no "
                            "commit record; verify --repair removes them")
@@ -571,7 +568,7 @@ def vacuum(st: Storage, retention_hours: int = DEFAULT_RETENTION_HOURS) -> list[
 
 
 def upkeep(st: Storage, ds: DatasetConfig, retention_hours: int, owner: str,
-           say: Say) -> list[Upkeep]:
+           say: Progress) -> list[Upkeep]:
     """The table upkeep of `ds` (the `vacuum` command and the upkeep job): under the dataset lock,
     roll pending hours forward, then `vacuum`; says one line per table."""
     with Lock(st, owner):
@@ -584,7 +581,7 @@ def upkeep(st: Storage, ds: DatasetConfig, retention_hours: int, owner: str,
 
 
 def overwrite(st: Storage, ds: DatasetConfig, records: dict[str, commits.CommitRecord],
-              say: Say | None = None) -> list[Published]:
+              say: Progress | None = None) -> list[Published]:
     """`migrate`: each table whose schema is not the contract's (a column of another type, or
     one the contract no longer has) gets ONE overwrite commit: the contract's schema, every
     committed hour's files as its record lists them (each checked against it), every hour's

@@ -30,7 +30,7 @@ from dedup_pipeline.engine.core.lock import Lock
 from dedup_pipeline.engine.core.outputs import OUT, REJECTED
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.session import connect_errors
-from dedup_pipeline.hours import HOUR, parse_key, to_tag
+from dedup_pipeline.hours import HOUR, parse_hour, to_tag
 
 
 def _tables_catch_up(h: HourContext) -> Admission | None:
@@ -71,7 +71,7 @@ def _contract(h: HourContext) -> Admission:
 def _migrated_latest(h: HourContext) -> tuple[float | None] | None:
     """L_{H-1} when a migration since its load re-derived it under the terms in force (another
     expiry column or basis: the previous record's number is of another column)."""
-    if h.hour <= parse_key(h.ds.start):
+    if h.hour <= parse_hour(h.ds.start):
         return None
     prev = h.log.read(to_tag(h.hour - HOUR))
     if prev is None:
@@ -195,7 +195,7 @@ def load_hours(
     hour as soon as it is committed, so a caller still knows which hours a failing run did commit;
     `remote` names the Spark Connect server in use, so losing it is one SparkServerError line.
     """
-    keys = sorted(partition_keys, key=parse_key)
+    keys = sorted(partition_keys, key=parse_hour)
     results = []
     # Lock.__exit__ never lets a failing release (the same full or read-only disk) replace the
     # load's own error

@@ -34,9 +34,10 @@ from pyspark.sql import functions as F
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import contract, lake
 from dedup_pipeline.engine.core import hooks
+from dedup_pipeline.engine.core.columns import EXPIRY_POINT, H1, H2, LOAD_HOUR_PARTITION, V
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.commits import CommitRecord, OutputFileEntry
-from dedup_pipeline.engine.core.digest import H1, H2, digest_columns
+from dedup_pipeline.engine.core.digest import digest_columns
 from dedup_pipeline.engine.core.expiry import (
     X_COL,
     expiry_point_column,
@@ -51,18 +52,15 @@ from dedup_pipeline.engine.core.load import TMP
 from dedup_pipeline.engine.core.outputs import (
     DUPLICATES,
     EXPIRED,
-    EXPIRY_POINT,
-    LOAD_HOUR,
     OUTPUTS,
     UNIQUE,
     columns,
     partition,
     write_options,
 )
-from dedup_pipeline.engine.core.parse import V
 from dedup_pipeline.engine.core.storage import ROWS_PER_FILE, Storage, glob_escape, place_files
 from dedup_pipeline.errors import UserError
-from dedup_pipeline.hours import HOUR, key_of, parse_key, to_key
+from dedup_pipeline.hours import HOUR, format_hour, format_tag, parse_hour
 
 SAMPLE = 5
 
@@ -146,8 +144,8 @@ class Reader:
                 if self.xs:
                     x_df = self.spark.createDataFrame(
                         [(t, float(x) if x is not None else None) for t, x in self.xs.items()],
-                        f"{LOAD_HOUR} string, {X_COL} double")
-                    df = df.join(F.broadcast(x_df), LOAD_HOUR, "left")
+                        f"{LOAD_HOUR_PARTITION} string, {X_COL} double")
+                    df = df.join(F.broadcast(x_df), LOAD_HOUR_PARTITION, "left")
                     xv = F.col(X_COL) if self.ds.expiry_type == "double" else \
                         F.col(X_COL).cast("long")
                     cols.append(F.when(F.col(src).isNotNull(),
@@ -160,7 +158,7 @@ class Reader:
                 lost = lost + F.count_if(F.col(src).isNotNull() & cast.isNull())
             else:
                 cols.append(F.col(src).alias(c))
-        return df.select(*cols, LOAD_HOUR), lost
+        return df.select(*cols, LOAD_HOUR_PARTITION), lost
 
     def frame(self, name: str) -> DataFrame | None:
         """Every committed row of output `name` under the new contract."""
@@ -171,7 +169,7 @@ class Reader:
         if fresh:
             df = self._read(name, fresh)
             parts.append(df.select(*[F.col(c) if c in df.columns else F.lit(None).cast(t).alias(c)
-                                     for c, t in columns(self.ds, name)], LOAD_HOUR))
+                                     for c, t in columns(self.ds, name)], LOAD_HOUR_PARTITION))
         old = [p for ps in stale.values() for p in ps]
         if old:
             parts.append(self.converted(name, old)[0])
@@ -214,11 +212,11 @@ def latest_points(reader: Reader, committed: list[str]) -> dict[str, int | float
     ds = reader.ds
     if ds.expiry is None:
         return None
-    maxima = hour_maxima(ds, (reader.frame(n) for n in (UNIQUE, DUPLICATES, EXPIRED)), LOAD_HOUR)
+    maxima = hour_maxima(ds, (reader.frame(n) for n in (UNIQUE, DUPLICATES, EXPIRED)), LOAD_HOUR_PARTITION)
     out: dict[str, int | float | None] = {}
     latest = None
     for tag in committed:
-        latest = latest_point(ds, parse_key(tag), latest, maxima.get(tag))
+        latest = latest_point(ds, parse_hour(tag), latest, maxima.get(tag))
         out[tag] = latest
     return out
 
@@ -239,18 +237,18 @@ def rewrite_outputs(reader: Reader, say: Callable[[str], None]) -> int:
         df, _lost = reader.converted(name, paths)
         tmp = st.path(TMP, f"migrate-{uuid.uuid4().hex[:12]}", name)
         rows = sum(reader.records[t].rows_in for t in stale)
-        (df.write.mode("overwrite").partitionBy(LOAD_HOUR)
+        (df.write.mode("overwrite").partitionBy(LOAD_HOUR_PARTITION)
          .option("maxRecordsPerFile", ROWS_PER_FILE)
          .options(**write_options(ds, name, max(rows, 1)))
          .parquet(st.to_uri(tmp)))
         for tag in stale:
             target = st.path(*partition(name, tag))
-            src = f"{tmp}/{LOAD_HOUR}={tag}"
+            src = f"{tmp}/{LOAD_HOUR_PARTITION}={tag}"
             placed = place_files(st, src, target) if st.exists(src) else []
             for f in placed:
                 st.sync_tree(f)
             rec = reader.records[tag]
-            keep = [f for f in (rec.output_files or {}).get(name, ())
+            keep = [f for f in rec.output_files.get(name, ())
                     if st.path(*partition(name, tag), f.name) not in set(stale[tag])]
             new_files.setdefault(tag, {})[name] = tuple(keep) + tuple(
                 OutputFileEntry(name=p.rsplit("/", 1)[1], size=int(st.fs.info(p)["size"]))
@@ -286,27 +284,28 @@ def duplicates_under(spark: SparkSession, ds: DatasetConfig, reader: Reader,
         return 0, []
     h1, h2 = digest_columns(ds.key, ds.source.schema)
     u = uniq.withColumns({H1: h1, H2: h2})
-    w = Window.partitionBy(H1, H2).orderBy(LOAD_HOUR)
-    u = u.withColumn("_prev_hour", F.lag(LOAD_HOUR).over(w))
+    w = Window.partitionBy(H1, H2).orderBy(LOAD_HOUR_PARTITION)
+    u = u.withColumn("_prev_hour", F.lag(LOAD_HOUR_PARTITION).over(w))
     if ds.expiry is None:
         bad = u.filter(F.col("_prev_hour").isNotNull())
     else:
-        frames = {n: reader.frame(n) for n in (UNIQUE, DUPLICATES, EXPIRED)}
-        xs = expiry_points(ds, frames.values(), LOAD_HOUR, committed)
+        xs = expiry_points(ds, (reader.frame(n) for n in (UNIQUE, DUPLICATES, EXPIRED)),
+                           committed)
         x_df = spark.createDataFrame([(t, float(x) if x is not None else None)
-                                      for t, x in xs.items()], f"{LOAD_HOUR} string, {X_COL} double")
+                                      for t, x in xs.items()],
+                                      f"{LOAD_HOUR_PARTITION} string, {X_COL} double")
         u = u.withColumn(V, expiry_value(ds)).withColumn("_prev_v", F.lag(V).over(w))
-        u = u.join(F.broadcast(x_df), LOAD_HOUR)
+        u = u.join(F.broadcast(x_df), LOAD_HOUR_PARTITION)
         bad = u.filter(F.col("_prev_v").isNotNull()
                        & is_live(F.col("_prev_v"), F.col(X_COL)))
-    bad = bad.select(*ds.key, LOAD_HOUR, "_prev_hour").persist()
+    bad = bad.select(*ds.key, LOAD_HOUR_PARTITION, "_prev_hour").persist()
     try:
         n = bad.count()
-        rows = bad.orderBy(LOAD_HOUR, *ds.key).limit(SAMPLE).collect() if n else []
+        rows = bad.orderBy(LOAD_HOUR_PARTITION, *ds.key).limit(SAMPLE).collect() if n else []
     finally:
         bad.unpersist()
-    sample = [", ".join(f"{k}={r[k]!r}" for k in ds.key) + f" unique in {key_of(r['_prev_hour'])} "
-              f"and {key_of(r[LOAD_HOUR])}" for r in rows]
+    sample = [", ".join(f"{k}={r[k]!r}" for k in ds.key) + f" unique in {format_tag(r['_prev_hour'])} "
+              f"and {format_tag(r[LOAD_HOUR_PARTITION])}" for r in rows]
     return n, sample
 
 
@@ -319,7 +318,12 @@ def migrate(spark: SparkSession, ds: DatasetConfig,
     log = CommitLog(st)
     committed = sorted(log.committed())
     last = committed[-1] if committed else None
-    hist = contract.read_history(st, last)
+    hist = contract.read_history(st, last, other_formats=True)
+    replaced = hist.other_formats  # versions of another format: the current config replaces all
+    if replaced:
+        say(f"{ds.name}: {len(replaced)} contract version(s) of another format, e.g. {replaced[0]}: "
+            "the current config is recorded as the contract of the history")
+        hist = contract.History((), frozenset())
     terms = contract.Terms.of(ds)
     target = hist.pending
     if target is not None:
@@ -342,6 +346,8 @@ def migrate(spark: SparkSession, ds: DatasetConfig,
                                                prior.terms if prior else None), say)
             return MigrateResult(ds.name, cur.version, None, (), rewritten=rewritten)
         if not committed and cur is None:
+            if replaced:  # nothing loaded: the first load records the contract
+                st.remove(st.path(contract.CONTRACT))
             return MigrateResult(ds.name, None, None, ())
         # the tables first agree with the records (a publish a crash cut short)
         lake.repair_pending(st, ds, say)
@@ -368,7 +374,7 @@ def migrate(spark: SparkSession, ds: DatasetConfig,
                 f"{' | '.join(sample)}; nothing was written. Keep the old config, or load the "
                 f"landing history again under the new config into a new output")
         unique_sources(st, committed)  # every listed unique file is there to rebuild from
-        nxt = to_key(parse_key(key_of(last)) + HOUR) if last else ds.start
+        nxt = format_hour(parse_hour(format_tag(last)) + HOUR) if last else ds.start
         target = contract.Contract(
             dataset=ds.name, version=(cur.version + 1) if cur else 1, effective_from=nxt,
             recorded_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -377,6 +383,8 @@ def migrate(spark: SparkSession, ds: DatasetConfig,
                                          latest_points=latest_points(reader, committed)),
             terms=terms)
         hooks.at("migrate_before_contract")
+        if replaced:
+            st.remove(st.path(contract.CONTRACT))
         # the commit point: from here on the dataset is under the new contract
         st.write_json_atomic(contract.contract_path(st, target.version), target.to_json())
         hooks.at("migrate_after_contract")

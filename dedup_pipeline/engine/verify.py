@@ -17,8 +17,7 @@
   True)`). Each is reported with its path and hour.
 - The dataset contract (engine/contract.py): a config that breaks it is refused (`ContractError`)
   before anything is read; each hour's expiry points are recomputed under the contract version its
-  commit record names; hours loaded before contracts were recorded are reported as a warning and
-  checked under the current config (assumed unchanged), never failed for it.
+  commit record names.
 """
 
 from __future__ import annotations
@@ -36,25 +35,20 @@ from pyspark.sql import functions as F
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import contract, keydigest, lake
 from dedup_pipeline.engine.core import commits, landing
+from dedup_pipeline.engine.core.columns import LOAD_HOUR_PARTITION, PARTITION, V
 from dedup_pipeline.engine.core.commit_log import CommitLog
-from dedup_pipeline.engine.core.expiry import (
-    X_COL,
-    expiry_points,
-    expiry_value,
-    is_live,
-)
+from dedup_pipeline.engine.core.expiry import X_COL, expiry_points, expiry_value, is_live
 from dedup_pipeline.engine.core.index import health, layout
-from dedup_pipeline.engine.core.outputs import DUPLICATES, EXPIRED, LOAD_HOUR, OUTPUTS, PARTITION, UNIQUE
+from dedup_pipeline.engine.core.outputs import DUPLICATES, EXPIRED, OUTPUTS, UNIQUE
 from dedup_pipeline.engine.core.parse import (
     BatchPlan,
-    V,
     failed_file,
     list_input_files,
     plan_batch,
     read_text_batch,
 )
 from dedup_pipeline.engine.core.storage import Storage, glob_escape
-from dedup_pipeline.hours import compress_ranges, is_tag, key_of, parse_key, to_key, to_tag
+from dedup_pipeline.hours import format_hour, is_tag, parse_hour, to_tag
 
 
 @dataclass
@@ -78,7 +72,7 @@ def _landing_count(spark: SparkSession, ds: DatasetConfig, tag: str) -> int:
 
     An unreadable file counts as the one `rejected` row the load makes of it (R8).
     """
-    plan = plan_batch(ds, list_input_files(ds, parse_key(tag)))
+    plan = plan_batch(ds, list_input_files(ds, parse_hour(tag)))
     while True:
         try:
             return read_text_batch(spark, ds, plan).count()
@@ -107,7 +101,7 @@ def _landing_counts(spark: SparkSession, ds: DatasetConfig,
     plans: dict[str, BatchPlan] = {}
     for tag in tags:
         try:
-            plans[tag] = plan_batch(ds, list_input_files(ds, parse_key(tag)))
+            plans[tag] = plan_batch(ds, list_input_files(ds, parse_hour(tag)))
         except Exception as e:  # noqa: BLE001 - reported per hour, never raised
             out[tag] = e
     todo = sorted(plans)
@@ -139,7 +133,7 @@ class _Output:
 
 def _hour(tag: str) -> str:
     try:
-        return to_key(parse_key(tag))
+        return format_hour(parse_hour(tag))
     except ValueError:
         return tag
 
@@ -168,8 +162,7 @@ def _scan(st: Storage, name: str, rep: VerifyReport,
         tag = entry.split("=", 1)[1]
         out.files[tag], out.rows[tag] = [], 0
         rec = records.get(tag)
-        listed = ({f.name for f in rec.output_files.get(name, ())}
-                  if rec and rec.output_files is not None else None)
+        listed = {f.name for f in rec.output_files.get(name, ())} if rec else None
         seen = set()
         for f in sorted(st.fs.ls(e["name"], detail=True), key=lambda f: f["name"]):
             fname = os.path.basename(f["name"].rstrip("/"))
@@ -227,7 +220,7 @@ def _check_records(st: Storage, ds: DatasetConfig, rep: VerifyReport,
             rep.violations.append(f"{commits.COMMITS}/{name}: unexpected file among the commit "
                                   "records (not a record of any hour; remove it)")
     records: dict[str, commits.CommitRecord | None] = {}
-    start, log = to_tag(parse_key(ds.start)), CommitLog(st)
+    start, log = to_tag(parse_hour(ds.start)), CommitLog(st)
     for tag in committed:
         if tag < start:
             rep.violations.append(f"{_hour(tag)}: commit record {commits.commit_path(st, tag)} is "
@@ -269,9 +262,8 @@ def _check_index(st: Storage, ds: DatasetConfig, rep: VerifyReport) -> None:
                               f"written by its load (an added or copied file); {fix}")
         if tag:
             rep.bad_hours.add(tag)
-    for tag in damage.old_format:
-        rep.violations.append(f"{_hour(tag)}: index entries in an older layout; {fix}")
-        rep.bad_hours.add(tag)
+    for line in damage.other_format:
+        rep.violations.append(f"index: {line}")
 
 
 def _check_landing(ds: DatasetConfig, rep: VerifyReport,
@@ -280,12 +272,12 @@ def _check_landing(ds: DatasetConfig, rep: VerifyReport,
     valid = {t: r for t, r in records.items() if r is not None}
     if not valid:
         return set()
-    latest = to_key(parse_key(max(valid)))
+    latest = format_hour(parse_hour(max(valid)))
     changed = set()
 
     def compare(item: tuple[str, commits.CommitRecord]) -> landing.InputChange | Exception | None:
         try:
-            return landing.input_change(ds, parse_key(item[0]), item[1], content=True)
+            return landing.input_change(ds, parse_hour(item[0]), item[1], content=True)
         except Exception as e:  # noqa: BLE001 - reported per hour, never raised
             return e
 
@@ -345,7 +337,7 @@ def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
     for tag in committed:
         missing = [n for n in OUTPUTS if tag not in present[n]]
         if missing:
-            rep.violations.append(f"{to_key(parse_key(tag))}: committed but missing "
+            rep.violations.append(f"{format_hour(parse_hour(tag))}: committed but missing "
                                   f"{', '.join(missing)}")
             rep.bad_hours.add(tag)
             continue
@@ -355,7 +347,7 @@ def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
         if isinstance(n_in, Exception):  # verify reports what it cannot read, never crashes
             e = n_in
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-            rep.violations.append(f"{to_key(parse_key(tag))}: cannot read the landing files "
+            rep.violations.append(f"{format_hour(parse_hour(tag))}: cannot read the landing files "
                                   f"({type(e).__name__}: {first})")
             rep.bad_hours.add(tag)
             continue
@@ -363,7 +355,7 @@ def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:
         rep.rows_in += n_in
         rep.rows_out += n_out
         if n_in != n_out:
-            rep.violations.append(f"{to_key(parse_key(tag))}: conservation broken: {n_in} rows in "
+            rep.violations.append(f"{format_hour(parse_hour(tag))}: conservation broken: {n_in} rows in "
                                   f"the landing files, {n_out} in the outputs")
             rep.bad_hours.add(tag)
 
@@ -380,7 +372,7 @@ def _contract_terms(ds: DatasetConfig, hist: contract.History,
                     records: dict[str, commits.CommitRecord | None], rep: VerifyReport
                     ) -> Callable[[str], DatasetConfig]:
     """Per hour, the config terms it was loaded under (the expiry period of its contract version);
-    hours without a recorded version are reported and checked under the current config."""
+    an hour whose record is damaged is checked under the current config."""
     by_version: dict[int, DatasetConfig] = {c.version: with_period(ds, c) for c in hist.versions}
     of: dict[str, DatasetConfig] = {}
     for tag, rec in records.items():
@@ -388,12 +380,6 @@ def _contract_terms(ds: DatasetConfig, hist: contract.History,
         label = f"v{v}" if v is not None and v in by_version else "unknown"
         rep.contracts.setdefault(label, []).append(tag)
         of[tag] = by_version.get(v, ds) if v is not None else ds
-    unknown = [t for t, r in records.items() if r is not None and r.contract_version is None]
-    if unknown:
-        rep.warnings.append(
-            f"{len(unknown)} hour(s) ({compress_ranges([parse_key(key_of(t)) for t in unknown])}) "
-            "were loaded before contracts were recorded: checked under the current config, "
-            "assumed unchanged since they were loaded")
     return lambda tag: of.get(tag, ds)
 
 
@@ -411,23 +397,24 @@ def _check_uniqueness(spark: SparkSession, ds: DatasetConfig, frames: dict[str, 
                       ds_of: Callable[[str], DatasetConfig] | None = None) -> None:
     uniq = frames[UNIQUE]
     if uniq is not None:
-        uniq = uniq.filter(F.col(LOAD_HOUR).isin(committed))
+        uniq = uniq.filter(F.col(LOAD_HOUR_PARTITION).isin(committed))
         key = list(ds.key)
-        w = Window.partitionBy(*key).orderBy(LOAD_HOUR)
+        w = Window.partitionBy(*key).orderBy(LOAD_HOUR_PARTITION)
         if ds.expiry is None:
             dup = uniq.withColumn("_n", F.count(F.lit(1)).over(Window.partitionBy(*key)))
-            bad = dup.filter(F.col("_n") > 1).select(LOAD_HOUR).distinct().collect()
+            bad = dup.filter(F.col("_n") > 1).select(LOAD_HOUR_PARTITION).distinct().collect()
         else:
-            xs = expiry_points(ds, (frames[n] for n in (UNIQUE, DUPLICATES, EXPIRED)), LOAD_HOUR,
-                               committed, ds_of)
+            xs = expiry_points(ds, (frames[n] for n in (UNIQUE, DUPLICATES, EXPIRED)), committed,
+                               ds_of)
             x_df = spark.createDataFrame([(t, float(x) if x is not None else None)
-                                          for t, x in xs.items()], f"{LOAD_HOUR} string, {X_COL} double")
+                                          for t, x in xs.items()],
+                                          f"{LOAD_HOUR_PARTITION} string, {X_COL} double")
             u = uniq.withColumn(V, expiry_value(ds))
-            u = u.withColumn("_prev_v", F.lag(V).over(w)).join(F.broadcast(x_df), LOAD_HOUR)
+            u = u.withColumn("_prev_v", F.lag(V).over(w)).join(F.broadcast(x_df), LOAD_HOUR_PARTITION)
             bad = (u.filter(F.col("_prev_v").isNotNull()
                             & is_live(F.col("_prev_v"), F.col(X_COL)))
-                   .select(LOAD_HOUR).distinct().collect())
-        for row in sorted(bad, key=lambda r: r[LOAD_HOUR]):
-            rep.violations.append(f"{to_key(parse_key(row[LOAD_HOUR]))}: a key in unique is "
+                   .select(LOAD_HOUR_PARTITION).distinct().collect())
+        for row in sorted(bad, key=lambda r: r[LOAD_HOUR_PARTITION]):
+            rep.violations.append(f"{format_hour(parse_hour(row[LOAD_HOUR_PARTITION]))}: a key in unique is "
                                   "also unique in an earlier hour within the expiry window")
-            rep.bad_hours.add(row[LOAD_HOUR])
+            rep.bad_hours.add(row[LOAD_HOUR_PARTITION])

@@ -26,17 +26,27 @@ import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.config.models import BUILTIN_DEMO
-from dedup_pipeline.engine.core import landing, outputs
+from dedup_pipeline.engine.core import columns, landing, outputs
 from dedup_pipeline.engine.core.checks import LoadCheckError
+from dedup_pipeline.engine.core.columns import (
+    ENTRY_LOAD_HOUR,
+    EXPIRY_POINT,
+    FIRST,
+    FP,
+    H1,
+    H2,
+    KIND,
+    REASON,
+    SOURCE_FILE,
+    V,
+)
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.commits import CommitRecord, LaterHoursLoadedError, LoadOrderError
-from dedup_pipeline.engine.core.digest import FP, H1, H2
-from dedup_pipeline.engine.core.index.store import LOAD_HOUR, entry_schema
+from dedup_pipeline.engine.core.index.store import entry_schema
 from dedup_pipeline.engine.core.outputs import OUTPUTS
-from dedup_pipeline.engine.core.parse import REASON, V
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import load_hours
-from dedup_pipeline.hours import parse_key, tag_hour, to_key
+from dedup_pipeline.hours import format_hour, parse_hour, tag_hour
 from dedup_pipeline.orchestration import checks, hour_events, names, runs
 from dedup_pipeline.orchestration.names import INDEX, RAW
 from dedup_pipeline.orchestration.partitions import hourly_partitions
@@ -65,23 +75,23 @@ DESCRIPTIONS = {
 
 # what the product's own columns mean (source columns are described from the config)
 PRODUCT_COLUMNS = {
-    outputs.SOURCE_FILE: "The landing file the record was read from (full path).",
-    outputs.KIND: "natural: the same record sent again (same fingerprint as the kept one); "
+    SOURCE_FILE: "The landing file the record was read from (full path).",
+    KIND: "natural: the same record sent again (same fingerprint as the kept one); "
                   "conflict: same key, different content (rule R5).",
-    outputs.FIRST: "The load hour (YYYY-MM-DD-HH) whose unique output holds the kept record with "
+    FIRST: "The load hour (YYYY-MM-DD-HH) whose unique output holds the kept record with "
                    "this key.",
-    outputs.EXPIRY_POINT: "The expiry point of the load that read the record: records whose "
+    EXPIRY_POINT: "The expiry point of the load that read the record: records whose "
                           "expiry column is older than this are expired (rule R6).",
     REASON: "Why the record was rejected: unreadable_file, bad_encoding, malformed, "
             "bad_value:COLUMN (a value of that column that does not parse as its type), "
             "null_key, unknown_category or bad_expiry_value.",
-    outputs.RAW: "The record's original text (a JSONL line, a CSV record, a Parquet row as JSON; "
+    columns.RAW: "The record's original text (a JSONL line, a CSV record, a Parquet row as JSON; "
                  "base64 of the bytes for bad_encoding), so it can be fixed and replayed.",
 }
 INDEX_COLUMNS = {
     H1: "First half of the key's 128-bit digest.",
     H2: "Second half of the key's 128-bit digest.",
-    LOAD_HOUR: "The load hour that kept the key (its unique row is in that hour's partition).",
+    ENTRY_LOAD_HOUR: "The load hour that kept the key (its unique row is in that hour's partition).",
     V: "The kept record's expiry value, as a number (epoch microseconds, days or the value), "
        "for expiry.",
     FP: "A 32-bit hash of the fingerprint columns of the kept record: tells a resend from a "
@@ -139,19 +149,19 @@ def rerun_range(ds: DatasetConfig, partition_keys: list[str], err: BaseException
     A rerun refused because later hours are loaded (`LaterHoursLoadedError`): from the run's first
     hour through the latest loaded one. Any other order error (an earlier hour is missing): from
     the first hour not loaded through the run's last. Anything else: the run's own hours."""
-    keys = sorted(partition_keys, key=parse_key)
+    keys = sorted(partition_keys, key=parse_hour)
     first, last = keys[0], keys[-1]
     with contextlib.suppress(Exception):  # the fix's hours are a courtesy: never fail the failure
         committed = CommitLog(Storage(ds.output)).committed()
         if isinstance(err, LaterHoursLoadedError):
             newest = committed.max()
             latest = tag_hour(newest) if newest is not None else None
-            if latest is not None and latest > parse_key(last):
-                last = to_key(latest)
+            if latest is not None and latest > parse_hour(last):
+                last = format_hour(latest)
         elif isinstance(err, LoadOrderError):
             gap = landing.first_unloaded(ds, committed)
-            if gap < parse_key(first):
-                first = to_key(gap)
+            if gap < parse_hour(first):
+                first = format_hour(gap)
     return first, last
 
 
@@ -159,7 +169,7 @@ def _load_failure(ds: DatasetConfig, partition_keys: list[str], err: BaseExcepti
     """The step's failure with the cause and the fix in front (the UI shows a Failure's
     description at the top of the step's error; the original traceback stays, as its cause;
     design.md D4b)."""
-    keys = sorted(partition_keys, key=parse_key)
+    keys = sorted(partition_keys, key=parse_hour)
     rerun_first, rerun_last = rerun_range(ds, keys, err)
     return dg.Failure(
         description=runs.load_failure(ds.name, keys[0], keys[-1], err, rerun_first, _config_name(ds),
@@ -245,8 +255,8 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             # "Failed" (hour_events.restate says why Dagster would).
             for r in results:
                 yield from hour_events.of_hour(context, ds, keys, raw_key, r, session)
-            loaded = {parse_key(r.partition_key) for r in results}
-            rest = [pk for pk in sorted(partition_keys, key=parse_key) if parse_key(pk) not in loaded]
+            loaded = {parse_hour(r.partition_key) for r in results}
+            rest = [pk for pk in sorted(partition_keys, key=parse_hour) if parse_hour(pk) not in loaded]
             if isinstance(err, LoadCheckError) and not hour_events.committed(ds, rest[0]):
                 # load_hours stopped at the first hour not loaded; a rerun's old load stays
                 yield hour_events.failed_check(context, ds, rest.pop(0), err)

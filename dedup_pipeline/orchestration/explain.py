@@ -24,7 +24,7 @@ from dedup_pipeline.engine.explain import (
     parse_key_args,
     sample_keys,
 )
-from dedup_pipeline.hours import parse_key, to_tag
+from dedup_pipeline.hours import parse_hour, to_tag
 from dedup_pipeline.orchestration import names
 
 
@@ -92,7 +92,7 @@ def key_sampler(ds: DatasetConfig, partition_key: str) -> Callable[[bool], dict[
     """
     def sample(conflicts_only: bool) -> dict[str, Any]:
         try:
-            keys = sample_keys(ds, to_tag(parse_key(partition_key)), conflicts_only)
+            keys = sample_keys(ds, to_tag(parse_hour(partition_key)), conflicts_only)
         except Exception as e:  # noqa: BLE001 - a sample is a convenience, never a failed load
             return {"sample_keys_error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
         return sample_metadata(ds, keys)

@@ -27,7 +27,7 @@ from dedup_pipeline.engine.core.checks import LoadCheckError
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.commits import CommitRecord
 from dedup_pipeline.engine.core.storage import Storage
-from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
+from dedup_pipeline.hours import format_hour, hour_range, parse_hour, to_tag
 from dedup_pipeline.orchestration import checks, names
 from dedup_pipeline.orchestration.explain import key_sampler, sample_metadata
 from dedup_pipeline.orchestration.names import INDEX, PARTITION, RANGE_END, RANGE_START, asset_key
@@ -181,7 +181,7 @@ def restate(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: list[dg.
     turns red in every partition bar, and the failed-partition set of the status cache keeps it
     until a later materialization of the hour. The restated materialization is that later one.
     """
-    rec = CommitLog(Storage(ds.output)).read(to_tag(parse_key(pk)))
+    rec = CommitLog(Storage(ds.output)).read(to_tag(parse_hour(pk)))
     if rec is None:
         return
     note = (f"restated from the committed load of {pk}: run {context.run.run_id} did not load "
@@ -196,7 +196,7 @@ def restate(context: dg.AssetExecutionContext, ds: DatasetConfig, keys: list[dg.
 
 
 def committed(ds: DatasetConfig, pk: str) -> bool:
-    return CommitLog(Storage(ds.output)).read(to_tag(parse_key(pk))) is not None
+    return CommitLog(Storage(ds.output)).read(to_tag(parse_hour(pk))) is not None
 
 
 def run_hours(run: dg.DagsterRun) -> list[str]:
@@ -207,7 +207,7 @@ def run_hours(run: dg.DagsterRun) -> list[str]:
     if not start or not end:
         return []
     try:
-        return [to_key(h) for h in hour_range(start, end)]
+        return [format_hour(h) for h in hour_range(start, end)]
     except ValueError:
         return []
 
@@ -226,7 +226,7 @@ def restate_finished_run(instance: dg.DagsterInstance, ds: DatasetConfig, run: d
     keys = [names.asset_key(ds.name, n) for n in names.WRITTEN]
     done: list[str] = []
     for pk in run_hours(run):
-        rec = log.read(to_tag(parse_key(pk)))
+        rec = log.read(to_tag(parse_hour(pk)))
         if rec is None:
             continue
         latest = instance.fetch_materializations(

@@ -23,7 +23,7 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core import landing
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.storage import Storage
-from dedup_pipeline.hours import compress_ranges, key_of, parse_key, to_key, to_tag
+from dedup_pipeline.hours import compress_ranges, format_hour, format_tag, parse_hour, to_tag
 from dedup_pipeline.orchestration.names import RAW, asset_key, input_check_job_name
 from dedup_pipeline.orchestration.partitions import hourly_partitions
 
@@ -58,7 +58,6 @@ class HourState:
 
     key: str
     loaded: bool
-    comparable: bool  # False: the commit record predates input tracking
     change: landing.InputChange | None = None
     files: int = 0
 
@@ -66,10 +65,8 @@ class HourState:
 def hour_state(ds: DatasetConfig, hour: datetime) -> HourState:
     record = CommitLog(Storage(ds.output)).read(to_tag(hour))
     if record is None:
-        return HourState(to_key(hour), loaded=False, comparable=False)
-    if record.inputs is None:
-        return HourState(to_key(hour), loaded=True, comparable=False)
-    return HourState(to_key(hour), loaded=True, comparable=True,
+        return HourState(format_hour(hour), loaded=False)
+    return HourState(format_hour(hour), loaded=True,
                      change=landing.input_change(ds, hour, record), files=len(record.inputs))
 
 
@@ -78,10 +75,6 @@ def _hour_result(ds: DatasetConfig, st: HourState) -> dg.AssetCheckResult:
     if not st.loaded:
         return dg.AssetCheckResult(passed=True, severity=warn, metadata={"loaded": False},
                                    description=f"{st.key} is not loaded yet: nothing to compare")
-    if not st.comparable:
-        return dg.AssetCheckResult(passed=True, severity=warn, metadata={"loaded": True},
-                                   description="the commit record predates input tracking: "
-                                               "cannot compare")
     if st.change is None:
         return dg.AssetCheckResult(passed=True, severity=warn,
                                    description="the landing files are the ones the load read",
@@ -112,7 +105,7 @@ def _many_result(ds: DatasetConfig, scope: str, states: list[HourState],
     """One result for several hours (a run of the check without one partition selected)."""
     changed = [s.change for s in states if s.change is not None]
     loaded = [s for s in states if s.loaded]
-    md: dict[str, object] = {"hours_compared": sum(s.comparable for s in states),
+    md: dict[str, object] = {"hours_compared": sum(s.loaded for s in states),
                              "hours_loaded": len(loaded), "hours_changed": len(changed),
                              "changed_hours": compress_ranges([c.hour for c in changed])}
     if not loaded:
@@ -131,7 +124,7 @@ def _many_result(ds: DatasetConfig, scope: str, states: list[HourState],
 def _latest(ds: DatasetConfig) -> str | None:
     """The latest loaded hour (a partition key), None with none."""
     newest = CommitLog(Storage(ds.output)).committed().max()
-    return key_of(newest) if newest else None
+    return format_tag(newest) if newest else None
 
 
 def build_input_check(ds: DatasetConfig) -> dg.AssetChecksDefinition:
@@ -154,11 +147,11 @@ def build_input_check(ds: DatasetConfig) -> dg.AssetChecksDefinition:
         )
         def input_unchanged_since_load(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
             if context.has_partition_key:
-                return _hour_result(ds, hour_state(ds, parse_key(context.partition_key)))
+                return _hour_result(ds, hour_state(ds, parse_hour(context.partition_key)))
             if context.has_partition_key_range:
                 keys = list(context.partition_keys)
                 return _many_result(ds, f"hours {keys[0]}..{keys[-1]}",
-                                    [hour_state(ds, parse_key(k)) for k in keys])
+                                    [hour_state(ds, parse_hour(k)) for k in keys])
             committed = CommitLog(Storage(ds.output)).committed()
             hours = landing.watched_hours(ds, committed)
             scope = (f"loaded hours {compress_ranges(hours)}" if hours else "every hour")

@@ -29,7 +29,7 @@ from dedup_pipeline.engine.core.index.rebuild import rebuild_index
 from dedup_pipeline.engine.core.lock import Lock
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.migrate import migrate
-from dedup_pipeline.hours import key_of, parse_key, to_tag
+from dedup_pipeline.hours import format_tag, parse_hour, to_tag
 from dedup_pipeline.orchestration import hour_events, names, runs
 from dedup_pipeline.orchestration.assets import PROGRESS_LOGGER
 from dedup_pipeline.orchestration.resources import SparkResource
@@ -48,7 +48,7 @@ def build_rebuild_job(ds: DatasetConfig) -> dg.JobDefinition:
     @dg.op(name=names.rebuild_op_name(ds.name), tags={names.DATASET_TAG: ds.name},
            pool=names.pool_name(ds.name))
     def rebuild(context: dg.OpExecutionContext, config: RebuildConfig, spark: SparkResource) -> None:
-        tags = [to_tag(parse_key(h)) for h in config.hours] or None
+        tags = [to_tag(parse_hour(h)) for h in config.hours] or None
         scope = f"{len(tags)} hour(s)" if tags else "every committed hour"
         context.log.info(f"{ds.name}: rebuilding index entries of {scope} from unique")
         with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id} (index rebuild)"):
@@ -114,7 +114,7 @@ def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition) -> dg.Sensor
         if damage.ok:
             return dg.SkipReason(f"{ds.name}: index healthy")
         context.log.warning(f"{ds.name}: {damage.summary()}")
-        hours = [key_of(t) for t in damage.damaged_loads]
+        hours = [format_tag(t) for t in damage.damaged_loads]
         if not hours:  # only damaged commit records: a rebuild cannot restore them, a rerun does
             return dg.SkipReason(f"{ds.name}: {damage.summary()}")
         try:  # a rebuild under a config that breaks the contract would only fail
@@ -122,7 +122,7 @@ def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition) -> dg.Sensor
         except contract.ContractError as e:
             return dg.SkipReason(f"{ds.name}: {damage.summary()}; not rebuilt: {e}")
         fingerprint = hashlib.sha256(repr((damage.missing, damage.unexpected, damage.corrupt,
-                                           damage.old_format)).encode()).hexdigest()
+                                           damage.other_format)).encode()).hexdigest()
         return dg.SensorResult(run_requests=[dg.RunRequest(
             run_key=f"{ds.name}:rebuild:{fingerprint[:16]}",
             run_config={"ops": {names.rebuild_op_name(ds.name): {"config": {"hours": hours}}}},

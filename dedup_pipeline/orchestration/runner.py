@@ -15,7 +15,7 @@ from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.commits import CommitRecord
 from dedup_pipeline.engine.core.storage import Storage
-from dedup_pipeline.hours import hour_range, parse_key, to_key, to_tag
+from dedup_pipeline.hours import format_hour, hour_range, parse_hour, to_tag
 from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.definitions import build_definitions
 from dedup_pipeline.orchestration.names import load_job_name, range_tags
@@ -43,8 +43,8 @@ def run_range(cfg: PipelineConfig, dataset: str, first: str, last: str,
               instance: dg.DagsterInstance, quiet: bool = True) -> RangeRun:
     """Materialize hours first..last (inclusive partition keys) of `dataset` in one run."""
     ds = cfg.dataset(dataset)
-    first, last = to_key(parse_key(first)), to_key(parse_key(last))
-    if parse_key(last) < parse_key(first):
+    first, last = format_hour(parse_hour(first)), format_hour(parse_hour(last))
+    if parse_hour(last) < parse_hour(first):
         raise ValueError(f"--to {last} is before --from {first}")
     job = build_definitions(cfg).resolve_job_def(load_job_name(ds.name))
     # One hour runs as the UI's Materialize of one partition does: its outputs carry the hour's

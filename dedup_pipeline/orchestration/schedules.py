@@ -26,7 +26,7 @@ from dedup_pipeline.engine import contract
 from dedup_pipeline.engine.core import landing
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.storage import Storage
-from dedup_pipeline.hours import HOUR, compress_ranges, parse_key, to_key
+from dedup_pipeline.hours import HOUR, compress_ranges, format_hour, parse_hour
 from dedup_pipeline.orchestration.names import (
     LATE_HOURS_TAG,
     PARTITION,
@@ -61,8 +61,8 @@ def build_hourly_schedule(ds: DatasetConfig, job: Any) -> dg.ScheduleDefinition:
     def hourly(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
         tick = context.scheduled_execution_time or datetime.now(UTC)
         hour = tick.astimezone(UTC).replace(minute=0, second=0, microsecond=0) - HOUR
-        key = to_key(hour)
-        if hour < parse_key(ds.start):
+        key = format_hour(hour)
+        if hour < parse_hour(ds.start):
             return dg.SkipReason(f"hour {key} is before the dataset's start {ds.start}: the "
                                  "schedule has no partitions to load yet")
         st = Storage(ds.output)
@@ -97,7 +97,7 @@ def build_reconcile_schedule(ds: DatasetConfig, job_name: str) -> dg.ScheduleDef
         if plan is None:
             return dg.SkipReason(f"no loaded hour within {ds.landing.watch_hours}h of the latest "
                                  "one has input that changed after its load, and no gap")
-        first, last = to_key(plan.first), to_key(plan.last)
+        first, last = format_hour(plan.first), format_hour(plan.last)
         st = Storage(ds.output)
         try:  # a run under a config that breaks the dataset contract would only fail: say why
             contract.check(st, ds, first, CommitLog(st).committed())

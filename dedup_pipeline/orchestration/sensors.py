@@ -56,7 +56,7 @@ from dedup_pipeline.engine.core import landing
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.lock import Lock
 from dedup_pipeline.engine.core.storage import Storage
-from dedup_pipeline.hours import compress_ranges, hour_range, key_of, parse_key, to_key, to_tag
+from dedup_pipeline.hours import compress_ranges, format_hour, format_tag, hour_range, parse_hour, to_tag
 from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.landing_checks import build_input_check, build_input_check_job
 from dedup_pipeline.orchestration.names import PARTITION, TRIGGER_TAG, landing_sensor_name, range_tags
@@ -131,12 +131,12 @@ def late_input_requests(ds: DatasetConfig, changes: list[landing.InputChange], c
         if cur.reported.get(c.key) != c.signature:
             request(c.key, "changed")
             cur.reported[c.key] = c.signature
-    watched = {to_key(h) for h in landing.watched_hours(ds, committed)}
+    watched = {format_hour(h) for h in landing.watched_hours(ds, committed)}
     for key in sorted(set(cur.reported) - set(now_changed)):
         if key in watched:
             request(key, "reprocessed")
             del cur.reported[key]
-        elif to_tag(parse_key(key)) in committed or not committed:
+        elif to_tag(parse_hour(key)) in committed or not committed:
             del cur.reported[key]  # out of the watch window: no longer compared
     return requests
 
@@ -222,7 +222,7 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
                 raise
 
         checks = errors.guard("requesting input-check runs", late_checks, [])
-        newest = key_of(committed.max() or "") if committed.max() else None
+        newest = format_tag(committed.max() or "") if committed.max() else None
         late = (f" | {landing.describe_changes(changes, latest=newest, dataset=ds.name)}"
                 if changes else "")
 
@@ -237,7 +237,7 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
 
         frontier = landing.first_unloaded(ds, committed)
         retry = ""  # a run key suffix: the repair that allows requesting failed hours once more
-        waiting = cur.requested_through is not None and parse_key(cur.requested_through) >= frontier
+        waiting = cur.requested_through is not None and parse_hour(cur.requested_through) >= frontier
         if waiting and cur.run_key is not None and not errors.guard(
                 "looking up the requested run",
                 lambda: runs.run_with_key(context.instance, cur.run_key or ""), True):
@@ -252,14 +252,14 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
             if history is not None and history.load is not None and repair is not None:
                 retry = f":after:{repair.run_id}"
                 context.log.info(
-                    f"requesting hour(s) from {to_key(frontier)} again: the load "
+                    f"requesting hour(s) from {format_hour(frontier)} again: the load "
                     f"{history.load.run_id} ({history.load.status.value}) was followed by the "
                     f"successful index rebuild {repair.run_id}")
             else:
-                hours = compress_ranges(hour_range(to_key(frontier), cur.requested_through))
+                hours = compress_ranges(hour_range(format_hour(frontier), cur.requested_through))
                 reason = errors.guard(
                     "naming the failed run",
-                    lambda: _stalled(context.instance, ds, to_key(frontier),
+                    lambda: _stalled(context.instance, ds, format_hour(frontier),
                                      cur.requested_through or "", history),
                     f"hour(s) {hours} were requested but are not loaded, and no run of "
                     f"{ds.name!r} is in progress. Not retried automatically: re-execute the "
@@ -275,7 +275,7 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
             return result(None, f"not loading {compress_ranges(ready.hours)} yet: the dataset is "
                                 f"locked by {holder}; the hours are requested once it is "
                                 f"released{late}")
-        first, last = to_key(ready.hours[0]), to_key(ready.hours[-1])
+        first, last = format_hour(ready.hours[0]), format_hour(ready.hours[-1])
         try:  # a run under a config that breaks the dataset contract would only fail: say why
             contract.check(Storage(ds.output), ds, first, committed)
         except contract.ContractError as e:

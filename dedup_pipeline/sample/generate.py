@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 import yaml
 
 from dedup_pipeline.config import NAME_RE
-from dedup_pipeline.hours import HOUR, epoch_micros, parse_key, to_key
+from dedup_pipeline.hours import HOUR, epoch_micros, format_hour, parse_hour
 from dedup_pipeline.sample.demo import SCHEMA, demo_dataset
 
 COLUMNS = tuple(SCHEMA)
@@ -96,7 +96,7 @@ class GenerateStats:
 def default_start(hours: int) -> str:
     """First hour such that the last of `hours` hours is the last complete UTC hour before now."""
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-    return to_key(now - timedelta(hours=hours))
+    return format_hour(now - timedelta(hours=hours))
 
 
 # ---------------------------------------------------------------- vectorized hashing (pyarrow)
@@ -415,7 +415,7 @@ def generate_landing(out: str | Path, hours: int, rows_per_hour: int, seed: int 
         raise ValueError(f"format must be jsonl or csv, got {fmt!r}")
     if not NAME_RE.match(name):
         raise ValueError(f"dataset name must match [a-z0-9_]+, got {name!r}")
-    first = parse_key(start or default_start(hours))
+    first = parse_hour(start or default_start(hours))
     if first.minute or first.second or first.microsecond:
         raise ValueError(f"start must be on the hour, got {start!r}")
     if first > datetime.now(UTC):
@@ -434,9 +434,9 @@ def generate_landing(out: str | Path, hours: int, rows_per_hour: int, seed: int 
                                files_per_hour, fmt)
         totals.update(plan.__dict__)
         if progress is not None:
-            progress(f"generated {to_key(dt)}: {len(lines)} rows")
+            progress(f"generated {format_hour(dt)}: {len(lines)} rows")
     config = root / "dedup.yaml"
-    config.write_text(_config_text(name, to_key(first), fmt, seed, hours, rows_per_hour))
+    config.write_text(_config_text(name, format_hour(first), fmt, seed, hours, rows_per_hour))
     return GenerateStats(
         hours=hours, rows=hours * rows_per_hour, files=n_files,
         in_batch_duplicates=totals["dup"], cross_batch_replays=totals["replay"],

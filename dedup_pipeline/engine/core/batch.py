@@ -4,7 +4,6 @@ releases every frame it persisted however the load ends."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,6 +15,7 @@ from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core.digest import FP, H1, H2, digest_columns, fingerprint_column
+from dedup_pipeline.engine.core.hooks import Progress
 from dedup_pipeline.engine.core.landing import with_content_hashes
 from dedup_pipeline.engine.core.parse import (
     REASON,
@@ -30,15 +30,12 @@ from dedup_pipeline.engine.core.parse import (
     type_and_reject,
 )
 
-__all__ = ["Batch", "Persisted", "check_landing_root", "parse_hour", "prepare_batch"]
+__all__ = ["Batch", "Persisted", "check_landing_root", "prepare_batch", "read_batch"]
 
 # How the batch, its candidates and its classification are cached. PySpark's MEMORY_AND_DISK keeps
 # the column batches serialized; the deserialized level (what DataFrame.cache() uses) was measured
 # no faster (interleaved in one warm process, 1e5-row hours: median 9.78 s vs 8.81 s).
 CACHE = StorageLevel.MEMORY_AND_DISK
-Say = Callable[[str], None]
-
-
 class Persisted:
     """Every DataFrame a load persists, released on leaving the `with` whatever happened (a
     failed check, an I/O error, an interrupt), so a long-lived session never keeps a dead load's
@@ -102,8 +99,8 @@ class Batch:
 _HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dedup-input-hash")
 
 
-def parse_hour(spark: SparkSession, ds: DatasetConfig, hour: datetime, partition_key: str,
-               cache: Persisted, say: Say) -> Batch:
+def read_batch(spark: SparkSession, ds: DatasetConfig, hour: datetime, partition_key: str,
+               cache: Persisted, say: Progress) -> Batch:
     """The hour's landing files, parsed once: one job caches the batch and yields rows in and
     its max expiry value."""
     inputs = list_input_files(ds, hour)

@@ -21,7 +21,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.core.digest import H1, H2, digest_columns
+from dedup_pipeline.engine.core.columns import H1, H2
+from dedup_pipeline.engine.core.digest import digest_columns
 from dedup_pipeline.engine.core.index.layout import INDEX, is_slice_dir, load_dir
 from dedup_pipeline.engine.core.index.store import match_columns
 from dedup_pipeline.engine.core.keys import key_text

@@ -17,22 +17,27 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.core.digest import FP, H1
+from dedup_pipeline.engine.core.columns import (
+    ENTRY_LOAD_HOUR,
+    EXPIRY_POINT,
+    FIRST,
+    FP,
+    H1,
+    KIND,
+    OUT,
+    REASON,
+    V,
+)
 from dedup_pipeline.engine.core.expiry import X_COL, expiry_point_column, is_expired, is_live
-from dedup_pipeline.engine.core.index.store import LOAD_HOUR, match_columns
+from dedup_pipeline.engine.core.index.store import match_columns
 from dedup_pipeline.engine.core.outputs import (
     CONFLICT,
     DUPLICATES,
     EXPIRED,
-    EXPIRY_POINT,
-    FIRST,
-    KIND,
     NATURAL,
-    OUT,
     REJECTED,
     UNIQUE,
 )
-from dedup_pipeline.engine.core.parse import REASON, V
 
 LOAD_HOUR_ALIAS = "_idx_load_hour"
 
@@ -69,7 +74,7 @@ def candidates(batch: DataFrame, index: DataFrame | None, ds: DatasetConfig,
     if xs is not None:  # after the semi-join: compared only where the batch can hit
         hits = hits.crossJoin(F.broadcast(xs)).filter(is_live(F.col(V), F.col(X_COL)))
     fp = F.col(FP) if ds.fingerprint else F.lit(None).cast("int")
-    return hits.select(*match_columns(ds), F.col(LOAD_HOUR).alias(LOAD_HOUR_ALIAS),
+    return hits.select(*match_columns(ds), F.col(ENTRY_LOAD_HOUR).alias(LOAD_HOUR_ALIAS),
                        fp.alias("_idx_fp"))
 
 

@@ -7,9 +7,10 @@ that asks "which hours are committed?" (loads, sensors, schedules, checks, `veri
 explain) asks `CommitLog.committed`, so there is one answer; a lock holder changes records only
 through `write` and `forget`, which keep the summary true.
 
-The summary is derived data: missing, damaged or of another version, it is rebuilt from every
-record (once, O(history)); deleting it is always safe. It lives outside ``_commits/`` because that
-directory's mtime is what tells whether the names it holds are still valid.
+The summary is derived data: missing, damaged or of another format (`engine.formats`), it is
+not read but rebuilt from every record (once, O(history)); deleting it is always safe. It lives
+outside ``_commits/`` because that directory's mtime is what tells whether the names it holds are
+still valid.
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core import commits, formats
 from dedup_pipeline.engine.core.commits import CommitRecord, IndexFileEntry
 from dedup_pipeline.engine.core.records import Record
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import HourSet, is_tag
 
 SUMMARY = "_commit_log.json"  # at the output root, beside _commits/
-SUMMARY_VERSION = 2
 
 
 class KeptRecord(Record):
@@ -33,14 +33,13 @@ class KeptRecord(Record):
     (`sig`): an equal signature later means the record was not edited since."""
 
     sig: tuple[int, str]
-    index_format: int
     index_files: tuple[IndexFileEntry, ...]
 
 
 class SummaryFile(Record):
     """``_commit_log.json`` as stored (`Summary` is it in memory)."""
 
-    version: Literal[2]
+    format: Literal[1]
     commits_mtime: str | None
     committed: tuple[tuple[str, str], ...]  # ranges of hours, first and last tag
     uncovered: tuple[str, ...]
@@ -53,7 +52,7 @@ class Summary:
 
     `committed`: every record name, as ranges of hours. `uncovered`: of those, records every
     check reads again (damaged ones). `kept`: of the others, the records a check still needs
-    (they list index files in live slices, have an older index format, or are the newest); a
+    (they list index files in live slices, or are the newest); a
     covered record that is not kept lists nothing a load reads (its files were deleted by
     retention or merged by compaction), so it is not read again. `commits_mtime`: the
     ``_commits`` directory's mtime the names were valid at; another mtime now means records were
@@ -73,7 +72,7 @@ class Summary:
                    stored.commits_mtime)
 
     def stored(self) -> SummaryFile:
-        return SummaryFile(version=SUMMARY_VERSION, commits_mtime=self.commits_mtime,
+        return SummaryFile(format=formats.FORMAT, commits_mtime=self.commits_mtime,
                            committed=self.committed.ranges(),
                            uncovered=tuple(sorted(self.uncovered)),
                            kept=dict(sorted(self.kept.items())))
@@ -146,14 +145,29 @@ class CommitLog:
         return int(info.get("size") or 0), str(mtime)
 
     def summary(self) -> Summary | None:
-        """The saved summary; None if there is none, or it is damaged or of another version
-        (then it is rebuilt from the records)."""
+        """The saved summary; None if there is none, or it is damaged or of another format
+        (`summary_problem` says which; then it is rebuilt from the records)."""
+        return self._read_summary()[0]
+
+    def summary_problem(self) -> str | None:
+        """Why the saved summary is not read, in one line (None: it is read, or there is none)."""
+        return self._read_summary()[1]
+
+    def _read_summary(self) -> tuple[Summary | None, str | None]:
+        path = self.st.path(SUMMARY)
         try:
-            return Summary.of(SummaryFile.read_json(self.st.read_text(self.st.path(SUMMARY))))
+            text = self.st.read_text(path)
         except FileNotFoundError:
-            return None
-        except ValueError:  # not UTF-8, not JSON, not a summary of this version
-            return None
+            return None, None
+        except (OSError, UnicodeDecodeError) as e:
+            return None, f"{path} is unreadable ({e}); it is rebuilt from the commit records"
+        other = formats.problem_in_text(path, text, "it is rebuilt from the commit records")
+        if other is not None:
+            return None, other.line
+        try:
+            return Summary.of(SummaryFile.read_json(text)), None
+        except ValueError as e:
+            return None, f"{path} is damaged ({e}); it is rebuilt from the commit records"
 
     # ---------------------------------------------------------------- changing (lock holder)
     def follow(self, state: Summary | None) -> None:
@@ -201,8 +215,7 @@ class CommitLog:
                 return
             committed.add(add.load_hour)
             uncovered.discard(add.load_hour)
-            kept[add.load_hour] = KeptRecord(sig=sig, index_format=add.index_format,
-                                             index_files=add.index_files)
+            kept[add.load_hour] = KeptRecord(sig=sig, index_files=add.index_files)
         saved = Summary(committed, uncovered, kept, self.expected).stored()
         self.st.write_text_atomic(self.st.path(SUMMARY), saved.model_dump_json())
 

@@ -8,9 +8,8 @@ these records, never the Dagster instance, so it holds whichever instance runs t
 `CommitRecord` (a frozen pydantic model, with one entry type per file kind: `IndexFileEntry`,
 `OutputFileEntry`, `InputFile`, `DigestFileEntry`) is the only way a record is written or read
 (validated by the model); the product does both through `engine.commit_log.CommitLog` (`write`,
-`read`), which keeps the log's summary true. The JSON keeps the field names of every earlier
-version, and records those versions wrote (without hashes, row counts, inputs, output files, index
-format, check figures) still read.
+`read`), which keeps the log's summary true. A record carries ``"format": 1``
+(`engine.formats`); one of another format, or without one, is refused (`RecordFormatError`).
 """
 
 from __future__ import annotations
@@ -18,12 +17,13 @@ from __future__ import annotations
 import json
 from collections.abc import Set as AbstractSet
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine.core import formats
 from dedup_pipeline.engine.core.records import Count, Number, NumberOrNull, Record, optional
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.errors import UserError
@@ -31,10 +31,10 @@ from dedup_pipeline.hours import (
     HOUR,
     HourSet,
     compress_ranges,
+    format_hour,
+    format_tag,
     is_tag,
-    key_of,
-    parse_key,
-    to_key,
+    parse_hour,
     to_tag,
 )
 
@@ -52,9 +52,9 @@ class CommitRecordError(UserError, RuntimeError):
     def __init__(self, path: str, tag: str, problem: str):
         self.path, self.tag, self.problem = path, tag, problem
         super().__init__(
-            f"commit record {path} of hour {key_of(tag)} is damaged ({problem}); the hour's state "
-            f"cannot be trusted. Rerun that hour (dedup-pipeline run --from {key_of(tag)} --to "
-            f"{key_of(tag)}): it deletes the record and loads the hour afresh, with the same result"
+            f"commit record {path} of hour {format_tag(tag)} is damaged ({problem}); the hour's state "
+            f"cannot be trusted. Rerun that hour (dedup-pipeline run --from {format_tag(tag)} --to "
+            f"{format_tag(tag)}): it deletes the record and loads the hour afresh, with the same result"
         )
 
 
@@ -64,28 +64,40 @@ class InputFile(Record):
     path: str
     size: Count
     mtime: Annotated[float, Field(allow_inf_nan=False)]
-    # the SHA-256 of the content, set where a commit record's inputs are built (absent in records
-    # written before 2026-11-27)
+    # the SHA-256 of the content, set where a commit record's inputs are built; None while only
+    # listed, and for a file that could not be read (vanished, no permission)
     sha256: str | None = optional()
 
 
 
-class IndexFileEntry(Record):
-    """One index file as its load's commit record (or a compacted directory's manifest) lists
-    it: what `check_index` compares the disk with."""
+class RecordFormatError(CommitRecordError):
+    """A commit record of another format (or without one): written by another version."""
 
-    slice: int
-    name: str
-    size: Count
-    rows: Count | None = optional()  # None in commit records written before rows were recorded
-    sha256: str | None = optional()  # content hash recorded when written; None in older records
+    stage = "reading a commit record of another format"
+    fix = formats.RELOAD
+
+    def __init__(self, found: formats.FormatProblem, tag: str):
+        self.path, self.tag, self.problem = found.path, tag, found.line
+        RuntimeError.__init__(self, found.line)
 
 
 class OutputFileEntry(Record):
     """One Parquet file of an output partition: the files a rebuild and `verify` trust."""
 
     name: str
-    size: Count | None = optional()
+    size: Count
+
+
+class IndexFileEntry(Record):
+    """One index file as its load's commit record (or a compacted directory's manifest) lists
+    it: what the index health check compares the disk with (`engine.index.layout.IndexFile` is
+    one where it lies)."""
+
+    slice: int
+    name: str
+    size: Count
+    rows: Count
+    sha256: str  # of the content, recorded when written
 
 
 def rate(part: int, whole: int) -> float:
@@ -99,11 +111,19 @@ class DigestFileEntry(Record):
 
     name: str
     size: Count
-    footer_sha256: str | None = optional()
+    footer_sha256: str
 
 
 class RecordProblem(ValueError):
     """What is wrong with a record's JSON (read_commit turns it into a `CommitRecordError`)."""
+
+
+class RecordFormatProblem(RecordProblem):
+    """A record of another format (read_commit turns it into a `RecordFormatError`)."""
+
+    def __init__(self, found: formats.FormatProblem):
+        self.found = found
+        super().__init__(found.line)
 
 
 class CommitRecord(Record):
@@ -111,52 +131,49 @@ class CommitRecord(Record):
 
     The load's figures and the record are one type, so nothing a load reports can be missing from
     its record (`index_slices_deleted` and the housekeeping timings were once set after the record
-    was written). Frozen: a changed record is a new one (`with_`), written again. The JSON keeps
-    the field names of every earlier version; fields a version added are optional, so the records
-    earlier versions wrote still read (dedup_pipeline_tests/fixtures/records), and fields this
-    version does not know (a newer version's, an operator's note) are kept on rewrite.
+    was written). Frozen: a changed record is a new one (`with_`), written again. Every field a
+    load writes is required when a record is read (`from_text`); fields this package does not
+    know (an operator's note) are kept on rewrite.
     """
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
-    dataset: str = ""
-    partition_key: str = Field(default=None, validate_default=True)  # default: the hour's key
+    format: Literal[1] = formats.FORMAT
+    dataset: str
+    partition_key: str
     load_hour: str
     rows_in: Count
     unique: Count
     duplicates: Count
     expired: Count
     rejected: Count
-    conflicts: Count = 0
-    latest_point: NumberOrNull = None  # L_H, a running max (R6); None without expiry
-    expiry_point: NumberOrNull = None  # X_H
-    files_in: Count = 0
-    index_rows_written: Count = 0
-    index_rows_read: Count = 0
-    index_bytes_read: Count = 0
-    index_files_read: Count = 0
-    index_slices_written: tuple[int, ...] = ()
-    index_slices_deleted: Count = 0
-    files_written: Count = 0
-    seconds: dict[str, Number] = Field(default_factory=dict)  # per stage, and "total"
-    check_figures: dict[str, Any] = Field(default_factory=dict)
-    committed_at: str | None = optional()
-    index_checksum: dict[str, Any] | None = optional()  # XOR of the unique rows' digests
+    conflicts: Count
+    latest_point: NumberOrNull  # L_H, a running max (R6); None without expiry
+    expiry_point: NumberOrNull  # X_H
+    files_in: Count
+    index_rows_written: Count
+    index_rows_read: Count
+    index_bytes_read: Count
+    index_files_read: Count
+    index_slices_written: tuple[int, ...]
+    index_slices_deleted: Count
+    files_written: Count
+    seconds: dict[str, Number]  # per stage, and "total"
+    check_figures: dict[str, Any]
+    committed_at: str
+    index_checksum: dict[str, Any]  # XOR of the unique rows' digests
     # the landing files read, as they were then (the landing check compares them with now):
-    # path, size, mtime and, since 2026-11-27, the SHA-256 of the content; None: written before
-    # inputs were recorded
-    inputs: tuple[InputFile, ...] | None = optional()
-    index_files: tuple[IndexFileEntry, ...] = ()
-    index_format: Count = 1  # records without one predate index format 2
-    output_files: dict[str, tuple[OutputFileEntry, ...]] | None = optional()  # None: before files were listed
-    # the dataset contract version the hour was loaded under (engine/contract.py); None: loaded
-    # before contracts were recorded
-    contract_version: Count | None = optional()
-    # the hour's key digest files (engine/keydigest.py); None: loaded before key digests
+    # path, size, mtime and the SHA-256 of the content
+    inputs: tuple[InputFile, ...]
+    index_files: tuple[IndexFileEntry, ...]
+    index_format: Literal[1]  # the index layout (engine/core/index/layout.py INDEX_FORMAT)
+    output_files: dict[str, tuple[OutputFileEntry, ...]]
+    contract_version: Count  # the dataset contract version loaded under (engine/contract.py)
+    # the hour's key digest files (engine/keydigest.py); None: the load wrote none
     key_digest: tuple[DigestFileEntry, ...] | None = optional()
     # the Delta idempotency token of this load's publish (engine/lake.py): microseconds since the
-    # epoch at commit, so a later load of the hour has a larger one; None: before outputs were
-    # published as Delta tables
+    # epoch at commit, so a later load of the hour has a larger one; None: loaded with
+    # output_format: parquet
     publish_token: Count | None = optional()
 
     @field_validator("load_hour")
@@ -168,16 +185,6 @@ class CommitRecord(Record):
             raise PydanticCustomError("other_hour", "load_hour is {found}, expected {tag}",
                                       {"found": repr(v), "tag": repr(tag)})
         return v
-
-    @field_validator("dataset", "partition_key", "seconds", "check_figures", mode="before")
-    @classmethod
-    def _null_is_unset(cls, v: Any, info: ValidationInfo) -> Any:
-        """Written as null (or absent) by versions that did not fill them in: the record's hour
-        stands for its partition key, and an unnamed dataset for itself."""
-        if v is not None:
-            return v
-        tag = (info.context or {}).get("tag")
-        return {"dataset": "", "partition_key": key_of(tag) if tag else ""}.get(info.field_name, {})
 
     @property
     def duplicate_rate(self) -> float:
@@ -205,8 +212,12 @@ class CommitRecord(Record):
         return self.model_copy(update=changes)
 
     @classmethod
-    def from_text(cls, text: str | bytes, tag: str) -> CommitRecord:
-        """The record of load `tag` from its JSON; `RecordProblem` saying what is wrong."""
+    def from_text(cls, text: str | bytes, tag: str, path: str = "") -> CommitRecord:
+        """The record of load `tag` (stored at `path`) from its JSON; `RecordFormatProblem` if it
+        is of another format, `RecordProblem` saying what is wrong if it is damaged."""
+        other = formats.problem_in_text(path or f"the commit record of {tag}", text, formats.RELOAD)
+        if other is not None:
+            raise RecordFormatProblem(other)
         try:
             return cls.read_json(text, {"tag": tag})
         except ValueError as e:
@@ -257,7 +268,9 @@ def read_commit(st: Storage, tag: str) -> CommitRecord | None:
     except (OSError, UnicodeDecodeError) as e:
         raise CommitRecordError(path, tag, f"unreadable: {e}") from e
     try:
-        return CommitRecord.from_text(text, tag)
+        return CommitRecord.from_text(text, tag, path)
+    except RecordFormatProblem as e:
+        raise RecordFormatError(e.found, tag) from None
     except RecordProblem as e:
         raise CommitRecordError(path, tag, str(e)) from None
 
@@ -274,7 +287,7 @@ def invalidate(st: Storage, tag: str) -> None:
 def missing_before(ds: DatasetConfig, hour: datetime,
                    committed: AbstractSet[str] | HourSet) -> list[datetime]:
     """Hours from the dataset's start up to (excluding) `hour` that have no commit record."""
-    cur, out = parse_key(ds.start), []
+    cur, out = parse_hour(ds.start), []
     first, last = to_tag(cur), to_tag(hour)
     expected = int((hour - cur) / HOUR)
     # the usual case, all there, without formatting every hour since the start (O(history))
@@ -291,18 +304,18 @@ def missing_before(ds: DatasetConfig, hour: datetime,
 
 def check_order(ds: DatasetConfig, hour: datetime,
                 committed: AbstractSet[str] | HourSet) -> None:
-    start = parse_key(ds.start)
+    start = parse_hour(ds.start)
     if hour < start:
         raise LoadOrderError(
-            f"dataset {ds.name!r}: hour {to_key(hour)} is before the dataset's start {ds.start}"
+            f"dataset {ds.name!r}: hour {format_hour(hour)} is before the dataset's start {ds.start}"
         )
     missing = missing_before(ds, hour, committed)
     if missing:
         raise LoadOrderError(
-            f"dataset {ds.name!r}: cannot load {to_key(hour)} before the earlier hours are loaded; "
+            f"dataset {ds.name!r}: cannot load {format_hour(hour)} before the earlier hours are loaded; "
             f"missing {len(missing)} hour(s): {compress_ranges(missing)}. Load from "
-            f"{to_key(missing[0])} on (e.g. dedup-pipeline run --from {to_key(missing[0])} "
-            f"--to {to_key(hour)})."
+            f"{format_hour(missing[0])} on (e.g. dedup-pipeline run --from {format_hour(missing[0])} "
+            f"--to {format_hour(hour)})."
         )
 
 
@@ -322,7 +335,7 @@ def later_loaded(committed: HourSet, hour: datetime, run_tags: AbstractSet[str],
     tag, latest = to_tag(hour), committed.max()
     if latest is None or latest <= tag:  # the usual case: H is the newest hour
         return []
-    return [parse_key(t) for t in committed.tags_after(tag)
+    return [parse_hour(t) for t in committed.tags_after(tag)
             if t not in run_tags and t not in damaged]
 
 
@@ -342,7 +355,7 @@ def check_later_hours(ds: DatasetConfig, hour: datetime, committed: HourSet,
     later = later_loaded(committed, hour, run_tags, damaged)
     if not later:
         return
-    first, last = to_key(hour), to_key(max(later))
+    first, last = format_hour(hour), format_hour(max(later))
     raise LaterHoursLoadedError(
         f"dataset {ds.name!r}: cannot load {first} without the later hours already loaded after "
         f"it ({compress_ranges(later)}): they were classified against the keys of {first} as "

@@ -26,7 +26,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.hours import HOUR, epoch_micros, parse_key
+from dedup_pipeline.engine.core.columns import LOAD_HOUR_PARTITION
+from dedup_pipeline.hours import HOUR, epoch_micros, parse_hour
 
 Number = int | float
 
@@ -146,17 +147,16 @@ def hour_maxima(ds: DatasetConfig, frames: Iterable[DataFrame | None], hour_col:
     return maxima
 
 
-def expiry_points(ds: DatasetConfig, frames: Iterable[DataFrame | None], hour_col: str,
-                  committed: list[str], ds_of: Callable[[str], DatasetConfig] | None = None
-                  ) -> dict[str, float | int | None]:
-    """X_H per committed hour, recomputed from the non-rejected outputs (`frames`, each with the
-    load hour in `hour_col`); `ds_of(tag)`: the terms hour `tag` was loaded under (default `ds`).
-    What `verify` checks the records against and what `migrate` re-derives."""
-    maxima = hour_maxima(ds, frames, hour_col)
-    out: dict[str, float | int | None] = {}
+def expiry_points(ds: DatasetConfig, frames: Iterable[DataFrame | None], committed: list[str],
+                  ds_of: Callable[[str], DatasetConfig] | None = None) -> dict[str, Number | None]:
+    """X_H of every committed hour (`committed`, in order), re-derived from the outputs `frames`
+    (unique, duplicates, expired: the non-rejected rows); `ds_of(tag)`: the terms hour `tag` was
+    loaded under (default `ds`). What verify and migrate check and migrate against."""
+    maxima = hour_maxima(ds, frames, LOAD_HOUR_PARTITION)
+    out: dict[str, Number | None] = {}
     latest = None
     for tag in committed:
         d = ds_of(tag) if ds_of is not None else ds
-        latest = latest_point(d, parse_key(tag), latest, maxima.get(tag))
+        latest = latest_point(d, parse_hour(tag), latest, maxima.get(tag))
         out[tag] = expiry_point(d, latest)
     return out

@@ -3,7 +3,8 @@ tests, design.md R10, L3) or alter a frame before it is written (the blocking-ch
 
 The product calls `at(point)` and `frame(df, what)`; by default they do nothing. A test installs
 its own `Hooks` with `install` (dedup_pipeline_tests/faults.py); nothing here reads the
-environment or knows a fault.
+environment or knows a fault. `Progress` is the other thing a caller may pass in: where a load,
+a publish or an upkeep reports its steps, one line each.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+from collections.abc import Callable
+
+from pyspark.sql import DataFrame
+
+Progress = Callable[[str], None]  # receives one line of progress (the CLI prints it, Dagster logs it)
 
 
 class Hooks:

@@ -34,7 +34,7 @@ from dedup_pipeline.engine.core import commits
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.parse import InputFile, hour_dir, list_input_files
 from dedup_pipeline.engine.core.storage import Storage
-from dedup_pipeline.hours import HOUR, compress_ranges, parse_key, to_key, to_tag
+from dedup_pipeline.hours import HOUR, compress_ranges, format_hour, parse_hour, to_tag
 
 MAX_HOURS_PER_RUN = 168  # a week of hours per requested run; the next tick continues from there
 
@@ -63,7 +63,7 @@ def is_complete(ds: DatasetConfig, hour: datetime, now: datetime) -> bool:
 
 def first_unloaded(ds: DatasetConfig, committed: set[str]) -> datetime:
     """The first hour since the dataset's start without a commit record: where loading resumes."""
-    cur = parse_key(ds.start)
+    cur = parse_hour(ds.start)
     while to_tag(cur) in committed:
         cur += HOUR
     return cur
@@ -94,7 +94,7 @@ def ready_hours(ds: DatasetConfig, first: datetime, now: datetime,
 def waiting_reason(ds: DatasetConfig, hour: datetime, now: datetime) -> str:
     """Why `hour` is not complete yet, in words for a sensor's skip reason."""
     end = hour_end(hour)
-    key = to_key(hour)
+    key = format_hour(hour)
     if now < end:
         return f"hour {key} has not ended yet"
     if ds.landing.marker is None:
@@ -125,7 +125,7 @@ class InputChange:
 
     @property
     def key(self) -> str:
-        return to_key(self.hour)
+        return format_hour(self.hour)
 
     @property
     def signature(self) -> str:
@@ -155,7 +155,7 @@ class InputChange:
 def reload_hint(dataset: str, first: str, latest: str | None, config: str = "<file>") -> str:
     """How to reprocess `first` through the latest loaded hour `latest` (partition keys, in
     order), named, the CLI way and the UI way."""
-    last = latest if latest and parse_key(latest) >= parse_key(first) else first
+    last = latest if latest and parse_hour(latest) >= parse_hour(first) else first
     hours = first if first == last else f"{first}..{last}"
     return (f"reload {hours} (through the latest loaded hour, {last}) in one run: dedup-pipeline "
             f"run --config {config} --dataset {dataset} --from {first} --to {last}, or in the UI "
@@ -182,13 +182,12 @@ def input_change(ds: DatasetConfig, hour: datetime, record: commits.CommitRecord
     """How hour's landing files differ from its commit record's inputs; None if not loaded or same.
 
     A file is changed if its size differs, or its mtime differs and its content hash too (or no
-    hash was recorded); with `content`, every file whose record has a hash is hashed again, so a
-    rewrite that kept size and mtime shows. A commit record without `inputs` (written before they
-    were recorded) cannot be compared: None.
+    hash was recorded: the file could not be read then); with `content`, every file whose record
+    has a hash is hashed again, so a rewrite that kept size and mtime shows.
     """
     if record is None:
         record = CommitLog(Storage(ds.output)).read(to_tag(hour))
-    if record is None or record.inputs is None:
+    if record is None:
         return None
     # by name in the hour's directory (data files are directly in it): a landing zone moved or
     # copied with its files (a new `source.path`) is the same input
@@ -219,9 +218,9 @@ def watched_hours(ds: DatasetConfig, committed: set[str]) -> list[datetime]:
     """Loaded hours within `landing.watch_hours` of the latest loaded hour, ascending."""
     if not committed or ds.landing.watch_hours <= 0:
         return []
-    latest = max(parse_key(t) for t in committed)
+    latest = max(parse_hour(t) for t in committed)
     since = latest - (ds.landing.watch_hours - 1) * HOUR
-    return sorted(h for h in (parse_key(t) for t in committed) if h >= since)
+    return sorted(h for h in (parse_hour(t) for t in committed) if h >= since)
 
 
 def changed_hours(ds: DatasetConfig, committed: set[str] | None = None) -> list[InputChange]:
@@ -259,7 +258,7 @@ def reprocess_range(ds: DatasetConfig, committed: set[str] | None = None) -> Rep
     if not committed:
         return None
     changes = changed_hours(ds, committed)
-    latest = max(parse_key(t) for t in committed)
+    latest = max(parse_hour(t) for t in committed)
     gap = first_unloaded(ds, committed)
     starts = [c.hour for c in changes] + ([gap] if gap < latest else [])
     if not starts:

@@ -41,11 +41,12 @@ from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core import checks, commits, hooks
-from dedup_pipeline.engine.core.batch import Batch, Persisted, check_landing_root, parse_hour
+from dedup_pipeline.engine.core.batch import Batch, Persisted, check_landing_root, read_batch
 from dedup_pipeline.engine.core.classify import candidates, classify
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.commits import CommitRecord, OutputFileEntry
 from dedup_pipeline.engine.core.expiry import Number, expiry_point, expiry_point_frame, latest_point
+from dedup_pipeline.engine.core.hooks import Progress
 from dedup_pipeline.engine.core.index import compaction, layout, store
 from dedup_pipeline.engine.core.index.health import (
     IndexDamage,
@@ -78,10 +79,9 @@ from dedup_pipeline.engine.core.outputs import (
 )
 from dedup_pipeline.engine.core.storage import ROWS_PER_FILE, Storage, place_files
 from dedup_pipeline.errors import UserError
-from dedup_pipeline.hours import HOUR, HourSet, parse_key, to_key, to_tag
+from dedup_pipeline.hours import HOUR, HourSet, format_hour, parse_hour, to_tag
 
 TMP = "_tmp"
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ class Prepared:
 
     @property
     def key(self) -> str:
-        return to_key(self.hour)
+        return format_hour(self.hour)
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,7 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
             say: Progress, wings: Wings, run_tags: AbstractSet[str] = frozenset()) -> Prepared:
     """Check that H may load (R11; no later loaded hour left out of the run, R10: `run_tags` are
     the run's hours; the wings' checks; a healthy index), forget any earlier attempt, parse it."""
-    hour = parse_key(partition_key)
+    hour = parse_hour(partition_key)
     tag = to_tag(hour)
     check_landing_root(ds)
     st = Storage(ds.output)
@@ -253,10 +253,10 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     if given:
         prev_latest = given[0][0]
     else:
-        prev = log.read(to_tag(hour - HOUR)) if hour > parse_key(ds.start) else None
+        prev = log.read(to_tag(hour - HOUR)) if hour > parse_hour(ds.start) else None
         prev_latest = prev.latest_point if prev is not None else None
     return Prepared(hour, tag, st, committed, health, log, prev_latest,
-                    parse_hour(spark, ds, hour, partition_key, cache, say), ctx, admissions)
+                    read_batch(spark, ds, hour, partition_key, cache, say), ctx, admissions)
 
 
 def _forget_attempt(spark: SparkSession, ds: DatasetConfig, st: Storage, tag: str,
@@ -469,7 +469,7 @@ def run_load(spark: SparkSession, ds: DatasetConfig, partition_key: str, wings: 
     with `on_damaged_index: rebuild`, is redone after the rebuild (nothing of the failed attempt
     was committed).
     """
-    tags = {to_tag(parse_key(k)) for k in run_hours}
+    tags = {to_tag(parse_hour(k)) for k in run_hours}
     try:
         return _run_load(spark, ds, partition_key, wings, progress, tags)
     except Exception as e:  # noqa: BLE001 - only a failed read of an index file is handled

@@ -1,4 +1,5 @@
-"""The output contract (design.md L1, L2): the four outputs, their columns and the columns' types.
+"""The output contract (design.md L1, L2): the four outputs, their columns and the columns' types
+(the column names themselves are `engine.columns`').
 
 One home for what a reader of the lake relies on: classification names rows' outputs with these
 names, the load writes exactly these columns in these types, and the Dagster layer shows them as
@@ -13,21 +14,21 @@ from dedup_pipeline.config import DatasetConfig
 
 if TYPE_CHECKING:  # the module is read by explain, which runs no Spark
     from pyspark.sql import DataFrame
+from dedup_pipeline.engine.core.columns import (
+    EXPIRY_POINT,
+    FIRST,
+    KIND,
+    OUT,
+    PARTITION,
+    RAW,
+    REASON,
+    SOURCE_FILE,
+)
 
 UNIQUE, DUPLICATES, EXPIRED, REJECTED = "unique", "duplicates", "expired", "rejected"
 OUTPUTS = (UNIQUE, DUPLICATES, EXPIRED, REJECTED)
 
-OUT = "_out"  # the column of a classified batch naming each row's output (never written)
-SOURCE_FILE = "_source_file"  # on every output
-KIND = "_duplicate_kind"  # duplicates: NATURAL or CONFLICT (R5)
 NATURAL, CONFLICT = "natural", "conflict"
-FIRST = "_first_load_hour"  # duplicates: the load hour whose unique row it duplicates (R4)
-EXPIRY_POINT = "_expiry_point"  # expired: the expiry point it fell behind (R6)
-RAW = "_raw"  # rejected: the original line or row as text (R9)
-REASON = "_reject_reason"  # rejected: its reject reason (R9)
-V = "_v"  # the expiry value of a typed row and of an index entry (R6)
-LOAD_HOUR = "load_hour"  # each output is Hive-partitioned by load hour (L1); so is the index
-PARTITION = f"{LOAD_HOUR}="
 
 
 def partition(name: str, tag: str) -> tuple[str, str]:

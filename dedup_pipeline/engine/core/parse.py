@@ -49,9 +49,9 @@ from pyspark.sql import types as T
 from pyspark.sql.types import _parse_datatype_json_string
 
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine.core.columns import REASON, V
 from dedup_pipeline.engine.core.commits import InputFile
 from dedup_pipeline.engine.core.expiry import expiry_value
-from dedup_pipeline.engine.core.outputs import REASON, V
 from dedup_pipeline.engine.core.storage import Storage, glob_escape
 from dedup_pipeline.errors import UserError
 

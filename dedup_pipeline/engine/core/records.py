@@ -3,9 +3,8 @@
 `Record` is the base of a commit record and of its entries (engine/core/commits.py, the index files
 of engine/core/index/layout.py, the landing files of engine/core/parse.py). Read from disk they are
 validated strictly (`read_json`: JSON types as written, no "3" taken for 3 nor true for 1); built
-in code they are validated laxly (a list for a tuple). An optional field a later version added
-(`optional()`) is left out of the JSON while unset, so a record written today has the keys the
-version that introduced each field wrote. `problem` turns a `ValidationError` into the one line
+in code they are validated laxly (a list for a tuple). A field a load may leave unset
+(`optional()`) is left out of the JSON while unset. `problem` turns a `ValidationError` into the one line
 an error message quotes: where, what it is, what was expected.
 """
 
@@ -51,7 +50,7 @@ def _is_none(v: Any) -> bool:
 
 
 def optional() -> Any:
-    """A field a later version added: None until set, and left out of the JSON while None."""
+    """A field a load may leave unset: None until set, and left out of the JSON while None."""
     return Field(default=None, exclude_if=_is_none)
 
 
@@ -102,6 +101,8 @@ def problem(e: ValidationError, text: str | bytes) -> str:
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)[1:]
     if err["type"] == "missing":
         return f"field {where!r} is missing"
+    if err["type"] == "literal_error":  # a field with one allowed value (a format)
+        return f"field {where!r} is {err['input']!r}, expected {err['ctx']['expected']}"
     if err["type"] not in (WANTED, *_EXPECTED):
         return err["msg"]  # a model's own check (e.g. a record of another hour)
     wanted = (err.get("ctx") or {}).get("what") if err["type"] == WANTED else _EXPECTED[err["type"]]

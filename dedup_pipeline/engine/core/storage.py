@@ -21,10 +21,8 @@ import hashlib
 import json
 import os
 import re
-import struct
 import time
 import uuid
-import zlib
 from typing import Any
 
 import fsspec
@@ -285,34 +283,8 @@ class Storage:
             fsync_dir(dirpath)
         fsync_dir(os.path.dirname(path.rstrip("/")))
 
-    def crc_matches(self, path: str) -> bool | None:
-        """Whether a file agrees with its Hadoop ``.crc`` sidecar; None if it has none.
-
-        Format (ChecksumFileSystem): ``crc\\0``, a big-endian int32 bytes-per-checksum, then one
-        big-endian CRC-32 (zlib's) per chunk. Used for index files whose records predate hashes.
-        """
-        d, name = path.rsplit("/", 1)
-        try:
-            with self.fs.open(f"{d}/.{name}.crc", "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            return None
-        if len(raw) < 8 or raw[:4] != b"crc\0":
-            return False
-        step = struct.unpack(">i", raw[4:8])[0]
-        if step <= 0:
-            return False
-        sums = raw[8:]
-        i = 0
-        with self.fs.open(path, "rb") as f:
-            while chunk := f.read(step):
-                if sums[4 * i:4 * i + 4] != struct.pack(">I", zlib.crc32(chunk)):
-                    return False
-                i += 1
-        return len(sums) == 4 * i
-
     def sha256(self, path: str) -> str:
-        """Hex SHA-256 of a file's bytes (read as stored: no Hadoop .crc is consulted)."""
+        """Hex SHA-256 of a file's bytes, as stored."""
         h = hashlib.sha256()
         with self.fs.open(path, "rb") as f:
             while chunk := f.read(4 << 20):

@@ -14,9 +14,9 @@ One owner per job, as Apex Malhar's dedup operator splits deciding, holding and 
 (Deduper / BucketManager / BucketStore); the decision itself is `engine.classify`'s:
 
 - `layout`      the path grammar: every directory and file name of the index, built and parsed;
-                `IndexFileEntry` (a file as a record lists it), `IndexFile` (and where it lies),
-                `INDEX_FORMAT`
-- `live`        which entries a load reads: `min_slice`, `live_files`, `EarlierLoads`;
+                `IndexFile` (a file as a record lists it, `commits.IndexFileEntry`, and where it
+                lies), `INDEX_FORMAT`
+- `live`        which entries a load reads: `slice_of`, `min_slice`, `live_files`, `EarlierLoads`;
                 retention
                 (`check_retention`, `apply_retention`, `IndexRetentionError`)
 - `store`       the entries as data: `slice_of`, `entry_schema`, `match_columns`, `read_live`,

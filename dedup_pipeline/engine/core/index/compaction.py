@@ -29,6 +29,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
+from dedup_pipeline.engine.core.columns import ENTRY_LOAD_HOUR
 from dedup_pipeline.engine.core.index.layout import (
     INDEX,
     MANIFEST,
@@ -43,7 +44,7 @@ from dedup_pipeline.engine.core.index.layout import (
     slice_dir,
     slice_number,
 )
-from dedup_pipeline.engine.core.index.store import LOAD_HOUR, entry_schema
+from dedup_pipeline.engine.core.index.store import entry_schema
 from dedup_pipeline.engine.core.storage import ROWS_PER_FILE, Storage
 
 
@@ -54,7 +55,7 @@ def _write(spark: SparkSession, ds: DatasetConfig, st: Storage, n: int, name: st
     st.remove(work)
     df = spark.read.schema(entry_schema(ds)).parquet(*sources)
     if drop is not None:
-        df = df.filter(F.col(LOAD_HOUR) != F.lit(drop))
+        df = df.filter(F.col(ENTRY_LOAD_HOUR) != F.lit(drop))
     (df.coalesce(1).write.mode("overwrite").option("maxRecordsPerFile", ROWS_PER_FILE)
      .parquet(st.spark_path(WORK, slice_dir(n), name)))
     files = [ManifestFile(name=p.rsplit("/", 1)[1], size=int(st.fs.info(p).get("size") or 0),

@@ -24,13 +24,12 @@ from typing import Literal
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core import commits
 from dedup_pipeline.engine.core.commit_log import CommitLog, KeptRecord, Summary
+from dedup_pipeline.engine.core.commits import IndexFileEntry
 from dedup_pipeline.engine.core.index.layout import (
     CHECKSUM_PATH,
     DAMAGED,
     INDEX,
-    INDEX_FORMAT,
     IndexFile,
-    IndexFileEntry,
     covered,
     is_compact_dir,
     is_slice_dir,
@@ -43,7 +42,7 @@ from dedup_pipeline.engine.core.index.layout import (
 from dedup_pipeline.engine.core.index.live import kept_from, min_slice
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.errors import UserError
-from dedup_pipeline.hours import key_of, parse_key, to_tag
+from dedup_pipeline.hours import format_tag, parse_hour, to_tag
 
 
 class IndexDamagedError(UserError, RuntimeError):
@@ -63,7 +62,7 @@ class IndexDamage:
     # index/: when healthy, exactly what is on disk, so a load needs no listing of its own
     files: dict[str, IndexFile] = field(default_factory=dict)
     bad_compacted: list[str] = field(default_factory=list)  # compacted dirs a rebuild must drop
-    old_format: list[str] = field(default_factory=list)  # loads whose entries are an older layout
+    other_format: list[str] = field(default_factory=list)  # manifests of another format: why
     corrupt: dict[str, list[str]] = field(default_factory=dict)  # load -> files of other content
     bad_records: dict[str, str] = field(default_factory=dict)  # load -> what is wrong with record
     # the commit log's summary this check built (`CommitLog.save_summary` writes it once the
@@ -73,7 +72,7 @@ class IndexDamage:
 
     @property
     def index_ok(self) -> bool:
-        return not (self.missing or self.unexpected or self.old_format or self.corrupt)
+        return not (self.missing or self.unexpected or self.other_format or self.corrupt)
 
     @property
     def ok(self) -> bool:
@@ -87,29 +86,25 @@ class IndexDamage:
         (its counts and expiry point); rerunning the hour does.
         """
         strays = {t for t in map(rel_load, self.unexpected) if t is not None}
-        return sorted((set(self.missing) | strays | set(self.old_format) | set(self.corrupt))
+        return sorted((set(self.missing) | strays | set(self.corrupt))
                       - set(self.bad_records))
 
     def summary(self) -> str:
-        parts = []
+        parts = list(self.other_format)
         for tag, problem in sorted(self.bad_records.items()):
-            parts.append(f"hour {key_of(tag)}: {problem}")
+            parts.append(f"hour {format_tag(tag)}: {problem}")
         if self.corrupt:
             first = sorted(self.corrupt)[0]
             parts.append(f"index files whose content differs from what was recorded when they "
-                         f"were written (SHA-256, or the Hadoop checksum of older files), of "
+                         f"were written (SHA-256), of "
                          f"{len(self.corrupt)} load(s): "
-                         f"{', '.join(key_of(t) for t in sorted(self.corrupt)[:5])}, e.g. "
+                         f"{', '.join(format_tag(t) for t in sorted(self.corrupt)[:5])}, e.g. "
                          f"{INDEX}/{self.corrupt[first][0]}")
         if self.missing:
-            hours = ", ".join(key_of(t) for t in self.damaged_loads[:5])
+            hours = ", ".join(format_tag(t) for t in self.damaged_loads[:5])
             more = f" (+{len(self.missing) - 5} more)" if len(self.missing) > 5 else ""
             parts.append(f"index files missing or changed for {len(self.missing)} committed "
                          f"load(s): {hours}{more}")
-        if self.old_format:
-            parts.append(f"{len(self.old_format)} committed load(s) have index entries in an "
-                         f"older layout (before index format {INDEX_FORMAT}), e.g. "
-                         f"{key_of(self.old_format[0])}")
         if self.unexpected:
             parts.append(f"{len(self.unexpected)} index file(s) not written by their load, "
                          f"e.g. {self.unexpected[0]}")
@@ -134,7 +129,7 @@ def record_damage(st: Storage, found: dict[str, str]) -> None:
 def prune_marker(st: Storage, files: dict[str, IndexFile]) -> None:
     """Forget marked files that a rebuild replaced (another hash recorded now, or gone)."""
     m = _marker(st)
-    keep = {rel: h for rel, h in m.items() if rel in files and (files[rel].sha256 or "") == h}
+    keep = {rel: h for rel, h in m.items() if rel in files and files[rel].sha256 == h}
     if keep != m:
         if keep:
             st.write_json_atomic(st.path(INDEX, DAMAGED), keep)
@@ -146,9 +141,7 @@ def prune_marker(st: Storage, files: dict[str, IndexFile]) -> None:
 def content_damage(st: Storage, files: Iterable[IndexFile]) -> dict[str, str]:
     """The files (rel -> recorded hash) whose bytes do not hash to the recorded SHA-256.
 
-    Files written before hashes were recorded (sha256 None) are checked against their Hadoop
-    ``.crc`` sidecar if they have one (what Spark would check when reading them), else by size only
-    (check_index); a ChecksumException while reading them is the same damage (load.py).
+    A Hadoop ChecksumException while Spark reads a file is the same damage (load.py).
     """
     todo = list(files)
     root = st.path(INDEX)
@@ -156,15 +149,13 @@ def content_damage(st: Storage, files: Iterable[IndexFile]) -> dict[str, str]:
     def bad(f: IndexFile) -> bool:
         path = f"{root}/{f.rel}"
         try:
-            if f.sha256:
-                return st.sha256(path) != f.sha256
-            return st.crc_matches(path) is False
+            return st.sha256(path) != f.sha256
         except OSError:
             return True
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         flags = list(pool.map(bad, todo))
-    return {f.rel: f.sha256 or "" for f, b in zip(todo, flags, strict=True) if b}
+    return {f.rel: f.sha256 for f, b in zip(todo, flags, strict=True) if b}
 
 
 def scrub(st: Storage, damage: IndexDamage, cursor: str, budget_bytes: int) -> str:
@@ -206,14 +197,14 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
     committed, todo, prior = view.committed, view.todo, view.prior
     compacted = [c for c in list_compacted(st) if lo is None or c.slice >= lo]
     merged = covered(compacted)
-    start = to_tag(parse_key(ds.start))
+    start = to_tag(parse_hour(ds.start))
     state = Summary(committed, commits_mtime=view.mtime)
     newest = committed.max()
     for tag in sorted(todo):
         if tag < start:  # no load writes it: a copied or misnamed file, and no rerun can replace it
             path = commits.commit_path(st, tag)
             damage.bad_records[tag] = (
-                f"commit record {path} is of hour {key_of(tag)}, before the dataset's start "
+                f"commit record {path} is of hour {format_tag(tag)}, before the dataset's start "
                 f"{ds.start}: no load writes such a record (a copied or misnamed file). Delete "
                 f"{path}")
             state.uncovered.add(tag)
@@ -224,7 +215,7 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
             continue
         cached = prior.kept.get(tag) if prior is not None else None
         if cached is not None and cached.sig == sig:
-            fmt, listed = cached.index_format, list(cached.index_files)
+            listed = list(cached.index_files)
         else:
             try:
                 rec = log.read(tag)
@@ -235,10 +226,7 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
             if rec is None:
                 committed.discard(tag)
                 continue
-            fmt, listed = rec.index_format, list(rec.index_files)
-        old = bool(listed) and fmt < INDEX_FORMAT
-        if old:
-            damage.old_format.append(tag)
+            listed = list(rec.index_files)
         live = False
         for f in listed:
             if (lo is not None and f.slice < lo) or (f.slice, tag) in merged:
@@ -246,10 +234,12 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
             entry = IndexFile.of(f, tag)
             damage.files[entry.rel] = entry
             live = True
-        if live or old or tag == newest:
-            state.kept[tag] = KeptRecord(sig=sig, index_format=fmt, index_files=tuple(listed))
+        if live or tag == newest:
+            state.kept[tag] = KeptRecord(sig=sig, index_files=tuple(listed))
     damage.state = state
     for c in compacted:
+        if c.other_format is not None:
+            damage.other_format.append(c.other_format)
         for entry in c.index_files():
             damage.files[entry.rel] = entry
     actual: dict[str, int] = {}
@@ -273,7 +263,7 @@ def check_index(st: Storage, ds: DatasetConfig, content: bool = False,
                 damage.missing.setdefault(t, []).append(rel)
     damage.unexpected = sorted(set(actual) - set(damage.files))
     found = {rel: h for rel, h in _marker(st).items()
-             if rel in damage.files and (damage.files[rel].sha256 or "") == h}
+             if rel in damage.files and damage.files[rel].sha256 == h}
     if content:
         found |= content_damage(st, [f for rel, f in damage.files.items()
                                      if actual.get(rel) == f.size])

@@ -11,7 +11,6 @@ change of layout is a change of this module (and of `INDEX_FORMAT`).
     ``_staging/load_hour=<tag>/slice=<n>/``         a load's entries before they are published
     ``_damaged.json``                               files found with other content (health)
     ``_retention.json``                             what retention deleted below (live)
-    ``_live.json``                                  the summary of the commit records (health)
 ``{output}/_compact/slice=<n>/<dir>``               a compacted directory before its rename
 ``{output}/index_rebuild/``                          a full rebuild, swapped in whole
 """
@@ -20,19 +19,19 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
+from dedup_pipeline.engine.core import formats
+from dedup_pipeline.engine.core.columns import LOAD_HOUR_PARTITION
 from dedup_pipeline.engine.core.commits import IndexFileEntry
-from dedup_pipeline.engine.core.outputs import LOAD_HOUR
 from dedup_pipeline.engine.core.records import Count, Record
 from dedup_pipeline.engine.core.storage import Storage
 
 INDEX = "index"
-# Version of the entry layout, kept in every commit record. 2: 32-bit fingerprint. Loads refuse an
-# index of an older version like a damaged one (R12): rebuild-index rewrites it from unique.
-INDEX_FORMAT = 2
+# Version of the entry layout, kept in every commit record and contract: the package's format
+INDEX_FORMAT = formats.FORMAT
 SLICE = "slice"  # partition column and directory key of a slice
-LOAD = LOAD_HOUR  # partition column and directory key of one load's entries (as the outputs')
-ENTRY_LOAD = "_load_hour"  # entry column: the load that wrote the entry
+LOAD = LOAD_HOUR_PARTITION  # partition column and directory key of one load's entries (as the outputs')
 COMPACT = "compact"  # directory key of merged loads
 STAGING = "_staging"  # below index/: a load's entries, staged before they are moved in place
 WORK = "_compact"  # below the output root: where compacted directories are written first
@@ -130,16 +129,17 @@ class ManifestFile(Record):
 
     name: str
     size: Count
-    rows: Count | None = None
-    sha256: str | None = None
+    rows: Count
+    sha256: str
 
 
 class Manifest(Record):
     """A compacted directory's ``_manifest.json``: the loads it merged and its files."""
 
-    slice: int | None = None
-    loads: tuple[str, ...] = ()
-    files: tuple[ManifestFile, ...] = ()
+    format: Literal[1] = formats.FORMAT
+    slice: int
+    loads: tuple[str, ...]
+    files: tuple[ManifestFile, ...]
 
 
 @dataclass(frozen=True)
@@ -150,6 +150,7 @@ class Compacted:
     dir: str  # "compact=<first>_<last>"
     loads: tuple[str, ...]  # empty if the manifest is missing (a damaged directory)
     files: tuple[ManifestFile, ...]
+    other_format: str | None = None  # the line refusing a manifest of another format
 
     @property
     def rel(self) -> str:
@@ -172,10 +173,23 @@ def list_compacted(st: Storage) -> list[Compacted]:
         for d in st.list_dirs(st.path(INDEX, sdir)):
             if not is_compact_dir(d):
                 continue
+            # missing, damaged or of another format: the directory is damaged (rebuilt from
+            # unique, which deletes it)
+            path = st.path(INDEX, sdir, d, MANIFEST)
             try:
-                m = Manifest.read_json(st.read_text(st.path(INDEX, sdir, d, MANIFEST)))
-            except (FileNotFoundError, ValueError):
-                m = Manifest()  # missing or damaged: the directory is damaged (rebuilt from unique)
+                text = st.read_text(path)
+            except (FileNotFoundError, UnicodeDecodeError):
+                out.append(Compacted(n, d, (), ()))
+                continue
+            other = formats.problem_in_text(path, text, formats.REBUILD)
+            if other is not None:
+                out.append(Compacted(n, d, (), (), other.line))
+                continue
+            try:
+                m = Manifest.read_json(text)
+            except ValueError:
+                out.append(Compacted(n, d, (), ()))
+                continue
             out.append(Compacted(n, d, m.loads, m.files))
     return out
 

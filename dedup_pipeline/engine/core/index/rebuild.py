@@ -23,11 +23,12 @@ from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core import commits
+from dedup_pipeline.engine.core.columns import ENTRY_LOAD_HOUR, FP, H1, H2, LOAD_HOUR_PARTITION, V
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.commits import IndexFileEntry
-from dedup_pipeline.engine.core.digest import FP, H1, H2, digest_columns, fingerprint_column
+from dedup_pipeline.engine.core.digest import digest_columns, fingerprint_column
 from dedup_pipeline.engine.core.expiry import expiry_value
-from dedup_pipeline.engine.core.index import compaction, layout, store
+from dedup_pipeline.engine.core.index import compaction, layout, live, store
 from dedup_pipeline.engine.core.index.health import (
     IndexDamage,
     IndexDamagedError,
@@ -39,10 +40,9 @@ from dedup_pipeline.engine.core.index.health import (
     record_damage,
 )
 from dedup_pipeline.engine.core.index.layout import IndexFile
-from dedup_pipeline.engine.core.outputs import LOAD_HOUR, UNIQUE, partition
-from dedup_pipeline.engine.core.parse import V
+from dedup_pipeline.engine.core.outputs import UNIQUE, partition
 from dedup_pipeline.engine.core.storage import Storage
-from dedup_pipeline.hours import key_of
+from dedup_pipeline.hours import format_tag
 
 
 @dataclass
@@ -64,8 +64,8 @@ def unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
 
     A rebuild from a damaged unique partition would make the damage look healthy (a removed file's
     keys gone from the index, so later loads would take them for new; a copied file's keys twice),
-    so it refuses instead, naming the hour and the fix. Files nobody listed are not read. Records
-    without `output_files` (earlier versions) read the partition's directory as it is.
+    so it refuses instead, naming the hour and the fix. Files nobody listed are not read. An hour
+    whose record is damaged (only its rerun restores it) is read as its partition directory is.
     """
     out: dict[str, list[str]] = {}
     log = CommitLog(st)
@@ -76,7 +76,7 @@ def unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
         except commits.CommitRecordError:
             rec = None
         problem = None
-        listed = (rec.output_files or {}).get(UNIQUE) if rec is not None else None
+        listed = rec.output_files.get(UNIQUE, ()) if rec is not None else None
         if not st.exists(part):
             problem = f"its unique partition {part} is missing"
         elif listed is not None:
@@ -88,9 +88,9 @@ def unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
             out[tag] = [st.read_path(*partition(UNIQUE, tag))]
         if problem:
             raise IndexDamagedError(
-                f"cannot rebuild the index entries of hour {key_of(tag)}: {problem}, so its keys "
+                f"cannot rebuild the index entries of hour {format_tag(tag)}: {problem}, so its keys "
                 f"are not all there to rebuild from. Rerun that hour (dedup-pipeline run --from "
-                f"{key_of(tag)} --to {key_of(tag)}); if it was never loaded (a copied commit "
+                f"{format_tag(tag)} --to {format_tag(tag)}); if it was never loaded (a copied commit "
                 f"record), delete {commits.commit_path(st, tag)}")
         if not out[tag]:
             del out[tag]  # an hour with no unique rows
@@ -137,10 +137,10 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig,
             df = df.withColumn(V, expiry_value(ds))
         if ds.fingerprint:
             df = df.withColumn(FP, fingerprint_column(ds.fingerprint, ds.source.schema))
-        df = df.withColumn(store.LOAD_HOUR, F.col(LOAD_HOUR))  # unique's partition column
+        df = df.withColumn(ENTRY_LOAD_HOUR, F.col(LOAD_HOUR_PARTITION))  # unique's partition column
         cols = [f.name for f in store.entry_schema(ds).fields]
-        df = df.select(*cols, store.slice_of(ds).alias(layout.SLICE),
-                       F.col(LOAD_HOUR).alias(layout.LOAD))
+        df = df.select(*cols, live.slice_of(ds).alias(layout.SLICE),
+                       F.col(LOAD_HOUR_PARTITION).alias(layout.LOAD))
         (df.repartition(layout.SLICE, layout.LOAD).sortWithinPartitions(H1)
          .write.mode("overwrite").partitionBy(layout.SLICE, layout.LOAD)
          .parquet(st.spark_path(staging_name)))

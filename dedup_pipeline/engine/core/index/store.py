@@ -14,9 +14,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.core.digest import FP, H1, H2
+from dedup_pipeline.engine.core.columns import ENTRY_LOAD_HOUR, FP, H1, H2, V
 from dedup_pipeline.engine.core.index.layout import (
-    ENTRY_LOAD,
     INDEX,
     SLICE,
     IndexFile,
@@ -25,10 +24,8 @@ from dedup_pipeline.engine.core.index.layout import (
     slice_number,
     staging_rel,
 )
-from dedup_pipeline.engine.core.parse import SPARK_TYPES, V
+from dedup_pipeline.engine.core.parse import SPARK_TYPES
 from dedup_pipeline.engine.core.storage import Storage
-
-LOAD_HOUR = ENTRY_LOAD  # entry column: the load that wrote the entry
 
 
 def slice_of(ds: DatasetConfig) -> Column:
@@ -39,9 +36,10 @@ def slice_of(ds: DatasetConfig) -> Column:
 
 
 
+
 def entry_schema(ds: DatasetConfig) -> T.StructType:
     fields = [T.StructField(H1, T.LongType()), T.StructField(H2, T.LongType()),
-              T.StructField(LOAD_HOUR, T.StringType())]
+              T.StructField(ENTRY_LOAD_HOUR, T.StringType())]
     if ds.expiry is not None:
         vtype = T.DoubleType() if ds.expiry_type == "double" else T.LongType()
         fields.append(T.StructField(V, vtype))
@@ -76,7 +74,7 @@ def read_live(spark: SparkSession, ds: DatasetConfig, st: Storage, files: list[I
     earlier = [f for f in files if max(f.holds) < tag]
     mixed = [f for f in files if max(f.holds) >= tag]
     reads = ([read(earlier)] if earlier else []) + (
-        [read(mixed).filter(F.col(LOAD_HOUR) < F.lit(tag))] if mixed else [])
+        [read(mixed).filter(F.col(ENTRY_LOAD_HOUR) < F.lit(tag))] if mixed else [])
     return reads[0] if len(reads) == 1 else reads[0].unionByName(reads[1])
 
 
@@ -95,8 +93,8 @@ def stage_entries(ds: DatasetConfig, st: Storage, unique_rows: DataFrame, tag: s
     No shuffle: the cached unique rows are coalesced and Spark's partitioned writer sorts each task
     by slice. Nothing reads the entries in digest order, so they are not sorted by it.
     """
-    cols = [F.col(f.name) for f in entry_schema(ds).fields if f.name != LOAD_HOUR]
-    entries = unique_rows.select(*cols, F.lit(tag).alias(LOAD_HOUR), slice_of(ds).alias(SLICE))
+    cols = [F.col(f.name) for f in entry_schema(ds).fields if f.name != ENTRY_LOAD_HOUR]
+    entries = unique_rows.select(*cols, F.lit(tag).alias(ENTRY_LOAD_HOUR), slice_of(ds).alias(SLICE))
     entries = entries.select(*[f.name for f in entry_schema(ds).fields], SLICE)
     staging = st.spark_path(INDEX, staging_rel(tag))
     entries.coalesce(files).write.mode("overwrite").partitionBy(SLICE).parquet(staging)

@@ -445,7 +445,7 @@ def _index_entries(ds: DatasetConfig, st: Storage, typed: dict[int, Key], commit
     if not digests:
         return out
     files = [f for f in check_index(st, ds).files.values() if any(t in committed for t in f.holds)]
-    if ds.expiry is None:  # an entry's slice is its h1's hash bucket (index.live.slice_of)
+    if ds.expiry is None:  # an entry's slice is its h1's hash bucket (index.store.slice_of)
         slices = {h1 % ds.index.buckets for h1, _ in digests}
         files = [f for f in files if f.slice in slices]
     cols = [H1, H2, ENTRY_LOAD_HOUR, *([V] if ds.expiry is not None else []),

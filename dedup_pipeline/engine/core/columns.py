@@ -2,7 +2,7 @@
 
 One home, so a name has one meaning: the outputs' partition column `LOAD_HOUR_PARTITION`
 (``load_hour``) and the index entry column `ENTRY_LOAD_HOUR` (``_load_hour``) are two names for
-two columns. Values are the on-disk names (design.md L1, L2, L2b, L2c, "The index"); pure Python.
+two columns. Values are the on-disk names (design.md L1, L2, L2b, "The index"); pure Python.
 """
 
 from __future__ import annotations
@@ -24,6 +24,5 @@ FP = "_fp"  # the 32-bit fingerprint hash (R5)
 V = "_v"  # the expiry value (R6), also a parsed batch's
 ENTRY_LOAD_HOUR = "_load_hour"  # the load that wrote the entry
 
-# -- the key digest (L2b) and the day packs (L2c) ----------------------------------------------
+# -- the key digest (L2b) ------------------------------------------------------------------------
 KEY_HASH = "_key_hash"  # the top 32 bits of H1
-PACK_HOUR = "_hour"  # a day pack's row: the hour it is of

@@ -16,7 +16,7 @@ One owner per job, as Apex Malhar's dedup operator splits deciding, holding and 
 - `layout`      the path grammar: every directory and file name of the index, built and parsed;
                 `IndexFile` (a file as a record lists it, `commits.IndexFileEntry`, and where it
                 lies), `INDEX_FORMAT`
-- `live`        which entries a load reads: `slice_of`, `min_slice`, `live_files`, `EarlierLoads`;
+- `live`        which entries a load reads: `min_slice`, `live_files`, `EarlierLoads`;
                 retention
                 (`check_retention`, `apply_retention`, `IndexRetentionError`)
 - `store`       the entries as data: `slice_of`, `entry_schema`, `match_columns`, `read_live`,
@@ -29,6 +29,6 @@ One owner per job, as Apex Malhar's dedup operator splits deciding, holding and 
                 records through `engine.commit_log` (`CommitLog.to_check`), whose summary keeps
                 a check O(live)
 
-Repair is `engine.rebuild`'s job: `rebuild_index` from unique, and a load's gate that fails or
+Repair is `rebuild`'s job: `rebuild_index` from unique, and a load's gate that fails or
 rebuilds on damage (`ensure_healthy`, `ensure_intact`), which needs both health and the rebuild.
 """

@@ -28,7 +28,7 @@ from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.commits import IndexFileEntry
 from dedup_pipeline.engine.core.digest import digest_columns, fingerprint_column
 from dedup_pipeline.engine.core.expiry import expiry_value
-from dedup_pipeline.engine.core.index import compaction, layout, live, store
+from dedup_pipeline.engine.core.index import compaction, layout, store
 from dedup_pipeline.engine.core.index.health import (
     IndexDamage,
     IndexDamagedError,
@@ -139,7 +139,7 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig,
             df = df.withColumn(FP, fingerprint_column(ds.fingerprint, ds.source.schema))
         df = df.withColumn(ENTRY_LOAD_HOUR, F.col(LOAD_HOUR_PARTITION))  # unique's partition column
         cols = [f.name for f in store.entry_schema(ds).fields]
-        df = df.select(*cols, live.slice_of(ds).alias(layout.SLICE),
+        df = df.select(*cols, store.slice_of(ds).alias(layout.SLICE),
                        F.col(LOAD_HOUR_PARTITION).alias(layout.LOAD))
         (df.repartition(layout.SLICE, layout.LOAD).sortWithinPartitions(H1)
          .write.mode("overwrite").partitionBy(layout.SLICE, layout.LOAD)

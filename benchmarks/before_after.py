@@ -21,7 +21,8 @@ after / before (of the medians, and the median of the per-hour ratios), (a) / (e
 of the load's `seconds` (the steps after the commit marked) as seconds and as a share of the
 load, and writes `benchmarks/results/before_after-<stamp>.json`. Both versions must report the
 same counts for every hour (rows in, unique, duplicates, expired, rejected) and conserve rows:
-exit status 1 otherwise. A slower "after" is reported, never an error.
+exit status 1 otherwise, or if a part stopped on an error (what it measured until then is still
+reported). A slower "after" is reported, never an error.
 """
 
 from __future__ import annotations
@@ -250,9 +251,9 @@ def summarize(samples: list[Sample], part: str, point: int) -> dict[str, Any]:
         out["after_over_before"] = round(vs["after"]["median_seconds"]
                                          / vs["before"]["median_seconds"], 3)
         by_hour = {(s.version, s.hour): s.wall for s in at}
-        out["after_over_before_paired"] = round(statistics.median(
-            by_hour[("after", h)] / by_hour[("before", h)] for h in out["hours"]
-            if ("after", h) in by_hour and ("before", h) in by_hour), 3)
+        paired = [by_hour[("after", h)] / by_hour[("before", h)] for h in out["hours"]
+                  if ("after", h) in by_hour and ("before", h) in by_hour]
+        out["after_over_before_paired"] = round(statistics.median(paired), 3) if paired else None
     return out
 
 
@@ -377,11 +378,17 @@ def main(argv: list[str] | None = None) -> int:
     spark = get_session(SparkSettings(conf=BENCH_CONF, app_name="bench-before-after"))
     spark.sparkContext.setLogLevel("ERROR")
     bench = BeforeAfter(plan, checkouts, work, say)
-    bench.run_part(spark, "base", config, plan.hours, plan.points(), plan.memory)
+    parts = [("base", config, plan.hours, plan.points(), plan.memory)]
     if big_config is not None:
-        big_points = {plan.big_history + k: plan.big_history for k in range(plan.per_point)}
-        bench.run_part(spark, "big", big_config, plan.big_history + plan.per_point, big_points,
-                       plan.big_memory)
+        parts.append(("big", big_config, plan.big_history + plan.per_point,
+                      {plan.big_history + k: plan.big_history for k in range(plan.per_point)},
+                      plan.big_memory))
+    for part, cfg, hours, at, memory in parts:
+        try:
+            bench.run_part(spark, part, cfg, hours, at, memory)
+        except Exception as e:  # noqa: BLE001 - what was measured is still reported
+            bench.failures.append(f"the {part} part stopped: {e}")
+            say(f"the {part} part stopped: {str(e)[:2000]}")
     spark.stop()
 
     points = [summarize(bench.samples, "base", p) for p in plan.history]

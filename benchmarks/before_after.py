@@ -72,9 +72,9 @@ class Plan:
     def hours(self) -> int:
         return max(self.history) + self.per_point
 
-    def points(self) -> dict[int, int]:
-        """hour index -> the history length it is measured for."""
-        return {p + k: p for p in self.history for k in range(self.per_point)}
+    def measured(self) -> set[int]:
+        """The hour indexes measured (those of every history length; they may overlap)."""
+        return {p + k for p in self.history for k in range(self.per_point)}
 
 
 QUICK = Plan(history=(2, 4), rows=1_000, big_rows=5_000, big_history=2, quick=True)
@@ -86,7 +86,7 @@ class Sample:
     version: str  # "before", "after" or "floor" (the copy (e))
     hour: str
     history: int  # hours loaded before this one
-    point: int | None  # the history length this hour is measured for, None if not measured
+    measured: bool  # an hour of a measured point: (e) ran too
     wall: float
     cpu: float
     order: int = 0  # 0: this version loaded the hour first, 1: second
@@ -146,7 +146,7 @@ class BeforeAfter:
         self.samples: list[Sample] = []
         self.failures: list[str] = []
 
-    def run_part(self, spark: Any, part: str, config: Path, hours: int, points: dict[int, int],
+    def run_part(self, spark: Any, part: str, config: Path, hours: int, at: set[int],
                  memory: str) -> None:
         """Load `hours` hours with both checkouts, alternating; (e) at the measured hours."""
         raw = yaml.safe_load(config.read_text())
@@ -168,20 +168,20 @@ class BeforeAfter:
                 workers[v] = Checkout(v, self.checkouts[v], specs[v], logs / f"{v}-{part}.log")
             for i in range(hours):
                 hour = start + i * HOUR
-                key, inputs, point = to_key(hour), _inputs(ds, hour), points.get(i)
+                key, inputs, measure = to_key(hour), _inputs(ds, hour), i in at
                 order = VERSIONS if i % 2 == 0 else VERSIONS[::-1]
                 line = f"{part} h{i:>4} {key}:"
                 got = {}
                 for n, v in enumerate(order):
                     a = workers[v].load(key, inputs)
                     got[v] = a["record"]
-                    self.samples.append(Sample(part, v, key, i, point, round(a["wall"], 3),
+                    self.samples.append(Sample(part, v, key, i, measure, round(a["wall"], 3),
                                                round(a["cpu"], 3), n, a["record"]))
                     line += f" {v} {a['wall']:6.2f}s"
-                if point is not None:
+                if measure:
                     with measured(spark, inputs) as ce:
                         systems.floor_copy(spark, ds, hour, scratch)
-                    self.samples.append(Sample(part, "floor", key, i, point,
+                    self.samples.append(Sample(part, "floor", key, i, True,
                                                round(ce.seconds, 3), round(ce.cpu_seconds, 3)))
                     line += f" | (e) {ce.seconds:5.2f}s"
                 line += self.check(key, got)
@@ -216,9 +216,10 @@ def _stage_split(seconds: dict[str, float]) -> tuple[list[str], list[str]]:
     return names, []
 
 
-def summarize(samples: list[Sample], part: str, point: int) -> dict[str, Any]:
-    """One measured point: per version the medians, the stages' seconds and shares; the ratios."""
-    at = [s for s in samples if s.part == part and s.point == point]
+def summarize(samples: list[Sample], part: str, point: int, per_point: int) -> dict[str, Any]:
+    """One measured point (the `per_point` hours from `point` hours of history on): per version
+    the medians, the stages' seconds and shares; the ratios."""
+    at = [s for s in samples if s.part == part and point <= s.history < point + per_point]
     floor = [s.wall for s in at if s.version == "floor"]
     e = statistics.median(floor) if floor else None
     out: dict[str, Any] = {"part": part, "history": point,
@@ -237,6 +238,11 @@ def summarize(samples: list[Sample], part: str, point: int) -> dict[str, Any]:
             stages[name] = {"median_seconds": round(statistics.median(vals), 3),
                             "share": round(sum(vals) / total, 4) if total else None,
                             "after_commit": name in after_commit}
+        groups = {}
+        for group, names in (("up_to_commit", before_commit), ("after_commit", after_commit)):
+            vals = [sum(s.record["seconds"].get(n, 0.0) for n in names) for s in xs]
+            groups[group] = {"median_seconds": round(statistics.median(vals), 3),
+                             "share": round(sum(vals) / total, 4) if total else None}
         out["versions"][v] = {
             "median_seconds": round(wall, 3),
             "per_hour_seconds": [s.wall for s in sorted(xs, key=lambda s: s.history)],
@@ -244,6 +250,7 @@ def summarize(samples: list[Sample], part: str, point: int) -> dict[str, Any]:
             "median_record_total": round(statistics.median(
                 s.record["seconds"].get("total", 0.0) for s in xs), 3),
             "stages": stages,
+            "groups": groups,
             "vs_floor": round(wall / e, 3) if e else None,
         }
     vs = out["versions"]
@@ -297,6 +304,14 @@ def stages_table(p: dict[str, Any], plan: Plan) -> str:
         for v in VERSIONS:
             st = vs.get(v, {}).get("stages", {}).get(n)
             row += (f"{_num(st['median_seconds'], 10, 3)}{_pct(st['share'])}" if st
+                    else f"{'-':>10}{'-':>8}")
+        lines.append(row)
+    for group, label in (("up_to_commit", "up to the commit, in all"),
+                         ("after_commit", "after the commit, in all")):
+        row = f"{'  ' + label:<34}"
+        for v in VERSIONS:
+            g = vs.get(v, {}).get("groups", {}).get(group)
+            row += (f"{_num(g['median_seconds'], 10, 3)}{_pct(g['share'])}" if g
                     else f"{'-':>10}{'-':>8}")
         lines.append(row)
     row = f"{'  the record total':<34}"
@@ -378,10 +393,10 @@ def main(argv: list[str] | None = None) -> int:
     spark = get_session(SparkSettings(conf=BENCH_CONF, app_name="bench-before-after"))
     spark.sparkContext.setLogLevel("ERROR")
     bench = BeforeAfter(plan, checkouts, work, say)
-    parts = [("base", config, plan.hours, plan.points(), plan.memory)]
+    parts = [("base", config, plan.hours, plan.measured(), plan.memory)]
     if big_config is not None:
         parts.append(("big", big_config, plan.big_history + plan.per_point,
-                      {plan.big_history + k: plan.big_history for k in range(plan.per_point)},
+                      {plan.big_history + k for k in range(plan.per_point)},
                       plan.big_memory))
     for part, cfg, hours, at, memory in parts:
         try:
@@ -391,9 +406,9 @@ def main(argv: list[str] | None = None) -> int:
             say(f"the {part} part stopped: {str(e)[:2000]}")
     spark.stop()
 
-    points = [summarize(bench.samples, "base", p) for p in plan.history]
+    points = [summarize(bench.samples, "base", p, plan.per_point) for p in plan.history]
     if plan.big:
-        points.append(summarize(bench.samples, "big", plan.big_history))
+        points.append(summarize(bench.samples, "big", plan.big_history, plan.per_point))
     text = "\n\n".join([table(points, plan, args.tolerance),
                         *(stages_table(p, plan) for p in points)])
     print("\n" + text + "\n")

@@ -1,9 +1,15 @@
 """The hourly load of two checkouts of the repository, before and after a change, side by side
 in one run on the same landing files.
 
-    python -m benchmarks.before_after --before ../wt-before --after .            # ~1 h on 2 cores
-    python -m benchmarks.before_after --before ../wt-before --after . --quick    # tiny data, ~5 min
-    git worktree add ../wt-before <commit>    # a checkout of the code before the change
+    git worktree add ../before <commit>       # the code before the change, beside this checkout
+    .venv/bin/python -m benchmarks.before_after --before ../before --after .
+    .venv/bin/python -m benchmarks.before_after --before ../before --after . --quick  # smoke run
+
+The full run takes about 50 min on 2 idle cores (171 1e5-row hours and 27 1e6-row hours loaded by
+each version), plus about 10 min to generate the landing files unless a full run of run.py left
+them in benchmarks/work/ (~15 GB there with both versions' outputs). `--quick` (history 2 and 4 h
+of 1,000-row hours, T4 at 5,000 rows) takes a few minutes. The runner (the data, (e), the report)
+is the code it is started from; each version's load is its checkout's.
 
 Each checkout's `run_load` runs in a process and JVM of its own (`benchmarks/checkout_worker.py`,
 PYTHONPATH=<checkout>, (a)'s settings of the main benchmark) and builds its own output history

@@ -182,6 +182,22 @@ class Deployed:
         warm.stop_server(self.server)
 
 
+def landing(root: Path, hours: int, rows: int, say: Any) -> Path:
+    """Generate (or reuse, if generated with the same arguments) a landing zone; its config."""
+    stamp = root / ".generated"
+    want = json.dumps({"hours": hours, "rows": rows, "seed": 7})
+    if stamp.exists() and stamp.read_text() == want:
+        say(f"reusing {hours} h x {rows} rows in {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+        start = format_hour(datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+                       - (hours + 1) * HOUR)
+        st = generate_landing(root, hours=hours, rows_per_hour=rows, seed=7, start=start)
+        stamp.write_text(want)
+        say(f"generated {st.rows} rows ({hours} h x {rows}) in {st.seconds:.1f}s")
+    return root / "dedup.yaml"
+
+
 class Bench:
     def __init__(self, plan: Plan, work: Path, say: Any):
         self.plan, self.work, self.say = plan, work, say
@@ -191,20 +207,7 @@ class Bench:
 
     # ------------------------------------------------------------------ data
     def landing(self, name: str, hours: int, rows: int) -> Path:
-        """Generate (or reuse, if generated with the same arguments) a landing zone."""
-        root = self.work / name
-        stamp = root / ".generated"
-        want = json.dumps({"hours": hours, "rows": rows, "seed": 7})
-        if stamp.exists() and stamp.read_text() == want:
-            self.say(f"reusing {hours} h x {rows} rows in {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-            start = format_hour(datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-                           - (hours + 1) * HOUR)
-            st = generate_landing(root, hours=hours, rows_per_hour=rows, seed=7, start=start)
-            stamp.write_text(want)
-            self.say(f"generated {st.rows} rows ({hours} h x {rows}) in {st.seconds:.1f}s")
-        return root / "dedup.yaml"
+        return landing(self.work / name, hours, rows, self.say)
 
     def section(self, config: Path, output: str, expiry: bool = True) -> dict[str, Any]:
         """The generated dataset, writing to `output` (emptied first), with or without expiry."""

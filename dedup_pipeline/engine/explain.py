@@ -58,7 +58,8 @@ from dedup_pipeline.engine.core.outputs import (
     columns,
     partition,
 )
-from dedup_pipeline.engine.core.storage import READERS, Storage
+from dedup_pipeline.engine.core.storage import Storage
+from dedup_pipeline.engine.keydigest import READERS
 from dedup_pipeline.hours import compress_ranges, format_tag, parse_hour, to_tag
 
 # rules, as the JSON names them

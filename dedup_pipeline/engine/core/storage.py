@@ -37,11 +37,6 @@ TRASH = "_trash"
 _AT_FDCWD = -100
 # Rows per Parquet file that the load's outputs and compacted index files are cut into.
 ROWS_PER_FILE = 1_000_000
-# Threads that read small files at once (explain's digests, packs, index entries, rows): pyarrow
-# releases the GIL while it reads, so as many as cores; more only contend. One point lookup over
-# 720 hours on 2 cores (2026-11-28, medians of 10): 8 threads 0.71 s, 4 0.58 s, 3 0.58 s,
-# 2 0.47 s, 1 0.64 s.
-READERS = min(8, os.cpu_count() or 2)
 
 
 def _libc() -> Any | None:

@@ -306,22 +306,20 @@ def stages_table(p: dict[str, Any], plan: Plan) -> str:
              if s["after_commit"]}
     head = (f"{'stage, ' + _label(p, plan):<34}{'before s':>10}{'share':>8}"
             f"{'after s':>10}{'share':>8}")
+    def row(label: str, part: str, key: str) -> str:
+        """One line: a stage (or group) of both versions, seconds and share of the load."""
+        cells = ""
+        for v in VERSIONS:
+            st = vs.get(v, {}).get(part, {}).get(key)
+            cells += (f"{_num(st['median_seconds'], 10, 3)}{_pct(st['share'])}" if st
+                      else f"{'-':>10}{'-':>8}")
+        return f"{label:<34}{cells}"
+
     lines = [head, "-" * len(head)]
-    for n in names:
-        row = f"{('  after commit: ' if n in after else '  ') + n:<34}"
-        for v in VERSIONS:
-            st = vs.get(v, {}).get("stages", {}).get(n)
-            row += (f"{_num(st['median_seconds'], 10, 3)}{_pct(st['share'])}" if st
-                    else f"{'-':>10}{'-':>8}")
-        lines.append(row)
-    for group, label in (("up_to_commit", "up to the commit, in all"),
-                         ("after_commit", "after the commit, in all")):
-        row = f"{'  ' + label:<34}"
-        for v in VERSIONS:
-            g = vs.get(v, {}).get("groups", {}).get(group)
-            row += (f"{_num(g['median_seconds'], 10, 3)}{_pct(g['share'])}" if g
-                    else f"{'-':>10}{'-':>8}")
-        lines.append(row)
+    lines += [row(("  after commit: " if n in after else "  ") + n, "stages", n) for n in names]
+    lines += [row("  " + label, "groups", group)
+              for group, label in (("up_to_commit", "up to the commit, in all"),
+                                   ("after_commit", "after the commit, in all"))]
     row = f"{'  the record total':<34}"
     for v in VERSIONS:
         row += f"{_num(vs.get(v, {}).get('median_record_total'), 10, 3)}{'':>8}"

@@ -34,7 +34,7 @@ from dagster_graphql.test.utils import execute_dagster_graphql
 
 from dedup_pipeline import cli
 from dedup_pipeline.config import PipelineConfig
-from dedup_pipeline.engine.core import load as engine_load
+from dedup_pipeline.engine.core import write as engine_write
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.lock import Lock
 from dedup_pipeline.engine.core.storage import Storage
@@ -152,14 +152,14 @@ def instance(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[P
 def _spark_fails_at(monkeypatch: pytest.MonkeyPatch, key: str) -> None:
     """The load of hour `key` fails in Spark (a real Spark error, raised by a Spark job) after its
     outputs are written and before its commit."""
-    orig = engine_load.verify_written
+    orig = engine_write.verify_written
 
     def failing(spark: Any, ds: Any, p: Any, *a: Any, **k: Any) -> Any:
         if format_hour(p.hour) == key:
             spark.sql("select raise_error('injected failure of the Spark job')").collect()
         return orig(spark, ds, p, *a, **k)
 
-    monkeypatch.setattr(engine_load, "verify_written", failing)
+    monkeypatch.setattr(engine_write, "verify_written", failing)
 
 
 def _run_ended(inst: dg.DagsterInstance, cfg: PipelineConfig, run: dg.DagsterRun, name: str) -> None:

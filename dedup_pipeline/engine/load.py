@@ -28,7 +28,7 @@ from dedup_pipeline.engine.core.index.live import apply_retention
 from dedup_pipeline.engine.core.load import Admission, Committed, HourContext, Progress, Wings
 from dedup_pipeline.engine.core.lock import Lock
 from dedup_pipeline.engine.core.outputs import OUT, REJECTED
-from dedup_pipeline.engine.core.storage import Storage
+from dedup_pipeline.engine.core.storage import TMP, Storage
 from dedup_pipeline.engine.session import connect_errors
 from dedup_pipeline.hours import HOUR, parse_hour, to_tag
 
@@ -123,7 +123,7 @@ def _key_digest(c: Committed) -> dict[str, Any]:
     """The hour's key digest (L2b), from the cached classification, swapped in and then listed in
     the record: a filter for `explain`, which reads an hour without a listed one in full."""
     st, tag = c.hour.st, c.hour.tag
-    tmp = st.path(core.TMP, f"{tag}-{keydigest.DIGEST}-{uuid.uuid4().hex[:12]}")
+    tmp = st.path(TMP, f"{tag}-{keydigest.DIGEST}-{uuid.uuid4().hex[:12]}")
     keydigest.write_digest(st, c.classified.filter(F.col(OUT) != REJECTED), tmp)
     target = st.path(*keydigest.parts(tag))
     st.replace_dir(tmp, target)
@@ -156,7 +156,7 @@ def _compact(c: Committed) -> None:
     st = c.hour.st
 
     def intact(n: int, loads: list[str]) -> bool:
-        found = content_damage(st, [f for f in c.index_files.values()
+        found = content_damage(st, [f for f in c.health.files.values()
                                     if f.slice == n and set(f.holds) & set(loads)])
         if found:
             record_damage(st, found)

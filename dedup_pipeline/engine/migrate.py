@@ -48,7 +48,6 @@ from dedup_pipeline.engine.core.expiry import (
     latest_point,
 )
 from dedup_pipeline.engine.core.index.rebuild import rebuild_index, unique_sources
-from dedup_pipeline.engine.core.load import TMP
 from dedup_pipeline.engine.core.outputs import (
     DUPLICATES,
     EXPIRED,
@@ -58,7 +57,7 @@ from dedup_pipeline.engine.core.outputs import (
     partition,
     write_options,
 )
-from dedup_pipeline.engine.core.storage import ROWS_PER_FILE, Storage, glob_escape, place_files
+from dedup_pipeline.engine.core.storage import ROWS_PER_FILE, TMP, Storage, glob_escape, place_files
 from dedup_pipeline.errors import UserError
 from dedup_pipeline.hours import HOUR, format_hour, format_tag, parse_hour
 

@@ -26,62 +26,25 @@ reading only entries of loads before H, produces the same rows and the same inde
 
 from __future__ import annotations
 
-import math
 import time
-import uuid
 from collections.abc import Callable, Collection
 from collections.abc import Set as AbstractSet
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.core import checks, commits, hooks
+from dedup_pipeline.engine.core import commits, decide, hooks, index, write
 from dedup_pipeline.engine.core.batch import Batch, Persisted, check_landing_root, read_batch
-from dedup_pipeline.engine.core.classify import candidates, classify
 from dedup_pipeline.engine.core.commit_log import CommitLog
-from dedup_pipeline.engine.core.commits import CommitRecord, OutputFileEntry
-from dedup_pipeline.engine.core.expiry import Number, expiry_point, expiry_point_frame, latest_point
+from dedup_pipeline.engine.core.commits import CommitRecord
+from dedup_pipeline.engine.core.decide import Classified
 from dedup_pipeline.engine.core.hooks import Progress
-from dedup_pipeline.engine.core.index import compaction, layout, store
-from dedup_pipeline.engine.core.index.health import (
-    IndexDamage,
-    IndexDamagedError,
-    check_index,
-    damaged_message,
-    index_file_manifest,
-    index_read_failure,
-    record_damage,
-)
-from dedup_pipeline.engine.core.index.layout import IndexFile
-from dedup_pipeline.engine.core.index.live import (
-    EarlierLoads,
-    check_retention,
-    live_files,
-)
-from dedup_pipeline.engine.core.index.rebuild import ensure_healthy, ensure_intact
-from dedup_pipeline.engine.core.outputs import (
-    CONFLICT,
-    DUPLICATES,
-    EXPIRED,
-    KIND,
-    OUT,
-    OUTPUTS,
-    REJECTED,
-    UNIQUE,
-    partition,
-    select_output,
-    write_options,
-)
-from dedup_pipeline.engine.core.storage import ROWS_PER_FILE, Storage, place_files
-from dedup_pipeline.errors import UserError
+from dedup_pipeline.engine.core.storage import Storage
+from dedup_pipeline.engine.core.write import Verified, Written
 from dedup_pipeline.hours import HOUR, HourSet, format_hour, parse_hour, to_tag
-
-TMP = "_tmp"
 
 
 @dataclass(frozen=True)
@@ -108,7 +71,7 @@ class Admission:
 
     record: dict[str, Any] = field(default_factory=dict)
     before_record: Callable[[dict[str, list[str]]], None] | None = None
-    previous_latest: tuple[Number | None] | None = None  # a 1-tuple when given
+    previous_latest: tuple[float | None] | None = None  # a 1-tuple when given
 
 
 @dataclass(frozen=True)
@@ -120,7 +83,7 @@ class Committed:
     hour: HourContext
     record: CommitRecord
     committed: HourSet
-    index_files: dict[str, IndexFile]
+    health: index.IndexDamage
     classified: DataFrame
 
 
@@ -135,12 +98,6 @@ class Wings:
 
     before_load: tuple[tuple[str, Check], ...] = ()
     after_commit: tuple[tuple[str, Step], ...] = ()
-
-
-def beside_tables(ds: DatasetConfig) -> bool:
-    """Outputs that are Delta tables: a load's files are moved in beside the files a table
-    version may still list (its commit swaps them), not swapped in as a partition directory."""
-    return ds.output_format == "delta"
 
 
 class Clock:
@@ -159,21 +116,6 @@ class Clock:
         return {**self.seconds, "total": round(time.perf_counter() - self.t0, 3)}
 
 
-def _forget_outputs(st: Storage, tag: str, files: dict[str, list[str]] | None = None) -> None:
-    """Remove everything an uncommitted attempt of `tag` wrote (after a failed check): its
-    partitions, or with Delta tables only its own `files` (earlier versions' stay published)."""
-    for name in OUTPUTS:
-        if files is None:
-            st.remove(st.path(*partition(name, tag)))
-        else:
-            for f in files.get(name, []):
-                st.remove(f)
-            part = st.path(*partition(name, tag))
-            if not st.list_names(part):  # no earlier version's files: no partition either
-                st.remove(part)
-    store.clear_load(st, tag)
-
-
 @dataclass(frozen=True)
 class Prepared:
     """Hour H ready to classify: loadable (R11), earlier attempts gone, its batch parsed."""
@@ -182,9 +124,9 @@ class Prepared:
     tag: str
     st: Storage
     committed: HourSet  # committed loads, H excluded
-    health: IndexDamage  # the index files the commit records list (healthy)
+    health: index.IndexDamage  # the index files the commit records list (healthy)
     log: CommitLog  # this load's own record changes go through it (it keeps the summary true)
-    prev_latest: Number | None  # L_{H-1}
+    prev_latest: float | None  # L_{H-1}
     batch: Batch
     context: HourContext
     admissions: tuple[Admission, ...]  # the wings' checks' (their record fields, their work)
@@ -192,37 +134,6 @@ class Prepared:
     @property
     def key(self) -> str:
         return format_hour(self.hour)
-
-
-@dataclass(frozen=True)
-class Classified:
-    """The batch split into the four outputs (cached), and what the index probe read."""
-
-    latest: Number | None
-    x: Number | None
-    live: list[IndexFile]
-    index_rows_read: int
-    index_bytes_read: int
-    candidates: DataFrame | None  # cached: the unique_keys check reads it again
-    frame: DataFrame  # cached: every batch row with `_out` set
-    counts: dict[str, int]  # per output
-    conflicts: int
-
-
-@dataclass(frozen=True)
-class Written:
-    """Each output partition swapped in, and the index entries staged (not yet in place)."""
-
-    out_files: dict[str, list[str]]  # per output: the Parquet files its partition holds
-    staged: str
-
-
-@dataclass(frozen=True)
-class Verified:
-    """The written files pass the blocking checks; the index entries are in place."""
-
-    figures: checks.WrittenFigures
-    slices: list[int]
 
 
 def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: Persisted,
@@ -234,16 +145,16 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     check_landing_root(ds)
     st = Storage(ds.output)
     log = CommitLog(st)
-    first = check_index(st, ds, log=log)  # O(live): the log's summary, not every record
+    first = index.check_index(st, ds, log=log)  # O(live): the log's summary, not every record
     assert first.state is not None
     committed = first.state.committed
     commits.check_order(ds, hour, committed)
     commits.check_later_hours(ds, hour, committed, run_tags | {tag}, set(first.bad_records))
     ctx = HourContext(spark, ds, st, log, hour, tag, partition_key, committed, say)
     admissions = tuple(a for _name, check in wings.before_load if (a := check(ctx)) is not None)
-    healthy = ensure_healthy(spark, ds, st, say, rerun=tag, damage=first)
+    healthy = index.ensure_healthy(spark, ds, st, say, rerun=tag, damage=first)
     log.follow(healthy.state)
-    health = _forget_attempt(spark, ds, st, tag, healthy, log, say)
+    health = index.forget_attempt(spark, ds, st, tag, healthy, log, say)
     # the records this check read, for the next check; not H's, whose record is written later
     log.save_summary(drop={tag})
     assert health.state is not None
@@ -259,133 +170,12 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
                     read_batch(spark, ds, hour, partition_key, cache, say), ctx, admissions)
 
 
-def _forget_attempt(spark: SparkSession, ds: DatasetConfig, st: Storage, tag: str,
-                    health: IndexDamage, log: CommitLog, say: Progress) -> IndexDamage:
-    """Delete what any earlier attempt of `tag` left: its commit record first (from then on the
-    hour is not loaded), its index files (also inside compacted directories), its temp outputs.
-    Returns the index manifest as it now is."""
-    log.forget(tag)
-    store.clear_load(st, tag)
-    # a compacted file holding this hour is rewritten from its own bytes: check them first
-    if ensure_intact(spark, ds, st, [f for f in health.files.values() if f.loads and tag in f.holds],
-                     say, rerun=tag):
-        health = check_index(st, ds)
-        log.follow(health.state)
-    if compaction.remove_load(spark, ds, st, tag):
-        health = check_index(st, ds)  # compacted files were rewritten: read the new manifest
-        log.follow(health.state)
-    for leftover in st.list_dirs(st.path(TMP)):
-        if leftover.startswith(tag):
-            st.remove(st.path(TMP, leftover))
-    st.purge_trash()
-    return health
-
-
-def classify_batch(spark: SparkSession, ds: DatasetConfig, p: Prepared, cache: Persisted,
-                   say: Progress) -> Classified:
-    """Expiry points, the live index (from the commit records' manifests), the candidates the
-    batch can hit (cached: classify and the unique_keys check both use them), classification."""
-    st = p.st
-    latest = latest_point(ds, p.hour, p.prev_latest, p.batch.vmax)
-    x = expiry_point(ds, latest)
-    check_retention(st, ds, x)
-    readable = EarlierLoads(p.committed, p.tag)
-    live = live_files(ds, p.health.files, readable, x)
-    # content: exactly the files the probe will read are hashed (one pass over what Spark reads)
-    if ensure_intact(spark, ds, st, live, say, rerun=p.tag):
-        fresh = check_index(st, ds)
-        p.log.follow(fresh.state)
-        live = live_files(ds, fresh.files, readable, x)
-    idx_rows = sum(f.rows if f.rows is not None else st.parquet_rows(st.path(layout.INDEX, f.rel))
-                   for f in live)
-    xs = expiry_point_frame(spark, ds, x)
-    cands = candidates(p.batch.frame, store.read_live(spark, ds, st, live, p.tag), ds, xs)
-    if cands is not None:
-        cands = cache.persist(cands)
-    # only what the writers and the index need is cached (the row origin has done its job)
-    frame = cache.persist(classify(p.batch.frame, cands, ds, p.tag, xs).drop("_blk", "_rid"))
-    # one job builds the cache the five writes read (concurrent writes on an unbuilt cache would
-    # each start building it) and counts every output on the way
-    agg = frame.agg(*[F.count_if(F.col(OUT) == o).alias(o) for o in OUTPUTS],
-                    F.count_if(F.col(KIND) == CONFLICT).alias("conflicts")).collect()[0]
-    return Classified(latest, x, live, idx_rows, sum(f.size for f in live), cands, frame,
-                      {o: int(agg[o]) for o in OUTPUTS}, int(agg["conflicts"]))
-
-
-def write(ds: DatasetConfig, p: Prepared, c: Classified) -> Written:
-    """The outputs and the staged index entries, written concurrently from the cached
-    classification (on small batches a load is mostly per-job latency). Each output partition is
-    then swapped in atomically."""
-    st, tag = p.st, p.tag
-    run_tmp = st.path(TMP, f"{tag}-{uuid.uuid4().hex[:12]}")
-    n_files = max(1, math.ceil(p.batch.rows_in / ROWS_PER_FILE))
-    out_files: dict[str, list[str]] = {}
-
-    delta = beside_tables(ds)
-
-    def write_output(name: str) -> str:
-        tmp = f"{run_tmp}/{name}"
-        out_df = hooks.frame(select_output(c.frame, ds, name), name,
-                           select_output(c.frame, ds, DUPLICATES) if name == UNIQUE else None)
-        (out_df.coalesce(n_files).write.mode("overwrite")
-         .option("maxRecordsPerFile", ROWS_PER_FILE)
-         .options(**write_options(ds, name, p.batch.rows_in))
-         .parquet(st.to_uri(tmp)))
-        return tmp
-
-    entries = hooks.frame(c.frame.filter(F.col(OUT) == UNIQUE), "index")
-    with ThreadPoolExecutor(max_workers=len(OUTPUTS) + 1) as pool:
-        written = {name: pool.submit(write_output, name) for name in OUTPUTS}
-        staging = pool.submit(store.stage_entries, ds, st, entries, tag, n_files)
-        for name in OUTPUTS:
-            target = st.path(*partition(name, tag))
-            if delta:  # beside the files a table may still list: its commit swaps them
-                out_files[name] = place_files(st, written[name].result(), target)
-            else:
-                st.replace_dir(written[name].result(), target)
-                out_files[name] = st.list_files(target, ".parquet")
-            hooks.at(f"after_output:{name}")
-        staged = staging.result()
-    st.remove(run_tmp)
-    hooks.at("after_outputs")
-    return Written(out_files, staged)
-
-
-def verify_written(spark: SparkSession, ds: DatasetConfig, p: Prepared, c: Classified,
-                   w: Written, clock: Clock) -> Verified:
-    """The blocking checks on what was written (read back, not trusted from the counts); the
-    staged index entries move in place once conservation holds (timed as `write_index`). On a
-    failed check everything this attempt wrote is removed: nothing is committed."""
-    st, tag = p.st, p.tag
-    label = f"dataset {ds.name!r} hour {p.key}"
-    files = w.out_files if beside_tables(ds) else None  # beside older versions' files
-    try:
-        figures = checks.check_conservation(st, tag, p.batch.rows_in, label, files)
-        hooks.at("after_index_staged")
-        slices = store.publish_entries(st, w.staged, tag)
-        clock.lap("write_index")
-        checks.check_unique_and_index(spark, ds, st, tag, figures, c.candidates, label,
-                                      files[UNIQUE] if files is not None else None)
-    except checks.LoadCheckError:
-        _forget_outputs(st, tag, files)
-        raise
-    return Verified(figures, slices)
-
-
 def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verified,
            clock: Clock) -> CommitRecord:
     """The admissions' work (e.g. a new contract version, the tables' preconditions), then the
     commit record, after what it vouches for is on disk (local file systems)."""
     st, tag = p.st, p.tag
-    beside = beside_tables(ds)
-    for name in OUTPUTS:
-        if beside:
-            for f in w.out_files[name]:
-                st.sync_tree(f)
-        else:
-            st.sync_tree(st.path(*partition(name, tag)))
-    for n in v.slices:
-        st.sync_tree(st.path(layout.INDEX, layout.load_rel(n, tag)))
+    listed = write.on_disk(ds, st, tag, w, v)
     fields: dict[str, Any] = {}
     for a in p.admissions:
         fields.update(a.record)
@@ -394,39 +184,37 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
         partition_key=p.key,
         load_hour=tag,
         rows_in=p.batch.rows_in,
-        unique=c.counts[UNIQUE],
-        duplicates=c.counts[DUPLICATES],
-        expired=c.counts[EXPIRED],
-        rejected=c.counts[REJECTED],
+        unique=c.unique,
+        duplicates=c.duplicates,
+        expired=c.expired,
+        rejected=c.rejected,
         conflicts=c.conflicts,
         latest_point=c.latest,
         expiry_point=c.x,
         files_in=len(p.batch.inputs),
-        index_rows_written=c.counts[UNIQUE],
+        index_rows_written=c.unique,
         index_rows_read=c.index_rows_read,
         index_bytes_read=c.index_bytes_read,
         index_files_read=len(c.live),
         index_slices_written=tuple(v.slices),
         index_slices_deleted=0,  # retention's, after the commit
-        files_written=sum(len(f) for f in w.out_files.values()) + len(v.slices),
+        files_written=listed.files_written,
         seconds=clock.with_total(),
         check_figures=v.figures.as_metadata(),
         committed_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         index_checksum=v.figures.checksum,
         inputs=p.batch.recorded_inputs(),
-        index_files=tuple(index_file_manifest(st, tag, v.slices)),
-        index_format=layout.INDEX_FORMAT,
-        output_files={name: tuple(OutputFileEntry(name=p_.rsplit("/", 1)[1],
-                                                  size=int(st.fs.info(p_)["size"]))
-                                  for p_ in files) for name, files in w.out_files.items()},
+        index_files=listed.index_files,
+        index_format=listed.index_format,
+        output_files=listed.output_files,
         **fields,
     )
     try:  # an hour is never committed that a wing refuses (e.g. a table's schema)
         for a in p.admissions:
             if a.before_record is not None:
                 a.before_record(w.out_files)
-    except UserError:
-        _forget_outputs(st, tag, w.out_files if beside else None)
+    except Exception:  # (a crash leaves them to the next attempt, which forgets them first)
+        write.forget_outputs(st, tag, w.out_files if write.beside_tables(ds) else None)
         raise
     p.log.write(record)
     return record
@@ -443,7 +231,7 @@ def after_commit(p: Prepared, c: Classified, record: CommitRecord, wings: Wings,
     """
     done = p.committed.copy()
     done.add(p.tag)
-    after = Committed(p.context, record, done, p.health.files, c.frame)
+    after = Committed(p.context, record, done, p.health, c.frame)
     changed: dict[str, Any] = {}
     for name, step in wings.after_commit:
         changed.update(step(after) or {})
@@ -473,15 +261,15 @@ def run_load(spark: SparkSession, ds: DatasetConfig, partition_key: str, wings: 
     try:
         return _run_load(spark, ds, partition_key, wings, progress, tags)
     except Exception as e:  # noqa: BLE001 - only a failed read of an index file is handled
-        bad = index_read_failure(e)
+        bad = index.index_read_failure(e)
         if bad is None:
             raise
         st = Storage(ds.output)
         if bad.kind == "checksum":  # a missing file shows in every check's listing already
-            f = check_index(st, ds).files.get(bad.rel)
-            record_damage(st, {bad.rel: (f.sha256 or "") if f else ""})
+            f = index.check_index(st, ds).files.get(bad.rel)
+            index.record_damage(st, {bad.rel: (f.sha256 or "") if f else ""})
         if ds.on_damaged_index != "rebuild":
-            raise IndexDamagedError(damaged_message(ds, bad.describe())) from None
+            raise index.IndexDamagedError(index.damaged_message(ds, bad.describe())) from None
     return _run_load(spark, ds, partition_key, wings, progress, tags)
 
 
@@ -493,12 +281,12 @@ def _run_load(spark: SparkSession, ds: DatasetConfig, partition_key: str, wings:
     with Persisted() as cache:  # released however the phases end
         p = prepare(spark, ds, partition_key, cache, say, wings, run_tags)
         clock.lap("parse")
-        c = classify_batch(spark, ds, p, cache, say)
+        c = decide.classify_batch(spark, ds, p, cache, say)
         clock.lap("classify")
         say(f"{ds.name} {partition_key}: {p.batch.rows_in} rows in, classified; writing outputs")
-        w = write(ds, p, c)
+        w = write.write(ds, p, c)
         clock.lap("write_outputs")
-        v = verify_written(spark, ds, p, c, w, clock)
+        v = write.verify_written(spark, ds, p, c, w, clock.lap)
         hooks.at("before_commit")
         clock.lap("checks")
         record = commit(ds, p, c, w, v, clock)

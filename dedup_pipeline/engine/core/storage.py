@@ -38,6 +38,8 @@ _AT_FDCWD = -100
 # Rows per Parquet file that the load's outputs and compacted index files are cut into.
 ROWS_PER_FILE = 1_000_000
 
+TMP = "_tmp"  # below the output root: what a load or a migration writes before moving it in
+
 
 def _libc() -> Any | None:
     try:

@@ -32,3 +32,17 @@ One owner per job, as Apex Malhar's dedup operator splits deciding, holding and 
 Repair is `rebuild`'s job: `rebuild_index` from unique, and a load's gate that fails or
 rebuilds on damage (`ensure_healthy`, `ensure_intact`), which needs both health and the rebuild.
 """
+
+from dedup_pipeline.engine.core.index.health import (
+    IndexDamage,
+    IndexDamagedError,
+    check_index,
+    damaged_message,
+    index_read_failure,
+    record_damage,
+)
+from dedup_pipeline.engine.core.index.rebuild import ensure_healthy, forget_attempt
+
+# what the load asks of the index as a whole: its health, and an hour's earlier attempt gone
+__all__ = ["IndexDamage", "IndexDamagedError", "check_index", "damaged_message", "ensure_healthy",
+           "forget_attempt", "index_read_failure", "record_damage"]

@@ -41,7 +41,7 @@ from dedup_pipeline.engine.core.index.health import (
 )
 from dedup_pipeline.engine.core.index.layout import IndexFile
 from dedup_pipeline.engine.core.outputs import UNIQUE, partition
-from dedup_pipeline.engine.core.storage import Storage
+from dedup_pipeline.engine.core.storage import TMP, Storage
 from dedup_pipeline.hours import format_tag
 
 
@@ -214,3 +214,25 @@ def ensure_intact(spark: SparkSession, ds: DatasetConfig, st: Storage, files: li
     record_damage(st, found)
     ensure_healthy(spark, ds, st, say, rerun)  # raises, or rebuilds the damaged loads
     return True
+
+
+def forget_attempt(spark: SparkSession, ds: DatasetConfig, st: Storage, tag: str,
+                   health: IndexDamage, log: CommitLog, say: Callable[[str], None]) -> IndexDamage:
+    """Delete what any earlier attempt of `tag` left: its commit record first (from then on the
+    hour is not loaded), its index files (also inside compacted directories), its temp outputs.
+    Returns the index manifest as it now is."""
+    log.forget(tag)
+    store.clear_load(st, tag)
+    # a compacted file holding this hour is rewritten from its own bytes: check them first
+    if ensure_intact(spark, ds, st, [f for f in health.files.values() if f.loads and tag in f.holds],
+                     say, rerun=tag):
+        health = check_index(st, ds)
+        log.follow(health.state)
+    if compaction.remove_load(spark, ds, st, tag):
+        health = check_index(st, ds)  # compacted files were rewritten: read the new manifest
+        log.follow(health.state)
+    for leftover in st.list_dirs(st.path(TMP)):
+        if leftover.startswith(tag):
+            st.remove(st.path(TMP, leftover))
+    st.purge_trash()
+    return health

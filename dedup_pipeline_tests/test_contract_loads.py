@@ -25,9 +25,8 @@ from dedup_pipeline.cli import main
 from dedup_pipeline.config import DatasetConfig, PipelineConfig
 from dedup_pipeline.engine.contract import ContractError
 from dedup_pipeline.engine.core import commits
-from dedup_pipeline.engine.core.index.rebuild import rebuild_index
 from dedup_pipeline.engine.core.storage import Storage
-from dedup_pipeline.engine.load import load_hours
+from dedup_pipeline.engine.load import load_hours, rebuild_index
 from dedup_pipeline.engine.migrate import MigrationRefusedError, migrate
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline.orchestration.definitions import build_definitions

@@ -25,9 +25,8 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import lake
 from dedup_pipeline.engine.core import commits, hooks
 from dedup_pipeline.engine.core.index.health import IndexDamagedError
-from dedup_pipeline.engine.core.index.rebuild import rebuild_index
 from dedup_pipeline.engine.core.storage import Storage
-from dedup_pipeline.engine.load import load_hours
+from dedup_pipeline.engine.load import load_hours, rebuild_index
 from dedup_pipeline.engine.verify import verify_dataset
 from dedup_pipeline_tests.conftest import (
     CLICKS_SCHEMA,

@@ -52,8 +52,9 @@ from dedup_pipeline.engine.core import commits, hooks
 from dedup_pipeline.engine.core.columns import LOAD_HOUR_PARTITION
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.hooks import Progress
+from dedup_pipeline.engine.core.index.health import IndexDamagedError
 from dedup_pipeline.engine.core.lock import Lock
-from dedup_pipeline.engine.core.outputs import OUTPUTS, columns, partition
+from dedup_pipeline.engine.core.outputs import OUTPUTS, UNIQUE, columns, partition
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.errors import UserError
 from dedup_pipeline.hours import format_tag
@@ -258,6 +259,28 @@ def record_files(st: Storage, name: str, rec: commits.CommitRecord | None) -> di
         return {}
     rel = "/".join(partition(name, rec.load_hour)[1:])
     return {f"{rel}/{f.name}": f.size for f in rec.output_files.get(name, ())}
+
+
+def check_rebuild_sources(st: Storage, ds: DatasetConfig, tags: Iterable[str]) -> None:
+    """Before an index rebuild from unique: the unique table must serve each hour's record files
+    (else a rebuild would vouch for what readers do not see); the fix rolls the table forward."""
+    if not enabled(ds):
+        return
+    table = open_table(st, UNIQUE)
+    if table is None:
+        return
+    held = files_by_hour(table)
+    log = CommitLog(st)
+    for tag in tags:
+        try:
+            rec = log.read(tag)
+        except commits.CommitRecordError:
+            continue  # the rebuild names a damaged record itself
+        if rec is not None and set(held.get(tag, {})) != set(record_files(st, UNIQUE, rec)):
+            raise IndexDamagedError(
+                f"cannot rebuild the index entries of hour {format_tag(tag)}: the unique table "
+                f"({table_path(st, UNIQUE)}) does not hold the files its commit record lists. "
+                "Roll the table forward first: dedup-pipeline verify --repair")
 
 
 # -- publishing ------------------------------------------------------------------------------------

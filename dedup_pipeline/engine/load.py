@@ -21,10 +21,12 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import contract, keydigest, lake
 from dedup_pipeline.engine.core import commits, hooks
 from dedup_pipeline.engine.core import load as core
+from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.commits import CommitRecord
-from dedup_pipeline.engine.core.index import compaction
+from dedup_pipeline.engine.core.index import compaction, rebuild
 from dedup_pipeline.engine.core.index.health import content_damage, record_damage
 from dedup_pipeline.engine.core.index.live import apply_retention
+from dedup_pipeline.engine.core.index.rebuild import RebuildResult
 from dedup_pipeline.engine.core.load import Admission, Committed, HourContext, Progress, Wings
 from dedup_pipeline.engine.core.lock import Lock
 from dedup_pipeline.engine.core.outputs import OUT, REJECTED
@@ -65,7 +67,7 @@ def _contract(h: HourContext) -> Admission:
         hooks.at("after_contract")
 
     return Admission(record={"contract_version": verdict.version}, before_record=record,
-                     previous_latest=_migrated_latest(h))
+                     previous_latest=lambda: _migrated_latest(h))
 
 
 def _migrated_latest(h: HourContext) -> tuple[float | None] | None:
@@ -91,24 +93,27 @@ def _last_record(h: HourContext) -> CommitRecord | None:
 
 
 def _tables_rerun(h: HourContext) -> Admission | None:
-    """A rerun's hour is marked with its record: its tables keep serving that record's files
-    until the new publish, also if this attempt crashes (L1b); a crashed attempt's unlisted files
-    go. Its record marks the hour pending just before it is written: the tables lag it until the
-    publish."""
+    """Once the hour is admitted, a rerun's hour is marked with its record: its tables keep
+    serving that record's files until the new publish, also if this attempt crashes (L1b); a
+    crashed attempt's unlisted files go. Its record marks the hour pending just before it is
+    written: the tables lag it until the publish."""
     if not lake.enabled(h.ds):
         return None
-    if h.tag in h.committed:
-        old = _last_record(h)
-        if old is not None:
-            lake.mark_rerun(h.st, h.ds, old)
-        else:
-            lake.mark_pending(h.st, h.ds, h.tag)
-    lake.drop_unpublished(h.st, h.ds, h.tag)
+
+    def admitted() -> None:
+        if h.tag in h.committed:
+            old = _last_record(h)
+            if old is not None:
+                lake.mark_rerun(h.st, h.ds, old)
+            else:
+                lake.mark_pending(h.st, h.ds, h.tag)
+        lake.drop_unpublished(h.st, h.ds, h.tag)
 
     def pending(_files: dict[str, list[str]]) -> None:
         lake.mark_pending(h.st, h.ds, h.tag)
 
-    return Admission(record={"publish_token": lake.new_token()}, before_record=pending)
+    return Admission(record={"publish_token": lake.new_token()}, before_record=pending,
+                     on_admitted=admitted)
 
 
 def _publish(c: Committed) -> None:
@@ -163,6 +168,18 @@ def _compact(c: Committed) -> None:
         return not found
 
     compaction.compact(c.hour.spark, c.hour.ds, st, c.committed, intact)
+
+
+def rebuild_index(spark: SparkSession, ds: DatasetConfig,
+                  tags: list[str] | None = None) -> RebuildResult:
+    """The index rebuilt from unique as the product runs it (R12, K3): the config must keep the
+    dataset's contract (entries under another key would match nothing), and with Delta tables the
+    unique table must serve the files the records list; then the core's rebuild."""
+    st = Storage(ds.output)
+    committed = CommitLog(st).committed()
+    contract.check(st, ds, "", committed)
+    lake.check_rebuild_sources(st, ds, sorted(committed) if tags is None else tags)
+    return rebuild.rebuild_index(spark, ds, tags)
 
 
 WINGS = Wings(

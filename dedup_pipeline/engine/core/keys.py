@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import xxhash
 
@@ -206,7 +206,7 @@ def _zone(name: str) -> timezone | ZoneInfo | None:
         return None
     try:
         return ZoneInfo(name)
-    except (ValueError, OSError):
+    except (ValueError, OSError, ZoneInfoNotFoundError):  # no such zone: Spark's cast gives null
         return None
 
 

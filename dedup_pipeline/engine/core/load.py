@@ -71,7 +71,8 @@ class Admission:
 
     record: dict[str, Any] = field(default_factory=dict)
     before_record: Callable[[dict[str, list[str]]], None] | None = None
-    previous_latest: tuple[float | None] | None = None  # a 1-tuple when given
+    on_admitted: Callable[[], None] | None = None  # once the core's own checks passed too
+    previous_latest: Callable[[], tuple[float | None] | None] | None = None  # (L,) when it knows
 
 
 @dataclass(frozen=True)
@@ -148,19 +149,24 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     first = index.check_index(st, ds, log=log)  # O(live): the log's summary, not every record
     assert first.state is not None
     committed = first.state.committed
-    commits.check_order(ds, hour, committed)
-    commits.check_later_hours(ds, hour, committed, run_tags | {tag}, set(first.bad_records))
     ctx = HourContext(spark, ds, st, log, hour, tag, partition_key, committed, say)
     admissions = tuple(a for _name, check in wings.before_load if (a := check(ctx)) is not None)
+    commits.check_order(ds, hour, committed)
+    # damage first: a record the index does not hold is the cause to name, not a later hour
     healthy = index.ensure_healthy(spark, ds, st, say, rerun=tag, damage=first)
     log.follow(healthy.state)
+    commits.check_later_hours(ds, hour, committed, run_tags | {tag}, set(first.bad_records))
+    for a in admissions:
+        if a.on_admitted is not None:
+            a.on_admitted()
     health = index.forget_attempt(spark, ds, st, tag, healthy, log, say)
     # the records this check read, for the next check; not H's, whose record is written later
     log.save_summary(drop={tag})
     assert health.state is not None
     committed = health.state.committed.copy()
     committed.discard(tag)
-    given = [a.previous_latest for a in admissions if a.previous_latest is not None]
+    given = [g for a in admissions if a.previous_latest is not None
+             and (g := a.previous_latest()) is not None]
     if given:
         prev_latest = given[0][0]
     else:

@@ -153,7 +153,7 @@ class Deployed:
     (`dedup-pipeline spark-server`, (a)'s driver memory), loading into an output of its own."""
 
     def __init__(self, bench: Bench, config: Path):
-        from dedup_pipeline.cli import DEMO_INSTANCE_YAML
+        from dedup_pipeline.cli.runs import DEMO_INSTANCE_YAML
 
         self.ds = bench.dataset(config, "out/deployed")
         self.cfg = bench.cli_config(config, self.ds, "deployed.yaml", {})

@@ -43,7 +43,7 @@ from typing import Any
 import dagster as dg
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
-from dedup_pipeline.cli import DEMO_INSTANCE_YAML
+from dedup_pipeline.cli.runs import DEMO_INSTANCE_YAML
 from dedup_pipeline.hours import HOUR, format_hour, format_tag, hour_range, to_tag
 from dedup_pipeline.orchestration.names import (
     PARTITION,

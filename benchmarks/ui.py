@@ -36,7 +36,7 @@ from typing import Any
 
 from benchmarks.probe import save_report
 from benchmarks.warm import start_server, stop_server
-from dedup_pipeline.cli import DEMO_INSTANCE_YAML
+from dedup_pipeline.cli.runs import DEMO_INSTANCE_YAML
 from dedup_pipeline.config import load_config
 from dedup_pipeline.engine.core import commits
 from dedup_pipeline.engine.core.storage import Storage

@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     loads = [w for w in ways if w in ("warm_server", "local_mode", "in_process")]
     configs = {w: _config(root, w) for w in loads}
     outputs = {w: yaml.safe_load(configs[w].read_text())["datasets"][0]["output"] for w in loads}
-    from dedup_pipeline.cli import DEMO_INSTANCE_YAML
+    from dedup_pipeline.cli.runs import DEMO_INSTANCE_YAML
 
     home = root / "dagster_home"  # the runs are recorded in an instance on disk, as deployed
     home.mkdir()

@@ -147,10 +147,10 @@ def test_cascade_needs_no_to_and_to_is_required_without_it(orders: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """`run --from H --cascade` (as docs/operations.md writes it) runs H through the latest loaded
     hour; without --cascade, --to is required."""
-    import dedup_pipeline.cli as cli
+    import dedup_pipeline.cli.load as cli_load
 
     calls: list[tuple[str, str]] = []
-    monkeypatch.setattr(cli, "_run", lambda cfg, ds, first, last, verbose=False: calls.append(
+    monkeypatch.setattr(cli_load, "run_hours", lambda cfg, ds, first, last, verbose=False: calls.append(
         (first, last)))
     r = CliRunner().invoke(main, ["run", "--config", str(orders), "--from", "2026-11-01-00:00"])
     assert r.exit_code == 2 and "Missing option '--to'" in r.output and "--cascade" in r.output
@@ -164,7 +164,7 @@ def test_the_cli_records_in_the_instance_beside_the_config(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Without DAGSTER_HOME the CLI records where the demo's UI reads: dagster_home/ beside the
     config when it holds a dagster.yaml; DAGSTER_HOME wins; with neither, a temporary instance."""
-    from dedup_pipeline.cli import DEMO_INSTANCE_YAML, instance_home
+    from dedup_pipeline.cli.runs import DEMO_INSTANCE_YAML, instance_home
 
     cfg = load_config(write_config(tmp_path, _orders()))
     monkeypatch.delenv("DAGSTER_HOME", raising=False)

@@ -19,7 +19,7 @@ from dagster._core.instance.config import dagster_instance_config
 from dagster._core.storage.config import pg_config
 from dagster._core.workspace.config_schema import process_workspace_config
 
-from dedup_pipeline.cli import DEMO_INSTANCE_YAML
+from dedup_pipeline.cli.runs import DEMO_INSTANCE_YAML
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy.exc
 
-from dedup_pipeline.cli import one_line
+from dedup_pipeline.cli.common import one_line
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,13 +24,13 @@ REPO = Path(__file__).resolve().parents[1]
 # reads its run, event and schedule storages, so a half-created one would show.
 WORKER = """
 import os, sys, time
-from dedup_pipeline.cli import _instance
+from dedup_pipeline.cli.runs import instance
 import dagster as dg
 
 print("READY", flush=True)
 while not os.path.exists(sys.argv[1]):  # every process released within a millisecond
     time.sleep(0.001)
-with _instance() as inst:
+with instance() as inst:
     inst.get_latest_materialization_event(dg.AssetKey("probe"))
     inst.all_instigator_state()
     print("RUNS", len(inst.get_runs()))

@@ -253,13 +253,17 @@ def test_the_upkeep_job_checkpoints_every_table_under_the_lock(base: dict[str, A
 
 
 def test_vacuum_command_refuses_a_retention_below_one_hour_and_checkpoints(
-        base: dict[str, Any]) -> None:
+        base: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`vacuum` and `verify --repair` write, so each is a run of the dataset's upkeep job in the
+    instance the UI reads (design.md K7)."""
+    import dagster as dg
     from click.testing import CliRunner
 
     from dedup_pipeline.cli import main
 
     ds = _copy(base, "vacuum_cli")
     cfg = str(base["root"] / "vacuum_cli.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     r = CliRunner().invoke(main, ["vacuum", "--config", cfg, "--retention-hours", "0"])
     assert r.exit_code == 2 and "0 is not in the range x>=1" in r.output
     r = CliRunner().invoke(main, ["vacuum", "--config", cfg])
@@ -267,6 +271,15 @@ def test_vacuum_command_refuses_a_retention_below_one_hour_and_checkpoints(
     for name in OUTPUTS:
         assert f"clicks: {name}: 0 replaced file(s) deleted, checkpoint at version" in r.output
     assert _rids(ds, "unique")["deltalake"] == UNIQUE
+    r = CliRunner().invoke(main, ["verify", "--config", cfg, "--repair"])
+    assert r.exit_code == 0 and "every table already agrees with the commit records" in r.output, \
+        r.output
+    with dg.DagsterInstance.from_config(str(tmp_path / "dh")) as inst:
+        runs = inst.get_runs()
+    assert [(x.job_name, x.status, x.run_config["ops"]["clicks_vacuum_tables"]["config"])
+            for x in reversed(runs)] == [
+        ("clicks_table_upkeep", dg.DagsterRunStatus.SUCCESS, {"retention_hours": 24}),
+        ("clicks_table_upkeep", dg.DagsterRunStatus.SUCCESS, {"repair": True})]
 
 
 class _Crash(Exception):

@@ -23,9 +23,10 @@ LAYERS = (
     ("orchestration", ("dedup_pipeline.orchestration",)),
     ("entry", ("dedup_pipeline.cli", "dedup_pipeline.console", "dedup_pipeline")),
 )
-# imported inside a function on purpose: the CLI and the explain command start without Spark
-# and Dagster (design.md K6), the package root without Dagster
-LAZY = ("dedup_pipeline.cli", "dedup_pipeline.console", "dedup_pipeline")
+# imported inside a function on purpose: the package root and the console script import the
+# component and the CLI on first use, so importing the engine never imports Dagster (the CLI
+# imports a command's module when it is called: design.md K6)
+LAZY = ("dedup_pipeline.console", "dedup_pipeline")
 
 
 def _modules() -> dict[str, Path]:

@@ -26,7 +26,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from dedup_pipeline.cli import DEMO_INSTANCE_YAML
+from dedup_pipeline.cli.runs import DEMO_INSTANCE_YAML
 from dedup_pipeline.hours import HOUR, format_hour, hour_range, to_tag
 from dedup_pipeline.orchestration.landing_checks import CHECK_NAME
 from dedup_pipeline_tests.daemon_walk import DATASET, Walk

@@ -35,7 +35,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from dedup_pipeline.cli import DEMO_INSTANCE_YAML
+from dedup_pipeline.cli.runs import DEMO_INSTANCE_YAML
 from dedup_pipeline.config import load_config
 from dedup_pipeline.hours import HOUR, format_hour, hour_range, parse_hour
 from dedup_pipeline.orchestration.names import (

@@ -33,6 +33,7 @@ from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster_graphql.test.utils import execute_dagster_graphql
 
 from dedup_pipeline import cli
+from dedup_pipeline.cli.runs import DEMO_INSTANCE_YAML
 from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.engine.core import write as engine_write
 from dedup_pipeline.engine.core.commit_log import CommitLog
@@ -127,7 +128,7 @@ class UI:
 def instance(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Path, dg.DagsterInstance]]:
     home = tmp_path / "dagster_home"
     home.mkdir()
-    text = cli.DEMO_INSTANCE_YAML
+    text = DEMO_INSTANCE_YAML
     if request.param == "postgres":
         import psycopg2
 

@@ -38,7 +38,9 @@ from dedup_pipeline.engine.core import commits, landing
 from dedup_pipeline.engine.core.columns import LOAD_HOUR_PARTITION, PARTITION, V
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.expiry import X_COL, expiry_points, expiry_value, is_live
+from dedup_pipeline.engine.core.hooks import Progress
 from dedup_pipeline.engine.core.index import health, layout
+from dedup_pipeline.engine.core.lock import Lock
 from dedup_pipeline.engine.core.outputs import DUPLICATES, EXPIRED, OUTPUTS, UNIQUE
 from dedup_pipeline.engine.core.parse import (
     BatchPlan,
@@ -297,6 +299,22 @@ def _check_landing(ds: DatasetConfig, rep: VerifyReport,
             rep.bad_hours.add(tag)
             changed.add(tag)
     return changed
+
+
+def repair(ds: DatasetConfig, owner: str, say: Progress) -> None:
+    """`verify --repair`: under the dataset lock, roll each output table forward to the commit
+    records, comparing every hour's files (a table changed behind the product's back), then
+    write lost or altered key digests again."""
+    st = Storage(ds.output)
+    with Lock(st, owner):
+        if lake.enabled(ds):
+            made = lake.roll_forward(st, ds, None, say, trust_tokens=False)
+            say(f"{ds.name}: {len(made)} table commit(s) rolled the tables forward" if made
+                else f"{ds.name}: every table already agrees with the commit records")
+        else:
+            say(f"{ds.name}: output_format is parquet: no tables to repair")
+        if not keydigest.repair(ds, st, say):
+            say(f"{ds.name}: every key digest matches its hours")
 
 
 def verify_dataset(spark: SparkSession, ds: DatasetConfig) -> VerifyReport:

@@ -16,7 +16,6 @@ because one MaterializeResult of a ranged run stamps the same metadata on every 
 
 
 import contextlib
-import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,8 +50,6 @@ from dedup_pipeline.orchestration import checks, hour_events, names, runs
 from dedup_pipeline.orchestration.names import INDEX, RAW
 from dedup_pipeline.orchestration.partitions import hourly_partitions
 from dedup_pipeline.orchestration.resources import SparkResource
-
-PROGRESS_LOGGER = logging.getLogger("dedup_pipeline.progress")
 
 DESCRIPTIONS = {
     RAW: "The hour's landing files ({path}/date=YYYY-MM-DD/hour=HH/), read where they are, not "
@@ -238,10 +235,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             raise dg.Failure(description=runs.no_partition_load(ds.name, _config_name(ds)))
         partition_keys = list(context.partition_keys)
 
-        def progress(msg: str) -> None:
-            context.log.info(msg)
-            PROGRESS_LOGGER.info(msg)
-
+        progress = runs.progress(context)
         results: list[CommitRecord] = []
         session = None
         try:

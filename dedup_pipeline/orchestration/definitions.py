@@ -37,16 +37,16 @@ warnings.filterwarnings("ignore", message=r"Parameter `owners` of initializer `S
 def build_dataset_definitions(ds: DatasetConfig, spark: SparkResource) -> dg.Definitions:
     """Everything of one dataset: its assets and input check, its load, rebuild, migrate and
     explain jobs, its landing, recovery and run-end sensors, its hourly and reconcile schedules,
-    (for Delta outputs) its table upkeep job and schedule, and the `spark` resource its steps use.
+    its table upkeep job (and for Delta outputs its schedule), and the `spark` resource its steps
+    use.
     Every name carries the dataset's name, so datasets never collide; `spark` must be the same
     object for every dataset of a code location (`spark_resource`)."""
     d = build_dataset_defs(ds)
     rebuild = build_rebuild_job(ds)
-    jobs = [d.job, rebuild, build_migrate_job(ds), build_explain_job(ds)]
+    upkeep, upkeep_schedule = build_upkeep(ds)
+    jobs = [d.job, rebuild, build_migrate_job(ds), build_explain_job(ds), upkeep]
     schedules = [build_hourly_schedule(ds, d.job), build_reconcile_schedule(ds, d.job.name)]
     if ds.output_format == "delta":
-        upkeep, upkeep_schedule = build_upkeep(ds)
-        jobs.append(upkeep)
         schedules.append(upkeep_schedule)
     return dg.Definitions(
         assets=[d.raw, d.load],

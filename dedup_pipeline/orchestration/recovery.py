@@ -31,7 +31,6 @@ from dedup_pipeline.engine.load import rebuild_index
 from dedup_pipeline.engine.migrate import migrate
 from dedup_pipeline.hours import format_tag, parse_hour, to_tag
 from dedup_pipeline.orchestration import hour_events, names, runs
-from dedup_pipeline.orchestration.assets import PROGRESS_LOGGER
 from dedup_pipeline.orchestration.resources import SparkResource
 
 RECOVERY_INTERVAL_S = 120
@@ -50,11 +49,12 @@ def build_rebuild_job(ds: DatasetConfig) -> dg.JobDefinition:
     def rebuild(context: dg.OpExecutionContext, config: RebuildConfig, spark: SparkResource) -> None:
         tags = [to_tag(parse_hour(h)) for h in config.hours] or None
         scope = f"{len(tags)} hour(s)" if tags else "every committed hour"
-        context.log.info(f"{ds.name}: rebuilding index entries of {scope} from unique")
+        say = runs.progress(context)
+        say(f"{ds.name}: rebuilding index entries of {scope} from unique")
         with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id} (index rebuild)"):
             res = rebuild_index(spark.get_session(), ds, tags)
             after = check_index(Storage(ds.output), ds)
-        context.log.info(f"{ds.name}: rebuilt {res.entries} entries of {res.loads} load(s) in "
+        say(f"{ds.name}: rebuilt {res.entries} entries of {res.loads} load(s) in "
                          f"{res.seconds:.1f}s; index now: {after.summary()}")
         if not after.index_ok:
             raise RuntimeError(f"{ds.name}: index still damaged after rebuild: {after.summary()}")
@@ -77,10 +77,7 @@ def build_migrate_job(ds: DatasetConfig) -> dg.JobDefinition:
     @dg.op(name=names.migrate_op_name(ds.name), tags={names.DATASET_TAG: ds.name},
            pool=names.pool_name(ds.name))
     def migrate_op(context: dg.OpExecutionContext, spark: SparkResource) -> None:
-        def say(msg: str) -> None:
-            context.log.info(msg)
-            PROGRESS_LOGGER.info(msg)  # the CLI prints these
-
+        say = runs.progress(context)
         with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id} (migrate)"):
             res = migrate(spark.get_session(), ds, say)
         say(res.summary())

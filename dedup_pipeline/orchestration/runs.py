@@ -8,6 +8,7 @@ and the hours from Dagster's own partition tags.
 
 from __future__ import annotations
 
+import logging
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import dagster as dg
 import dedup_pipeline.engine.load  # noqa: F401
 import dedup_pipeline.engine.migrate  # noqa: F401
 import dedup_pipeline.engine.session  # noqa: F401
+from dedup_pipeline.engine.core.hooks import Progress
 from dedup_pipeline.engine.core.outputs import OUTPUTS
 from dedup_pipeline.engine.errors import infrastructure_cause
 from dedup_pipeline.errors import stage_and_fix
@@ -40,6 +42,18 @@ ACTIVE = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.Dagste
           dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 RUN_KEY_TAG = "dagster/run_key"  # set by Dagster on a run a sensor requested
 JOB_SUFFIXES = (LOAD_JOB_SUFFIX, REBUILD_JOB_SUFFIX, MIGRATE_JOB_SUFFIX)
+
+# a step's progress lines, beside its run log: the CLI prints this logger (cli/common.py)
+PROGRESS_LOGGER = logging.getLogger("dedup_pipeline.progress")
+
+
+def progress(context: dg.OpExecutionContext) -> Progress:
+    """Where a step says how far it is: its run's log, and the CLI's progress lines."""
+    def say(msg: str) -> None:
+        context.log.info(msg)
+        PROGRESS_LOGGER.info(msg)
+
+    return say
 
 
 def dataset_of_run(run: dg.DagsterRun) -> str | None:

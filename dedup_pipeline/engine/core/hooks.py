@@ -9,13 +9,11 @@ a publish or an upkeep reports its steps, one line each.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the hooks' frames are Spark's; importing the hooks never imports Spark
     from pyspark.sql import DataFrame
-from collections.abc import Callable
-
-from pyspark.sql import DataFrame
 
 Progress = Callable[[str], None]  # receives one line of progress (the CLI prints it, Dagster logs it)
 

@@ -1,0 +1,100 @@
+"""`generate` writes a sample landing zone; `demo` loads one through Dagster (design.md N4)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import click
+
+from dedup_pipeline.cli.common import load
+from dedup_pipeline.cli.runs import DEMO_INSTANCE_YAML, run_hours
+from dedup_pipeline.hours import HOUR, format_hour, parse_hour
+from dedup_pipeline.orchestration.names import WRITTEN
+from dedup_pipeline.sample.generate import default_start, generate_landing
+
+
+@click.command()
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="output directory")
+@click.option("--hours", default=24, show_default=True, type=click.IntRange(1))
+@click.option("--rows-per-hour", default=100_000, show_default=True, type=click.IntRange(1))
+@click.option("--seed", default=7, show_default=True, type=int)
+@click.option("--start", default=None, help="first hour (default: so the last is the last "
+              "complete UTC hour)")
+@click.option("--format", "fmt", default="jsonl", show_default=True,
+              type=click.Choice(["jsonl", "csv"]))
+def generate(out: str, hours: int, rows_per_hour: int, seed: int, start: str | None,
+             fmt: str) -> None:
+    """Write a sample landing zone (duplicates, conflicts, late and malformed records) + config."""
+    stats = generate_landing(out, hours=hours, rows_per_hour=rows_per_hour, seed=seed,
+                             start=start, fmt=fmt, progress=lambda m: click.echo(f"  {m}"))
+    click.echo(f"wrote {stats.rows} rows in {stats.files} files over {stats.hours} hours to "
+               f"{stats.landing} in {stats.seconds:.1f}s")
+    click.echo(f"config: {stats.config}")
+
+
+@click.command()
+@click.option("--dir", "directory", default="demo", show_default=True,
+              type=click.Path(file_okay=False), help="where the demo data goes")
+@click.option("--hours", default=6, show_default=True, type=click.IntRange(1, 48))
+@click.option("--rows-per-hour", default=2_000, show_default=True, type=click.IntRange(10))
+def demo(directory: str, hours: int, rows_per_hour: int) -> None:
+    """Generate a sample landing zone and load it hour by hour through Dagster on local Spark;
+    the newest hour lands without its _SUCCESS marker and is left for you to load from the UI."""
+    root = Path(directory).resolve()
+    if (root / "dedup.yaml").exists():
+        click.echo(f"removing the previous demo in {root}")
+        shutil.rmtree(root)
+    t0 = time.perf_counter()
+    # one hour more than loaded: the newest complete hour, its marker not there yet
+    stats = generate_landing(root, hours=hours + 1, rows_per_hour=rows_per_hour, seed=7,
+                             start=default_start(hours + 1))
+    click.echo(f"generated {stats.rows} rows over {stats.hours} hours in {stats.landing}: "
+               f"~{stats.in_batch_duplicates} in-batch duplicates, {stats.cross_batch_replays} "
+               f"replays, {stats.conflicts} conflicts, {stats.late_over_day} records over a day "
+               f"late, {stats.malformed + stats.null_keys + stats.bad_values} bad records")
+    cfg = load(str(stats.config))
+    ds = cfg.datasets[0]
+    last = format_hour(parse_hour(ds.start) + (hours - 1) * HOUR)
+    pending = parse_hour(ds.start) + hours * HOUR
+    pending_marker = (Path(ds.source.path) / f"date={pending:%Y-%m-%d}" / f"hour={pending:%H}" /
+                      (ds.landing.marker or "_SUCCESS"))
+    pending_marker.unlink(missing_ok=True)
+    if not os.environ.get("DAGSTER_HOME"):
+        os.environ["DAGSTER_HOME"] = str(root / "dagster_home")
+    home = Path(os.environ["DAGSTER_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "dagster.yaml").exists():
+        (home / "dagster.yaml").write_text(DEMO_INSTANCE_YAML)
+    run_hours(cfg, ds, ds.start, last)
+    click.echo("")
+    click.echo(f"done in {time.perf_counter() - t0:.0f}s. Outputs ("
+               + ("Delta tables" if ds.output_format == "delta" else "Parquet directories")
+               + ", partitioned by load_hour):")
+    for name in WRITTEN:
+        click.echo(f"  {name:<10} {ds.output}/{name}/")
+    click.echo(f"Dagster runs recorded in DAGSTER_HOME={os.environ['DAGSTER_HOME']}")
+    click.echo("")
+    for line in ui_hint(os.environ["DAGSTER_HOME"], str(stats.config), ds.name,
+                        format_hour(pending), str(pending_marker)):
+        click.echo(line)
+    click.echo(f"Recheck everything:  .venv/bin/dedup-pipeline verify --config {stats.config}")
+
+
+def ui_hint(home: str, config: str, dataset: str, pending: str, marker: str) -> list[str]:
+    """The demo's closing lines: the README's two UI commands, and the hour left to load."""
+    return [
+        "See it in the UI (the README's two commands, each in its own shell):",
+        "  .venv/bin/dedup-pipeline spark-server",
+        f"  SPARK_REMOTE=sc://127.0.0.1:15002 DAGSTER_HOME={home} DEDUP_CONFIG={config} "
+        ".venv/bin/dg dev",
+        f"Your turn: hour {pending} has landed without its _SUCCESS marker, so it is not loaded. "
+        "Load it either way:",
+        f"  - in the UI: asset {dataset}/unique, Materialize…, Confirm (its five outputs are one "
+        f"load), select {pending}, Launch 1 run;",
+        f"  - or drop the marker and the landing sensor loads it within a minute: touch {marker}",
+        "The CLI (run, verify) records in this instance too and uses the warm server "
+        "once you export SPARK_REMOTE=sc://127.0.0.1:15002 (else it starts local Spark, 20-30 s).",
+    ]

@@ -8,6 +8,7 @@ import dagster as dg
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from dedup_pipeline.cli import main
@@ -116,9 +117,11 @@ def test_verify_passes_then_catches_tampering(spark, orders: Path) -> None:
 @pytest.mark.spark  # the demo loads an hour through Dagster on local Spark
 def test_demo_loads_all_but_the_newest_hour_and_says_how_to_load_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The demo leaves the user something to do in the UI: its newest hour landed without its
-    marker; the closing lines give the README's two UI commands and both ways to load that hour."""
+    """The demo is a dg project whose dataset is a DedupDataset component (design.md K1, D8), and
+    it leaves the user something to do in the UI: its newest hour landed without its marker; the
+    closing lines give the README's two UI commands and both ways to load that hour."""
     import os
+    import sys
 
     from dedup_pipeline.engine.core import commits
     from dedup_pipeline.engine.core.storage import Storage
@@ -127,20 +130,35 @@ def test_demo_loads_all_but_the_newest_hour_and_says_how_to_load_it(
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     monkeypatch.setenv("SPARK_MASTER_URL", "local[1]")
-    r = CliRunner().invoke(main, ["demo", "--dir", str(tmp_path / "demo"), "--hours", "1",
+    root = tmp_path / "demo"
+    r = CliRunner().invoke(main, ["demo", "--dir", str(root), "--hours", "1",
                                   "--rows-per-hour", "20"])
     assert r.exit_code == 0, r.output
     loaded, pending = default_start(2), default_start(1)
-    cfg = load_config(str(tmp_path / "demo" / "dedup.yaml"))
+    defs_yaml = root / "dedup_demo" / "defs" / "clicks" / "defs.yaml"
+    assert yaml.safe_load(defs_yaml.read_text())["type"] == "dedup_pipeline.DedupDataset"
+    assert not list(root.rglob("dedup.yaml"))  # one config: the component's
+    cfg = load_config(str(defs_yaml))
     ds = cfg.datasets[0]
+    assert ds.output == str(root / "data" / "warehouse" / "clicks")
     assert commits.committed_tags(Storage(ds.output)) == {to_tag(parse_hour(loaded))}
     marker = Path(ds.source.path) / f"date={pending[:10]}" / f"hour={pending[11:13]}" / "_SUCCESS"
     assert not marker.exists() and list(marker.parent.glob("*.jsonl"))
     assert "  .venv/bin/dedup-pipeline spark-server\n" in r.output
-    assert (f"  SPARK_REMOTE=sc://127.0.0.1:15002 DAGSTER_HOME={os.environ['DAGSTER_HOME']} "
-            f"DEDUP_CONFIG={tmp_path / 'demo' / 'dedup.yaml'} .venv/bin/dg dev\n") in r.output
+    assert (f"  cd {root} && SPARK_REMOTE=sc://127.0.0.1:15002 DAGSTER_HOME="
+            f"{os.environ['DAGSTER_HOME']} {Path(sys.executable).parent / 'dg'} dev\n") in r.output
     assert f"hour {pending} has landed without its _SUCCESS marker" in r.output
     assert f"select {pending}, Launch" in r.output and f"touch {marker}" in r.output
+    assert f"verify --config {defs_yaml}" in r.output
+    # what `dg dev` in the project loads: the component's definitions, as the project's own
+    monkeypatch.chdir(root)
+    monkeypatch.syspath_prepend(str(root))
+    try:
+        defs = dg.load_from_defs_folder(path_within_project=root / "dedup_demo")
+        assert defs.resolve_job_def("clicks_hourly_load") is not None
+    finally:
+        for mod in [m for m in sys.modules if m.split(".")[0] == "dedup_demo"]:
+            del sys.modules[mod]
 
 
 def test_cascade_needs_no_to_and_to_is_required_without_it(orders: Path,

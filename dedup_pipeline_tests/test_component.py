@@ -6,7 +6,6 @@ wheel in a fresh project driven by the `dg` command: test_install.py."""
 from __future__ import annotations
 
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,24 +18,11 @@ from dagster.components.scaffold.scaffold import ScaffoldRequest
 from dagster_shared.serdes.objects import EnvRegistryKey
 
 import dedup_pipeline
-from dedup_pipeline.config import ConfigError, parse_config
+from dedup_pipeline.cli.demo import DEFINITIONS_PY, PROJECT_TOML
+from dedup_pipeline.config import ConfigError, load_config, parse_config
 from dedup_pipeline.orchestration.component import DedupDataset, DedupDatasetScaffolder
 from dedup_pipeline.orchestration.names import WRITTEN
 
-PROJECT_TOML = """\
-[project]
-name = "{pkg}"
-version = "0.1.0"
-requires-python = ">=3.11"
-dependencies = ["dagster", "dedup_pipeline"]
-
-[tool.dg]
-directory_type = "project"
-
-[tool.dg.project]
-root_module = "{pkg}"
-registry_modules = ["{pkg}.components.*"]
-"""
 # the team's own asset: hourly, after each loaded hour of clicks/unique (declarative automation)
 REPORT_PY = """\
 import dagster as dg
@@ -56,16 +42,7 @@ def write_project(root: Path, pkg: str) -> Path:
     (root / "pyproject.toml").write_text(PROJECT_TOML.format(pkg=pkg))
     (root / "src" / pkg / "__init__.py").write_text("")
     (root / "src" / pkg / "defs" / "__init__.py").write_text("")
-    (root / "src" / pkg / "definitions.py").write_text(textwrap.dedent("""\
-        from pathlib import Path
-
-        import dagster as dg
-
-
-        @dg.definitions
-        def defs():
-            return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
-        """))
+    (root / "src" / pkg / "definitions.py").write_text(DEFINITIONS_PY)
     return root / "src" / pkg / "defs"
 
 
@@ -189,6 +166,38 @@ def test_a_bad_defs_yaml_fails_with_the_config_files_message_at_its_line(project
     assert str(err) == str(from_file.value).replace("config error in dedup.yaml:",
                                                     f"config error in {where}:")
     assert f"dataset 'orders', field '{fld}'" in str(err)
+    # the command line reads the defs.yaml as a config file of its one dataset: the same message
+    with pytest.raises(ConfigError) as from_cli:
+        load_config(path)
+    assert str(from_cli.value) == str(err)
+
+
+def test_the_command_line_reads_a_defs_yaml_as_the_component_does(
+        project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every command takes a defs.yaml as --config (design.md D8): the dataset the component
+    loads, templates rendered; a template only Dagster renders, or another type, is refused."""
+    root, defs_dir = project
+    path = defs_dir / "clicks" / "defs.yaml"
+    defs = _load(root)
+    by_component = {"clicks": _landing(defs, "clicks")}
+    cfg = load_config(path)
+    assert cfg.config_file == str(path) and [d.name for d in cfg.datasets] == ["clicks"]
+    assert cfg.datasets[0].source.path == by_component["clicks"] == str(
+        root / "data" / "landing" / "clicks")
+    text = path.read_text()
+    monkeypatch.setenv("DEDUP_TEST_OUT", str(root / "elsewhere"))
+    path.write_text(text.replace('"{{ context.project_root }}/data/warehouse/clicks"',
+                                 '"{{ env.DEDUP_TEST_OUT }}/clicks"'))
+    assert load_config(path).datasets[0].output == str(root / "elsewhere" / "clicks")
+    path.write_text(text.replace("{{ context.project_root }}/data/warehouse",
+                                 "{{ context.load_component('x') }}"))
+    with pytest.raises(ConfigError, match=r"\{\{ context.load_component\('x'\) \}\}: the "
+                       r"command line renders only"):
+        load_config(path)
+    path.write_text(text.replace("type: dedup_pipeline.DedupDataset", "type: other.Thing"))
+    with pytest.raises(ConfigError, match="the command line reads those of "
+                       "dedup_pipeline.DedupDataset"):
+        load_config(path)
 
 
 def test_relative_paths_resolve_against_the_defs_yaml(project) -> None:

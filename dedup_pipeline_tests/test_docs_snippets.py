@@ -57,13 +57,18 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield root
 
 
+def _config(demo: Path) -> Path:
+    """The demo's dataset config: its component's defs.yaml."""
+    return demo / "dedup_demo" / "defs" / "clicks" / "defs.yaml"
+
+
 def test_every_python_block_runs_and_prints(demo: Path) -> None:
     py = [(f"{path.name} python block {i}", text) for path in (README, OPERATIONS)
           for i, text in enumerate((t for lang, t in blocks(path) if lang == "python"), start=1)]
     # at least the readers of operations.md: deltalake, DuckDB and Polars, a downstream Dagster asset
     assert len(py) >= 3, f"{len(py)} python blocks"
     for name, code in py:
-        out = subprocess.run([str(VENV_BIN / "python"), "-c", code], cwd=demo, env=clean_env(),
+        out = subprocess.run([str(VENV_BIN / "python"), "-c", code], cwd=demo / "data", env=clean_env(),
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, f"{name}:\n{code}\n{out.stderr[-3000:]}"
         assert out.stdout.strip(), f"{name} printed nothing:\n{code}"
@@ -80,16 +85,16 @@ def test_the_readme_config_block_is_a_valid_config(tmp_path: Path) -> None:
 
 def test_every_shell_block_runs(demo: Path) -> None:
     """README's shell blocks are the demo and the servers (NOT_RUN); operations.md's commands run
-    on the demo: the examples' hours become the demo's, `dedup.yaml` its config. A command of
+    on the demo: the examples' hours become the demo's, `dedup.yaml` its component's defs.yaml. A command of
     NOT_RUN (it would not finish) has no place in operations.md's shell blocks."""
     for lang, text in blocks(README):
         if lang in ("bash", "sh", "shell"):
             first = text.strip().splitlines()[0].split("#")[0].strip()
             assert first in NOT_RUN, f"a README shell block neither run nor covered: {text}"
-    (ds,) = load_config(str(demo / "dedup.yaml")).datasets
+    (ds,) = load_config(str(_config(demo))).datasets
     hours = sorted(format_tag(t) for t in CommitLog(Storage(ds.output)).committed())
     assert len(hours) == 2
-    env = clean_env(DAGSTER_HOME=str(demo / "dagster_home"), DEDUP_CONFIG=str(demo / "dedup.yaml"))
+    env = clean_env(DAGSTER_HOME=str(demo / "dagster_home"), DEDUP_CONFIG=str(_config(demo)))
     ran = 0
     for lang, text in blocks(OPERATIONS):
         if lang not in ("bash", "sh", "shell"):
@@ -98,7 +103,7 @@ def test_every_shell_block_runs(demo: Path) -> None:
             assert not any(line.strip().startswith(c) for c in NOT_RUN), f"operations.md: {line}"
             cmd = (line.replace("<latest loaded hour>", hours[-1])
                    .replace("2026-11-01-01:00", hours[0])
-                   .replace("--config dedup.yaml", f"--config {demo / 'dedup.yaml'}"))
+                   .replace("--config dedup.yaml", f"--config {_config(demo)}"))
             out = subprocess.run(cmd, shell=True, cwd=REPO, env=env, capture_output=True,
                                  text=True, timeout=600)
             assert out.returncode == 0, f"operations.md: {line}\n{out.stdout[-2000:]}{out.stderr[-2000:]}"

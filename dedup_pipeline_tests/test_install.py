@@ -98,8 +98,9 @@ def test_the_wheel_with_no_extras_runs_the_demo_in_a_clean_venv(clean_venv: Path
     assert "total" in out.stdout
     commits = sorted(p.name for p in (tmp_path / "demo").rglob("_commits/load_hour=*.json"))
     assert len(commits) == 2, commits  # and its newest, third hour for the user
+    defs_yaml = tmp_path / "demo" / "dedup_demo" / "defs" / "clicks" / "defs.yaml"
     v = subprocess.run([str(venv / "bin" / "dedup-pipeline"), "verify", "--config",
-                        str(tmp_path / "demo" / "dedup.yaml")], capture_output=True, text=True,
+                        str(defs_yaml)], capture_output=True, text=True,
                        env=env, cwd=tmp_path, timeout=600)
     assert v.returncode == 0 and "OK" in v.stdout, v.stdout + v.stderr
 

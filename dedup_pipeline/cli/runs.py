@@ -17,6 +17,7 @@ import dagster as dg
 from dedup_pipeline.cli.common import fail, one_line, print_table, progress_to_stdout, with_file
 from dedup_pipeline.cli.spark import spark_note
 from dedup_pipeline.config import BUILTIN_DEMO, DatasetConfig, PipelineConfig
+from dedup_pipeline.config.loading import project_root
 from dedup_pipeline.engine.core import landing
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.commits import CommitRecord
@@ -72,15 +73,16 @@ def _instance_lock(home: Path) -> Iterator[None]:
 
 def instance_home(cfg: PipelineConfig | None = None) -> Path | None:
     """The Dagster instance a command records its runs in, so the CLI and the UI share one:
-    DAGSTER_HOME when set; else `dagster_home/` beside the config file when it holds a
-    dagster.yaml (what `dedup-pipeline demo` writes and its `dg dev` command uses); else None (a
-    temporary instance)."""
+    DAGSTER_HOME when set; else `dagster_home/` beside the config file, or at the root of the dg
+    project the file is in, when it holds a dagster.yaml (what `dedup-pipeline demo` writes and
+    its `dg dev` command uses); else None (a temporary instance)."""
     if os.environ.get("DAGSTER_HOME"):
         return Path(os.environ["DAGSTER_HOME"])
     if cfg is not None and cfg.config_file != BUILTIN_DEMO:
-        beside = Path(cfg.config_file).resolve().parent / BESIDE_CONFIG
-        if (beside / "dagster.yaml").is_file():
-            return beside
+        path = Path(cfg.config_file).resolve()
+        for base in (path.parent, project_root(path)):
+            if base is not None and (base / BESIDE_CONFIG / "dagster.yaml").is_file():
+                return base / BESIDE_CONFIG
     return None
 
 

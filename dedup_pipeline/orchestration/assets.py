@@ -27,18 +27,6 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.config.models import BUILTIN_DEMO
 from dedup_pipeline.engine.core import columns, landing, outputs
 from dedup_pipeline.engine.core.checks import LoadCheckError
-from dedup_pipeline.engine.core.columns import (
-    ENTRY_LOAD_HOUR,
-    EXPIRY_POINT,
-    FIRST,
-    FP,
-    H1,
-    H2,
-    KIND,
-    REASON,
-    SOURCE_FILE,
-    V,
-)
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.commits import CommitRecord, LaterHoursLoadedError, LoadOrderError
 from dedup_pipeline.engine.core.index.store import entry_schema
@@ -72,26 +60,26 @@ DESCRIPTIONS = {
 
 # what the product's own columns mean (source columns are described from the config)
 PRODUCT_COLUMNS = {
-    SOURCE_FILE: "The landing file the record was read from (full path).",
-    KIND: "natural: the same record sent again (same fingerprint as the kept one); "
+    columns.SOURCE_FILE: "The landing file the record was read from (full path).",
+    columns.KIND: "natural: the same record sent again (same fingerprint as the kept one); "
                   "conflict: same key, different content (rule R5).",
-    FIRST: "The load hour (YYYY-MM-DD-HH) whose unique output holds the kept record with "
+    columns.FIRST: "The load hour (YYYY-MM-DD-HH) whose unique output holds the kept record with "
                    "this key.",
-    EXPIRY_POINT: "The expiry point of the load that read the record: records whose "
+    columns.EXPIRY_POINT: "The expiry point of the load that read the record: records whose "
                           "expiry column is older than this are expired (rule R6).",
-    REASON: "Why the record was rejected: unreadable_file, bad_encoding, malformed, "
+    columns.REASON: "Why the record was rejected: unreadable_file, bad_encoding, malformed, "
             "bad_value:COLUMN (a value of that column that does not parse as its type), "
             "null_key, unknown_category or bad_expiry_value.",
     columns.RAW: "The record's original text (a JSONL line, a CSV record, a Parquet row as JSON; "
                  "base64 of the bytes for bad_encoding), so it can be fixed and replayed.",
 }
 INDEX_COLUMNS = {
-    H1: "First half of the key's 128-bit digest.",
-    H2: "Second half of the key's 128-bit digest.",
-    ENTRY_LOAD_HOUR: "The load hour that kept the key (its unique row is in that hour's partition).",
-    V: "The kept record's expiry value, as a number (epoch microseconds, days or the value), "
+    columns.H1: "First half of the key's 128-bit digest.",
+    columns.H2: "Second half of the key's 128-bit digest.",
+    columns.ENTRY_LOAD_HOUR: "The load hour that kept the key (its unique row is in that hour's partition).",
+    columns.V: "The kept record's expiry value, as a number (epoch microseconds, days or the value), "
        "for expiry.",
-    FP: "A 32-bit hash of the fingerprint columns of the kept record: tells a resend from a "
+    columns.FP: "A 32-bit hash of the fingerprint columns of the kept record: tells a resend from a "
         "conflict.",
 }
 

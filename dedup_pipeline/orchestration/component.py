@@ -20,7 +20,8 @@ from dagster.components.resolved.scopes import LoadContextScope
 from pydantic import RootModel, ValidationError
 
 from dedup_pipeline.config import DatasetConfig, PipelineConfig, SparkConfig
-from dedup_pipeline.config.errors import config_error, to_config_error
+from dedup_pipeline.config.errors import to_config_error
+from dedup_pipeline.config.loading import component_document
 from dedup_pipeline.config.models import Where
 from dedup_pipeline.orchestration.definitions import build_dataset_definitions, spark_resource
 from dedup_pipeline.sample.generate import default_start
@@ -64,10 +65,7 @@ def parse_attributes(data: Any, source: str, base: Path | None,
                      tree: Any = None) -> tuple[DatasetConfig, SparkConfig]:
     """A `defs.yaml`'s attributes as the config's models: the dataset and the Spark settings.
     Validated as a config file of this one dataset, so the rules and messages are the file's (C2)."""
-    if not isinstance(data, dict):
-        raise config_error(source, None, "<top>", f"expected a mapping, got {type(data).__name__}")
-    dataset = {k: v for k, v in data.items() if k != "spark"}
-    doc = {"datasets": [dataset], "spark": data.get("spark")}
+    doc = component_document(data, source)
     try:
         cfg = PipelineConfig.model_validate(doc, context=Where(source, base))
     except ValidationError as e:

@@ -18,6 +18,7 @@ from dedup_pipeline.config.loading import COMPONENT_TYPE
 from dedup_pipeline.hours import HOUR, format_hour, parse_hour
 from dedup_pipeline.orchestration.component import SCAFFOLD
 from dedup_pipeline.orchestration.names import WRITTEN
+from dedup_pipeline.sample.demo import DEMO_DEFS, DEMO_PROJECT
 from dedup_pipeline.sample.generate import default_start, generate_landing
 
 
@@ -42,7 +43,6 @@ def generate(out: str, hours: int, rows_per_hour: int, seed: int, start: str | N
 
 # the demo's `dg` project: a package at its root (so `dg dev` imports it from there, nothing to
 # install), its defs/ holding the component as `dg scaffold defs` writes it
-PROJECT = "dedup_demo"
 PROJECT_TOML = """\
 [project]
 name = "{pkg}"
@@ -71,13 +71,13 @@ DEFINITIONS_PY = textwrap.dedent("""\
 
 def write_project(root: Path, start: str) -> Path:
     """The demo's `dg` project with the dataset `clicks` from `start`; returns its defs.yaml."""
-    pkg = root / PROJECT
+    pkg = root / DEMO_PROJECT
     (pkg / "defs" / "clicks").mkdir(parents=True)
-    (root / "pyproject.toml").write_text(PROJECT_TOML.format(pkg=PROJECT))
+    (root / "pyproject.toml").write_text(PROJECT_TOML.format(pkg=DEMO_PROJECT))
     (pkg / "__init__.py").write_text("")
     (pkg / "defs" / "__init__.py").write_text("")
     (pkg / "definitions.py").write_text(DEFINITIONS_PY)
-    defs_yaml = pkg / "defs" / "clicks" / "defs.yaml"
+    defs_yaml = root / DEMO_DEFS
     defs_yaml.write_text(SCAFFOLD.format(type=COMPONENT_TYPE, name="clicks", start=start))
     return defs_yaml
 
@@ -92,7 +92,7 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
     it hour by hour through Dagster on local Spark; the newest hour lands without its _SUCCESS
     marker and is left for you to load from the UI."""
     root = Path(directory).resolve()
-    if (root / PROJECT).is_dir() or (root / "dedup.yaml").exists():
+    if (root / DEMO_PROJECT).is_dir() or (root / "dedup.yaml").exists():
         click.echo(f"removing the previous demo in {root}")
         shutil.rmtree(root)
     t0 = time.perf_counter()

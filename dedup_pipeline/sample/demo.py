@@ -30,12 +30,17 @@ def demo_dataset(start: str, name: str = "clicks", fmt: str = "jsonl") -> dict[s
     }
 
 
+# where `dedup-pipeline demo` writes its dataset: a dg project's package, the component's defs.yaml
+DEMO_PROJECT = "dedup_demo"
+DEMO_DEFS = Path(DEMO_PROJECT, "defs", "clicks", "defs.yaml")
+
+
 def demo_config(root: str | os.PathLike[str] | None = None) -> PipelineConfig:
-    """The demo's config: `dedup.yaml` under `root` (DEDUP_DEMO_DIR, else ./demo) once `dedup-pipeline
-    demo` has written it; until then an empty demo dataset whose 24 hours end at the last complete
-    hour, so `dagster dev` always has something to load."""
+    """The demo's config: the component's defs.yaml in the dg project `root` (DEDUP_DEMO_DIR, else
+    ./demo) once `dedup-pipeline demo` has written it; until then an empty demo dataset whose 24
+    hours end at the last complete hour, so `dagster dev` always has something to load."""
     base = Path(root or os.environ.get("DEDUP_DEMO_DIR", "demo")).resolve()
-    written = base / "dedup.yaml"
+    written = base / DEMO_DEFS
     if written.exists():
         return load_config(written)
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)

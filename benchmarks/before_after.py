@@ -49,7 +49,7 @@ from typing import Any
 import yaml
 
 from benchmarks import systems
-from benchmarks.probe import measured, save_report
+from benchmarks.probe import exit_status, measured, read_answer, save_report
 from benchmarks.run import BENCH_CONF, _inputs, landing, machine
 from benchmarks.worker import WORKER_CONF, dataset_from_spec
 from dedup_pipeline.engine.session import SparkSettings, get_session
@@ -120,14 +120,7 @@ class Checkout:
             raise RuntimeError(f"the {version} worker imported {loaded}, not {root}'s package")
 
     def _answer(self, what: str) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the {self.version} worker died {what}; its log: {self.log}")
-        answer = json.loads(line)
-        if "error" in answer:
-            raise RuntimeError(f"the {self.version} worker failed {what}:\n{answer['error']}")
-        return answer
+        return read_answer(self.proc, self.version, what, self.log)
 
     def load(self, key: str, inputs: list[str]) -> dict[str, Any]:
         assert self.proc.stdin is not None
@@ -430,10 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = save_report("before_after", report)
     say(f"wrote {out}")
-    if bench.failures:
-        print("CORRECTNESS FAILURES:\n" + "\n".join(bench.failures), file=sys.stderr)
-        return 1
-    return 0
+    return exit_status(bench.failures)
 
 
 if __name__ == "__main__":

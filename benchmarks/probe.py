@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -146,3 +147,24 @@ def save_report(name: str, report: dict[str, Any]) -> Path:
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
     return out
+
+
+def read_answer(proc: subprocess.Popen[str], who: str, what: str, log: Path) -> dict[str, Any]:
+    """A worker process's answer: one JSON line on its stdout; an error (or its death) raised,
+    naming the worker and its log."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"the {who} worker died {what}; its log: {log}")
+    answer = json.loads(line)
+    if "error" in answer:
+        raise RuntimeError(f"the {who} worker failed {what}:\n{answer['error']}")
+    return answer
+
+
+def exit_status(failures: list[str]) -> int:
+    """A benchmark's exit status: 1, with the failures on stderr, if a result was wrong."""
+    if failures:
+        print("CORRECTNESS FAILURES:\n" + "\n".join(failures), file=sys.stderr)
+        return 1
+    return 0

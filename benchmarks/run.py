@@ -51,7 +51,7 @@ import yaml
 from deltalake import DeltaTable
 
 from benchmarks import systems, warm
-from benchmarks.probe import Cost, measured, run_process, settle
+from benchmarks.probe import Cost, exit_status, measured, run_process, settle
 from benchmarks.worker import WORKER_CONF, System, Worker, dataset_from_spec
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import lake
@@ -995,10 +995,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"wrote the long-run section of {results_md_path}")
     elif not plan.quick:
         say("a partial run (fewer history points or parts skipped): RESULTS.md left as it is")
-    if bench.failures:
-        print("CORRECTNESS FAILURES:\n" + "\n".join(bench.failures), file=sys.stderr)
-        return 1
-    return 0
+    return exit_status(bench.failures)
 
 
 if __name__ == "__main__":

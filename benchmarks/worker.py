@@ -29,7 +29,7 @@ from typing import IO, Any
 
 import yaml
 
-from benchmarks.probe import Cost, measured
+from benchmarks.probe import Cost, measured, read_answer
 from dedup_pipeline.config import DatasetConfig, parse_config
 from dedup_pipeline.hours import parse_hour
 
@@ -114,12 +114,7 @@ class Worker:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps({"hour": hour_key}) + "\n")
         self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the {self.kind} worker died; its log: {self.log}")
-        answer = json.loads(line)
-        if "error" in answer:
-            raise RuntimeError(f"the {self.kind} worker failed at {hour_key}:\n{answer['error']}")
+        answer = read_answer(self.proc, self.kind, f"at {hour_key}", self.log)
         return Cost(**answer["cost"]), answer["extra"]
 
     def close(self) -> None:

@@ -25,13 +25,9 @@ from dedup_pipeline.engine.core.index.live import EarlierLoads, check_retention,
 from dedup_pipeline.engine.core.index.rebuild import ensure_intact
 from dedup_pipeline.engine.core.outputs import (
     CONFLICT,
-    DUPLICATES,
-    EXPIRED,
     KIND,
     OUT,
     OUTPUTS,
-    REJECTED,
-    UNIQUE,
 )
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import HourSet
@@ -61,24 +57,8 @@ class Classified:
     index_bytes_read: int
     candidates: DataFrame | None  # cached: the unique_keys check reads it again
     frame: DataFrame  # cached: every batch row with `_out` set
-    counts: dict[str, int]  # per output
+    counts: dict[str, int]  # per output: unique, duplicates, expired, rejected (the record's fields)
     conflicts: int
-
-    @property
-    def unique(self) -> int:
-        return self.counts[UNIQUE]
-
-    @property
-    def duplicates(self) -> int:
-        return self.counts[DUPLICATES]
-
-    @property
-    def expired(self) -> int:
-        return self.counts[EXPIRED]
-
-    @property
-    def rejected(self) -> int:
-        return self.counts[REJECTED]
 
 
 def classify_batch(spark: SparkSession, ds: DatasetConfig, p: Ready, cache: Persisted,

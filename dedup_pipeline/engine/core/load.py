@@ -138,9 +138,11 @@ class Prepared:
 
 
 def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: Persisted,
-            say: Progress, wings: Wings, run_tags: AbstractSet[str] = frozenset()) -> Prepared:
+            say: Progress, wings: Wings, clock: Clock,
+            run_tags: AbstractSet[str] = frozenset()) -> Prepared:
     """Check that H may load (R11; no later loaded hour left out of the run, R10: `run_tags` are
-    the run's hours; the wings' checks; a healthy index), forget any earlier attempt, parse it."""
+    the run's hours; the wings' checks, each timed as `before_<name>`; a healthy index),
+    forget any earlier attempt, parse it."""
     hour = parse_hour(partition_key)
     tag = to_tag(hour)
     check_landing_root(ds)
@@ -150,7 +152,13 @@ def prepare(spark: SparkSession, ds: DatasetConfig, partition_key: str, cache: P
     assert first.state is not None
     committed = first.state.committed
     ctx = HourContext(spark, ds, st, log, hour, tag, partition_key, committed, say)
-    admissions = tuple(a for _name, check in wings.before_load if (a := check(ctx)) is not None)
+    clock.lap("index_health")
+    admitted = []
+    for name, check in wings.before_load:
+        if (a := check(ctx)) is not None:
+            admitted.append(a)
+        clock.lap(f"before_{name}")
+    admissions = tuple(admitted)
     commits.check_order(ds, hour, committed)
     # damage first: a record the index does not hold is the cause to name, not a later hour
     healthy = index.ensure_healthy(spark, ds, st, say, rerun=tag, damage=first)
@@ -190,15 +198,12 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
         partition_key=p.key,
         load_hour=tag,
         rows_in=p.batch.rows_in,
-        unique=c.unique,
-        duplicates=c.duplicates,
-        expired=c.expired,
-        rejected=c.rejected,
+        **c.counts,
         conflicts=c.conflicts,
         latest_point=c.latest,
         expiry_point=c.x,
         files_in=len(p.batch.inputs),
-        index_rows_written=c.unique,
+        index_rows_written=c.counts["unique"],  # one index entry per unique row
         index_rows_read=c.index_rows_read,
         index_bytes_read=c.index_bytes_read,
         index_files_read=len(c.live),
@@ -285,7 +290,7 @@ def _run_load(spark: SparkSession, ds: DatasetConfig, partition_key: str, wings:
     say = progress or (lambda _msg: None)
     clock = Clock()
     with Persisted() as cache:  # released however the phases end
-        p = prepare(spark, ds, partition_key, cache, say, wings, run_tags)
+        p = prepare(spark, ds, partition_key, cache, say, wings, clock, run_tags)
         clock.lap("parse")
         c = decide.classify_batch(spark, ds, p, cache, say)
         clock.lap("classify")

@@ -65,4 +65,5 @@ def vacuum(config: str, dataset: str | None, retention_hours: int, verbose: bool
     cfg = load(config)
     for ds in datasets(cfg, dataset):
         ops = {upkeep_op_name(ds.name): {"config": {"retention_hours": retention_hours}}}
-        execute_job(cfg, upkeep_job_name(ds.name), verbose, {"ops": ops}, name_run=True)
+        execute_job(cfg, upkeep_job_name(ds.name), verbose, {"ops": ops}, name_run=True,
+                    spark=False)  # the upkeep is delta-rs, no Spark

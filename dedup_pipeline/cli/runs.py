@@ -96,8 +96,8 @@ def instance(cfg: PipelineConfig | None = None) -> Iterator[dg.DagsterInstance]:
     home = instance_home(cfg)
     if home is not None:
         if not os.environ.get("DAGSTER_HOME"):
-            click.echo(f"recording in the Dagster instance beside the config, {home} (the UI's; "
-                       "set DAGSTER_HOME to choose another)")
+            click.echo(f"recording in the Dagster instance {home}, found by the config (the "
+                       "UI's; set DAGSTER_HOME to choose another)")
         try:
             home.mkdir(parents=True, exist_ok=True)
             with _instance_lock(home):
@@ -114,13 +114,15 @@ def instance(cfg: PipelineConfig | None = None) -> Iterator[dg.DagsterInstance]:
 
 
 def execute_job(cfg: PipelineConfig, job_name: str, verbose: bool, run_config: dict[str, Any],
-                name_run: bool = False) -> None:
+                name_run: bool = False, spark: bool = True) -> None:
     """Run one of the dataset's jobs (not its load) in this process, recorded in the instance;
-    its progress lines printed; exit 1 with its failure summary if it fails."""
+    its progress lines printed (and which Spark it uses, if it uses one); exit 1 with its
+    failure summary if it fails."""
     quiet_dagster()
     progress_to_stdout()
     job = build_definitions(cfg).resolve_job_def(job_name)
-    click.echo(spark_note(cfg))
+    if spark:
+        click.echo(spark_note(cfg))
     with instance(cfg) as inst:
         res = job.execute_in_process(
             instance=inst, run_config={**(QUIET_LOGGERS if not verbose else {}), **run_config},

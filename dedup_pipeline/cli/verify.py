@@ -33,7 +33,8 @@ def verify(config: str, dataset: str | None, repair: bool) -> None:
     if repair:
         for ds in chosen:
             ops = {upkeep_op_name(ds.name): {"config": {"repair": True}}}
-            execute_job(cfg, upkeep_job_name(ds.name), False, {"ops": ops}, name_run=True)
+            execute_job(cfg, upkeep_job_name(ds.name), False, {"ops": ops}, name_run=True,
+                        spark=False)
     click.echo(spark_note(cfg))
     spark = get_session(SparkSettings(cfg.spark.master, cfg.spark.remote, cfg.spark.conf))
     failed = False

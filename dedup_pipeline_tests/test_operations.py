@@ -23,6 +23,7 @@ from dedup_pipeline.engine.explain import explain_key
 from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.definitions import build_definitions
 from dedup_pipeline.orchestration.names import (
+    PARTITION,
     RANGE_END,
     RANGE_START,
     asset_key,
@@ -295,6 +296,34 @@ def test_run_failure_summary_lands_in_the_runs_log(spark, site) -> None:
         assert (f"dedup-pipeline run --config {site.datasets[0].config_file} --from {HOURS[0]} "
                 f"--to {HOURS[2]}") in text
         assert run.error is not None and run.error.startswith("LoadOrderError")  # what the CLI says
+
+
+def test_a_failed_run_retried_before_its_restatement_is_not_restated(spark, site) -> None:
+    """The failure sensor restates the committed hours a failed load did not load, unless a later
+    run (its retry) has materialized the hour since: that run's events stay the hour's latest."""
+    from dedup_pipeline.engine.core.commit_log import CommitLog
+    from dedup_pipeline.hours import format_tag
+    from dedup_pipeline.orchestration.hour_events import restate_finished_run
+
+    ds = site.dataset("clicks")
+    with dg.instance_for_test() as inst:
+        if not CommitLog(Storage(ds.output)).committed():
+            assert run_range(site, "clicks", HOURS[0], HOURS[0], inst).success
+        pk = format_tag(max(CommitLog(Storage(ds.output)).committed()))
+        job = build_definitions(site).resolve_job_def(load_job_name("clicks"))
+
+        def failed_run() -> dg.DagsterRun:
+            run = inst.create_run_for_job(job, tags={PARTITION: pk})
+            inst.report_run_failed(run)
+            return inst.get_run_by_id(run.run_id)
+
+        killed = failed_run()
+        assert run_range(site, "clicks", pk, pk, inst).success  # its retry loads the hour
+        assert restate_finished_run(inst, ds, killed) == []
+        assert not [e for e in inst.all_logs(killed.run_id) if e.dagster_event
+                    and e.dagster_event.event_type_value == "ASSET_CHECK_EVALUATION"]
+        later = failed_run()  # nothing loaded the hour since: its committed load is restated
+        assert restate_finished_run(inst, ds, later) == [pk]
 
 
 @pytest.mark.slow

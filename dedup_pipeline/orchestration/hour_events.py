@@ -218,12 +218,16 @@ def restate_finished_run(instance: dg.DagsterInstance, ds: DatasetConfig, run: d
     anything: a queued run cancelled, a resource that would not start, a killed worker): the
     committed loads of the hours it targeted, restated into the run's own event log, so its
     planned materializations and checks leave no committed hour Failed or Skipped. An hour the run
-    itself materialized (loaded, or restated in its step) is left alone. Returns the hours
-    restated."""
+    itself materialized (loaded, or restated in its step) is left alone, and so is one a later run
+    materialized (its retry): that run's events are already the hour's latest, and restating
+    after them would put this run's evaluations last, of checks it may never have planned.
+    Returns the hours restated."""
     from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
 
     log = CommitLog(Storage(ds.output))
     keys = [names.asset_key(ds.name, n) for n in names.WRITTEN]
+    created = instance.get_run_record_by_id(run.run_id)
+    since = created.create_timestamp.timestamp() if created is not None else 0.0
     done: list[str] = []
     for pk in run_hours(run):
         rec = log.read(to_tag(parse_hour(pk)))
@@ -231,7 +235,7 @@ def restate_finished_run(instance: dg.DagsterInstance, ds: DatasetConfig, run: d
             continue
         latest = instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=keys[0], asset_partitions=[pk]), limit=1).records
-        if latest and latest[0].run_id == run.run_id:
+        if latest and (latest[0].run_id == run.run_id or latest[0].timestamp > since):
             continue
         note = (f"restated from the committed load of {pk}: run {run.run_id} "
                 f"({run.status.value.lower()}) did not load this hour and changed nothing in it")

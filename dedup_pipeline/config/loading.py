@@ -65,7 +65,17 @@ def _render(value: Any, path: Path) -> Any:
     return _TEMPLATE.sub(one, value)
 
 
-def _line(node: yaml.Node | None, keys: list[str]) -> int | None:
+def error_path(err: ValidationError) -> list[Any]:
+    """Where in a component's `attributes:` the first error of validating its config document
+    lies: the field path inside the one dataset (or the `spark:` section)."""
+    first = err.errors(include_url=False)[0]
+    loc = list(first["loc"])
+    path = loc[2:] if loc[:1] == ["datasets"] else loc
+    field = (first.get("ctx") or {}).get("field")
+    return [p for p in [*path, *(str(field).split(".") if field else [])] if p != "[key]"]
+
+
+def _line(node: yaml.Node | None, keys: list[Any]) -> int | None:
     """The line of the deepest mapping entry along `keys` (1-based)."""
     line = None
     for key in keys:
@@ -88,11 +98,7 @@ def _component_config(data: dict[str, Any], tree: yaml.Node | None, p: Path) -> 
     try:
         cfg = PipelineConfig.model_validate(doc, context=Where(str(p), p.resolve().parent))
     except ValidationError as e:
-        err = e.errors(include_url=False)[0]
-        loc = [str(x) for x in err["loc"][2 if err["loc"][:1] == ("datasets",) else 0:]
-               if isinstance(x, str) and x != "[key]"]
-        field = (err.get("ctx") or {}).get("field")
-        line = _line(tree, ["attributes", *loc, *(str(field).split(".") if field else [])])
+        line = _line(tree, ["attributes", *error_path(e)])
         raise to_config_error(e, doc, f"{p}:{line}" if line else str(p)) from None
     return cfg
 

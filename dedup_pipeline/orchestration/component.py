@@ -21,7 +21,7 @@ from pydantic import RootModel, ValidationError
 
 from dedup_pipeline.config import DatasetConfig, PipelineConfig, SparkConfig
 from dedup_pipeline.config.errors import to_config_error
-from dedup_pipeline.config.loading import component_document
+from dedup_pipeline.config.loading import component_document, error_path
 from dedup_pipeline.config.models import Where
 from dedup_pipeline.orchestration.definitions import build_dataset_definitions, spark_resource
 from dedup_pipeline.sample.generate import default_start
@@ -51,13 +51,7 @@ def _line(source: str, tree: Any, err: ValidationError) -> str:
     """`defs.yaml:LINE` of the first error: the closest YAML node to its field path."""
     if tree is None:
         return source
-    first = err.errors(include_url=False)[0]
-    loc = list(first["loc"])
-    path = loc[2:] if loc[:1] == ["datasets"] else loc
-    field = (first.get("ctx") or {}).get("field")
-    if field:
-        path = [*path, *str(field).split(".")]
-    position, _ = tree.lookup_closest_and_path(["attributes", *(p for p in path if p != "[key]")], None)
+    position, _ = tree.lookup_closest_and_path(["attributes", *error_path(err)], None)
     return f"{source}:{position.start.line}"
 
 

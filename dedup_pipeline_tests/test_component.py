@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import dagster as dg
@@ -16,10 +17,13 @@ import yaml
 from dagster.components.core.snapshot import get_package_entry_snap
 from dagster.components.scaffold.scaffold import ScaffoldRequest
 from dagster_shared.serdes.objects import EnvRegistryKey
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dedup_pipeline
 from dedup_pipeline.cli.demo import DEFINITIONS_PY, PROJECT_TOML
-from dedup_pipeline.config import ConfigError, load_config, parse_config
+from dedup_pipeline.config import ConfigError, PipelineConfig, load_config, parse_config
+from dedup_pipeline.config.models import Where
 from dedup_pipeline.orchestration.component import DedupDataset, DedupDatasetScaffolder
 from dedup_pipeline.orchestration.names import WRITTEN
 
@@ -210,3 +214,172 @@ def test_relative_paths_resolve_against_the_defs_yaml(project) -> None:
     attrs = {**yaml.safe_load(path.read_text())["attributes"], "output": str(root / "o")}
     component = DedupDataset.from_attributes_dict(attributes=attrs)
     assert component.dataset.source.path == str(Path.cwd() / "landing")
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new))
+
+
+def _config_error(root: Path) -> ConfigError:
+    with pytest.raises(Exception) as raised:
+        _load(root)
+    err = raised.value
+    while not isinstance(err, ConfigError):
+        err = err.__cause__ or err.__context__
+        assert err is not None, raised.value
+    return err
+
+
+@pytest.mark.parametrize(("old", "new", "fld", "problem"), [
+    ("data/warehouse/orders", "data/warehouse/clicks", "output",
+     "{root}/data/warehouse/clicks is also the output of dataset 'clicks' (in {clicks})"),
+    ("data/warehouse/orders", "data/warehouse/clicks/o", "output",
+     "{root}/data/warehouse/clicks/o lies inside the output of dataset 'clicks' "
+     "({root}/data/warehouse/clicks, in {clicks}); each dataset needs its own directory"),
+    ("data/warehouse/orders", "data", "output",
+     "{root}/data holds the output of dataset 'clicks' ({root}/data/warehouse/clicks, in "
+     "{clicks}); each dataset needs its own directory"),
+    ("name: orders", "name: clicks", "name", "two datasets share this name (in {clicks})"),
+], ids=["same output", "output inside", "output around", "same name"])
+def test_two_defs_yaml_that_cannot_live_side_by_side_are_refused_at_the_line(
+        project, old: str, new: str, fld: str, problem: str) -> None:
+    """C2 holds across the components of a code location as across the datasets of a file: one
+    output tree is never written by two datasets, whichever defs.yaml declares them."""
+    root, defs_dir = project
+    clicks, orders = defs_dir / "clicks" / "defs.yaml", defs_dir / "orders" / "defs.yaml"
+    _edit(orders, old, new)
+    line = next(i for i, t in enumerate(orders.read_text().splitlines(), 1) if f"{fld}:" in t)
+    name = "clicks" if fld == "name" else "orders"
+    assert str(_config_error(root)) == (
+        f"config error in {orders}:{line}: dataset {name!r}, field {fld!r}: "
+        + problem.format(root=root, clicks=clicks))
+    # the same two datasets in one config file: the same rule, the same dataset and field
+    both = [yaml.safe_load(p.read_text().replace("{{ context.project_root }}", str(root)))[
+        "attributes"] for p in (clicks, orders)]
+    with pytest.raises(ConfigError) as from_file:
+        parse_config({"datasets": both}, "dedup.yaml", root)
+    assert str(from_file.value) == (f"config error in dedup.yaml: dataset {name!r}, field {fld!r}: "
+                                    + problem.format(root=root, clicks=clicks).replace(
+                                        f" (in {clicks})", "").replace(f", in {clicks}", ""))
+
+
+def test_one_spark_section_serves_every_dataset_and_two_different_ones_are_refused(
+        project) -> None:
+    """A run has one Spark session: a `spark:` given in one defs.yaml is every dataset's; two
+    different ones are a config error at the second's line, not Dagster's resource clash."""
+    root, defs_dir = project
+    clicks, orders = defs_dir / "clicks" / "defs.yaml", defs_dir / "orders" / "defs.yaml"
+    commented = '# spark: {master: "local[*]"}'
+    _edit(orders, commented, 'spark: {master: "local[2]", conf: {spark.sql.shuffle.partitions: 4}}')
+    spark = _load(root).resources["spark"]
+    assert (spark.master, spark.remote, spark.conf) == (
+        "local[2]", None, {"spark.sql.shuffle.partitions": "4"})
+    _edit(clicks, commented, 'spark: {master: "local[*]"}')
+    line = next(i for i, t in enumerate(orders.read_text().splitlines(), 1) if "spark:" in t)
+    assert str(_config_error(root)) == (
+        f"config error in {orders}:{line}: dataset 'orders', field 'spark': differs from the "
+        f"spark: of dataset 'clicks' (in {clicks}); a code location runs one Spark session: give "
+        "the same settings, or give them in one defs.yaml only (the others take them)")
+
+
+# (path in the attributes, value): a numeric expiry column takes a number period
+_DOUBLE = {"source": {"schema": {"event_id": "string", "n": "double"}}, "order_by": None,
+         "fingerprint": None, "expiry": {"column": "n", "period": "5", "basis": "event"}}
+_SHAPES = [
+    (("name",), "clicks_2"), (("start",), "2026-1-2-3:00"), (("start",), "{{ env.START }}"),
+    (("expiry", "period"), " 90 s "), (("expiry", "period"), "7d"),
+    (("landing", "grace"), "15m"), (("landing", "check_every"), "1.5m"),
+    (("index", "slice_span"), "6h"),
+]
+_DOUBLE_SHAPES = [(("expiry", "period"), v) for v in ("5", "1e3", "+2", " 0.5 ", 3, 2.5)]
+_BAD = [
+    (("name",), "Clicks!"), (("start",), "2026-11-01T00:00"), (("start",), "2026-11-01-00:30"),
+    (("expiry", "period"), "24x"), (("expiry", "period"), "a day"), (("landing", "grace"), "900"),
+    (("landing", "check_every"), 30), (("index", "slice_span"), "6 hours"),
+]
+
+
+def _attrs(at: tuple[str, ...], value: object, base: dict | None = None) -> dict:
+    from dedup_pipeline.sample.demo import demo_dataset
+    attrs = {**demo_dataset("2026-11-01-00:00"), "output": "/tmp/o", **(base or {})}
+    attrs["source"] = {**demo_dataset("2026-11-01-00:00")["source"], **attrs["source"]}
+    node = attrs
+    for k in at[:-1]:
+        node[k] = dict(node.get(k) or {})
+        node = node[k]
+    node[at[-1]] = value
+    return {k: v for k, v in attrs.items() if v is not None}
+
+
+def _id(v: object) -> str:
+    return ".".join(v) if isinstance(v, tuple) else "double" if isinstance(v, dict) else repr(v)
+
+
+def _schema_errors(attrs: dict) -> list[str]:
+    v = jsonschema.Draft202012Validator(DedupDataset.get_model_cls().model_json_schema())
+    return [e.message for e in v.iter_errors(attrs)]
+
+
+@pytest.mark.parametrize(("at", "value", "base"), [(*s, None) for s in _SHAPES]
+                         + [(*s, _DOUBLE) for s in _DOUBLE_SHAPES], ids=_id)
+def test_the_schema_dg_check_yaml_reads_accepts_what_the_config_accepts(at, value, base) -> None:
+    attrs = _attrs(at, value, base)
+    assert _schema_errors(attrs) == []
+    if "{{" not in str(value):
+        parse_config({"datasets": [attrs]}, "dedup.yaml", Path("/tmp"))
+
+
+@pytest.mark.parametrize(("at", "value"), _BAD, ids=_id)
+def test_dg_check_yaml_refuses_a_misspelt_name_hour_or_duration_by_the_schema(at, value) -> None:
+    """`dg check yaml` validates with the JSON schema alone: the single-field rules it can state
+    (names, hours, durations) are in it, so a typo is reported at its line before anything runs;
+    the config refuses the same value with its own message."""
+    attrs = _attrs(at, value)
+    assert _schema_errors(attrs), (at, value)
+    with pytest.raises(ConfigError, match=f"field '{'.'.join(at)}'"):
+        parse_config({"datasets": [attrs]}, "dedup.yaml", Path("/tmp"))
+
+
+_FIELDS = [(("start",), None), (("expiry", "period"), None), (("expiry", "period"), _DOUBLE),
+           (("landing", "grace"), None), (("index", "slice_span"), None)]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(field=st.sampled_from(_FIELDS), text=st.one_of(
+    st.text(alphabet="0123456789 .:-+e_hmsdwu\t", max_size=16),
+    st.from_regex(r" ?[-+]?[0-9_]{0,3}\.?[0-9]{0,2}([eE][-+]?[0-9])? ?(us|ms|s|m|h|d|w)? ?",
+                  fullmatch=True),
+    st.builds(lambda t, fmt: t.strftime(fmt), st.datetimes(datetime(1000, 1, 1)),
+              st.sampled_from(["%Y-%m-%d-%H:00", "%Y-%-m-%-d-%-H:0", "%Y-%m-%d-%H:%M"]))))
+def test_the_schema_never_refuses_a_value_the_config_accepts(field, text: str) -> None:
+    """The schema is no stricter than the config (fuzzed): `dg check yaml` never fails a
+    `defs.yaml` that loads."""
+    at, base = field
+    attrs = _attrs(at, text, base)
+    try:
+        parse_config({"datasets": [attrs]}, "dedup.yaml", Path("/tmp"))
+    except ConfigError:
+        return
+    assert _schema_errors(attrs) == [], (at, text)
+
+
+def test_the_ui_documents_every_field_and_its_example_is_a_dataset() -> None:
+    """The component's page in the UI (Components, from the code location's snapshot) shows each
+    field's description and an example `defs.yaml` drawn from the schema: every field has one, and
+    the example, less the fields no one dataset holds together, is a dataset that loads."""
+    from dagster_shared.yaml_utils.sample_yaml import generate_sample_yaml
+
+    schema = DedupDataset.get_model_cls().model_json_schema()
+    models = [("attributes", schema), *schema["$defs"].items()]
+    assert [(m, f) for m, node in models for f, prop in node["properties"].items()
+            if not prop.get("description")] == []
+    example = yaml.safe_load(generate_sample_yaml("dedup_pipeline.DedupDataset", schema))
+    attrs = example["attributes"]
+    del attrs["spark"]["remote"]  # master or remote
+    del attrs["expiry"]["categories"]  # a categorical expiry needs a string column
+    cfg = PipelineConfig.model_validate(
+        {"datasets": [{k: v for k, v in attrs.items() if k != "spark"}], "spark": attrs["spark"]},
+        context=Where("defs.yaml", Path("/tmp")))
+    assert cfg.datasets[0].name == "clicks" and cfg.spark.master == "local[*]"

@@ -17,7 +17,9 @@ import re
 import subprocess
 import sys
 import tomllib
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -105,8 +107,10 @@ def test_the_wheel_with_no_extras_runs_the_demo_in_a_clean_venv(clean_venv: Path
     assert v.returncode == 0 and "OK" in v.stdout, v.stdout + v.stderr
 
 
-# The team's asset after clicks/unique. `eager()` alone requests only the latest hour; a history
-# loaded hour by hour wants every hour, hence without `in_latest_time_window` (docs/operations.md).
+# The team's asset after clicks/unique, and the automation sensor that runs it (on from the start,
+# as code declares it; Dagster's default sensor starts off). `eager()` alone requests only the
+# latest hour; a history loaded hour by hour wants every hour, hence without
+# `in_latest_time_window` (docs/operations.md).
 TEAM_ASSET = """\
 import dagster as dg
 
@@ -116,21 +120,34 @@ import dagster as dg
               dg.AutomationCondition.in_latest_time_window()))
 def clicks_report() -> None:
     pass
+
+team_automation = dg.AutomationConditionSensorDefinition(
+    "team_automation", target=dg.AssetSelection.assets(clicks_report),
+    default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=5)
 """
-# one declarative-automation evaluation, as the daemon's ticks make them: the cursor carried over
-EVALUATE = """\
-import sys
-from pathlib import Path
-import dagster as dg
-from dagster._serdes import deserialize_value, serialize_value
-cursor_file = Path(sys.argv[1])
-defs = dg.load_from_defs_folder(path_within_project=Path.cwd())
-with dg.DagsterInstance.get() as instance:
-    cursor = deserialize_value(cursor_file.read_text()) if cursor_file.exists() else None
-    result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
-    cursor_file.write_text(serialize_value(result.cursor))
-    print(sorted(result.get_requested_partitions(dg.AssetKey("clicks_report"))))
-"""
+
+
+def _sensor_ticked(instance: Any, name: str) -> bool:
+    """The daemon has finished a tick of sensor `name` (its cursor holds what it has seen)."""
+    from dagster._core.scheduler.instigation import InstigatorType, TickStatus
+
+    for state in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR):
+        if state.name == name:
+            ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=5)
+            return any(t.status != TickStatus.STARTED for t in ticks)
+    return False
+
+
+def _materialized_by(instance: Any, key: Any, partition: str) -> dict[str, str] | None:
+    """The tags of the run that materialized `partition` of `key`, if one has."""
+    from dagster import AssetRecordsFilter
+
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1).records
+    if not records:
+        return None
+    run = instance.get_run_by_id(records[0].run_id)
+    return dict(run.tags) if run is not None else {}
 
 
 def _run(args: list[str], env: dict[str, str], cwd: Path, timeout: int = 900) -> str:
@@ -143,14 +160,18 @@ def _run(args: list[str], env: dict[str, str], cwd: Path, timeout: int = 900) ->
 @pytest.mark.spark
 def test_a_dg_project_adds_datasets_with_the_component_and_loads_an_hour(clean_venv: Path,
                                                                          tmp_path: Path) -> None:
+    import dagster as dg
+    from dagster import DagsterInstance
     from deltalake import DeltaTable
 
     from dedup_pipeline.engine.core import commits
     from dedup_pipeline.engine.core.storage import Storage
-    from dedup_pipeline.hours import parse_hour
+    from dedup_pipeline.hours import format_hour, parse_hour
     from dedup_pipeline.orchestration.component import parse_attributes
     from dedup_pipeline.orchestration.names import WRITTEN
     from dedup_pipeline_tests.reference import Reference
+    from dedup_pipeline_tests.spark_services import start as start_service
+    from dedup_pipeline_tests.spark_services import wait_until
     from dedup_pipeline_tests.test_component import write_project
 
     venv = clean_venv
@@ -178,14 +199,28 @@ def test_a_dg_project_adds_datasets_with_the_component_and_loads_an_hour(clean_v
     _run([dg_cmd, "check", "yaml"], env, root)
     _run([dg_cmd, "check", "defs"], env, root)
 
-    # sample data where the scaffolded example reads it; the automation's first tick before it
+    # sample data where the scaffolded example reads it; the team's automation sensor running in
+    # a real daemon, its first tick taken before the hour loads
     _run([str(venv / "bin" / "dedup-pipeline"), "generate", "--out", "data", "--hours", "2",
           "--rows-per-hour", "300", "--start", start], env, root)
-    (tmp_path / "evaluate.py").write_text(EVALUATE)
-    cursor = tmp_path / "cursor"
-    assert _run([py, str(tmp_path / "evaluate.py"), str(cursor)], env, root).splitlines()[-1] == "[]"
-    assets = ",".join(f"clicks/{a}" for a in sorted(WRITTEN))
-    _run([dg_cmd, "launch", "--assets", assets, "--partition", start], env, root)
+    daemon = start_service("dagster-daemon", [str(venv / "bin" / "dagster-daemon"), "run", "-m",
+                                              "teamproj.definitions"],
+                           tmp_path / "daemon.log", env=env, cwd=root)
+    try:
+        with DagsterInstance.from_config(str(tmp_path / "dh")) as instance:
+            wait_until("the automation sensor's first tick",
+                       lambda: _sensor_ticked(instance, "team_automation"), 180, [daemon])
+            assets = ",".join(f"clicks/{a}" for a in sorted(WRITTEN))
+            _run([dg_cmd, "launch", "--assets", assets, "--partition", start], env, root)
+            # the team's asset downstream: the daemon materializes it for the loaded hour
+            report = dg.AssetKey("clicks_report")
+            tags = wait_until("the daemon to materialize clicks_report",
+                              lambda: _materialized_by(instance, report, start), 240, [daemon])
+            assert tags["dagster/sensor_name"] == "team_automation", tags
+            other = format_hour(parse_hour(start) + timedelta(hours=1))
+            assert _materialized_by(instance, report, other) is None  # not loaded: not requested
+    finally:
+        daemon.stop()
 
     # the commit record and the Delta tables, against the reference model
     attrs = yaml.safe_load(defs_yaml.read_text().replace("{{ context.project_root }}", str(root)))
@@ -203,7 +238,3 @@ def test_a_dg_project_adds_datasets_with_the_component_and_loads_an_hour(clean_v
             row[key_at] for row in expected.rows[output].elements()), output
     assert not (root / "data" / "warehouse" / "orders").exists()  # the other dataset untouched
 
-    # the team's asset downstream: requested for the loaded hour, and it materializes
-    requested = _run([py, str(tmp_path / "evaluate.py"), str(cursor)], env, root).splitlines()[-1]
-    assert requested == f"['{start}']", requested
-    _run([dg_cmd, "launch", "--assets", "clicks_report", "--partition", start], env, root)

@@ -6,9 +6,9 @@ model holding them all (`DatasetConfig._fits_its_schema`, `PipelineConfig._datas
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -22,13 +22,21 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
 from dedup_pipeline.config.errors import ConfigError, problem
 from dedup_pipeline.hours import PARTITION_FMT
-from dedup_pipeline.units import ExpiryKind, default_slice_span, in_units, kind_of, parse_duration_micros
+from dedup_pipeline.units import (
+    DURATION_RE,
+    ExpiryKind,
+    default_slice_span,
+    in_units,
+    kind_of,
+    parse_duration_micros,
+)
 from dedup_pipeline.uris import comparable_root, file_in_the_way, local_path, resolve_path
 
 ColumnType = Literal["string", "long", "double", "boolean", "timestamp", "date"]
@@ -78,21 +86,44 @@ def _none_is_empty(v: Any) -> Any:
     return {} if v is None else v
 
 
-# `json_schema_input_type`: what YAML may hold before the validator (the component's JSON schema,
-# which `dg check yaml` and the UI's docs read, orchestration/component.py)
+# `json_schema_input_type` and `WithJsonSchema`: what YAML may hold before the validator, as the
+# component's JSON schema says it (`dg check yaml` checks a defs.yaml against it before anything
+# runs; `dg utils inspect-component` and the UI's docs show it, orchestration/component.py). A
+# pattern there accepts all the validator accepts, and a `{{ template }}` the component renders.
+_TEMPLATE = {"type": "string", "pattern": r"\{\{.*\}\}"}
+_NUMBER_TEXT = r"^\s*[-+]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][-+]?\d+)?\s*$"
+
+
+def _text(pattern: str, *more: dict[str, Any]) -> WithJsonSchema:
+    return WithJsonSchema({"anyOf": [{"type": "string", "pattern": pattern}, *more, _TEMPLATE]})
+
+
 Written = Annotated[str, BeforeValidator(_written, json_schema_input_type=str | int | float)]
+# a period or span: a duration (timestamps, dates) or a number (numeric and categorical columns)
+Amount = Annotated[Written, _text(f"{DURATION_RE.pattern}|{_NUMBER_TEXT}",
+                                  {"type": "number", "minimum": 0})]
+HourText = Annotated[Written, _text(r"^\d{4}-\d{1,2}-\d{1,2}-\d{1,2}:00?$")]
 Names = Annotated[tuple[str, ...], BeforeValidator(_names, json_schema_input_type=str | list[str])]
-Seconds = Annotated[float, BeforeValidator(_seconds, json_schema_input_type=str | int | float)]
+Seconds = Annotated[float, BeforeValidator(_seconds), _text(DURATION_RE.pattern)]
 
 
 def _section(model: type) -> BeforeValidator:
     return BeforeValidator(_none_is_empty, json_schema_input_type=model | None)
 
 
+def _defaults_as_examples(schema: dict[str, Any]) -> None:
+    """The example `defs.yaml` Dagster draws from the schema (the UI's component page) shows a
+    field's `examples`, never its default: a field with a default is its own example."""
+    for prop in schema.get("properties", {}).values():
+        if prop.get("default") not in (None, {}, []) and "examples" not in prop:
+            prop["examples"] = [prop["default"]]
+
+
 class _Model(BaseModel):
     """Frozen, no unknown keys, no silent coercion (`"yes"` is not a boolean)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True,
+                              json_schema_extra=_defaults_as_examples)
 
     @model_validator(mode="before")
     @classmethod
@@ -142,17 +173,23 @@ class _FromFile(_Model):
 class CsvConfig(_Model):
     """`source.csv`: RFC 4180 files with or without a header line."""
 
-    header: bool = True
-    delimiter: str = Field(",", min_length=1, max_length=1)
+    header: bool = Field(True, description="the files' first line is a header, skipped (columns "
+                         "are read by position)")
+    delimiter: str = Field(",", min_length=1, max_length=1, description="one character")
 
 
 class SourceConfig(_Model):
     """`source`: where hour H's files land ({path}/date=YYYY-MM-DD/hour=HH/) and how to read them."""
 
-    path: PathText
-    format: Format
-    schema_: dict[str, ColumnType] = Field(alias="schema", min_length=1)
-    csv: Annotated[CsvConfig, _section(CsvConfig)] = CsvConfig()
+    path: PathText = Field(description="landing root: hour H is read from "
+                           "{path}/date=YYYY-MM-DD/hour=HH/", examples=["landing/clicks"])
+    format: Format = Field(description="the landing files' format", examples=["jsonl"])
+    schema_: dict[str, ColumnType] = Field(
+        alias="schema", min_length=1, description="column: type (CSV: in the files' order)",
+        examples=[{"event_id": "string", "user_id": "string", "event_time": "timestamp",
+                   "url": "string"}])
+    csv: Annotated[CsvConfig, _section(CsvConfig)] = Field(
+        default_factory=CsvConfig, description="CSV columns are read by position, in schema order")
 
     @field_validator("schema_")
     @classmethod
@@ -172,20 +209,30 @@ class SourceConfig(_Model):
 class ExpiryConfig(_Model):
     """The `expiry:` section (R6); the period as written (`DatasetConfig.expiry_period` reads it)."""
 
-    column: str
-    period_text: Written = Field(alias="period")
-    basis: Basis = "event"
-    categories: Annotated[tuple[str, ...], BeforeValidator(_unique("category"))] | None = None
+    column: str = Field(description="the column whose value ages a record", examples=["event_time"])
+    period_text: Amount = Field(alias="period", description=(
+        "how long a key is held: timestamps 90s, 30m, 24h, 7d; dates whole days; numbers a number"
+        ), examples=["24h"])
+    basis: Basis = Field("event", description="what the period counts back from: event, the "
+                         "newest value loaded so far; processing, the end of the load's hour "
+                         "(timestamps only)")
+    categories: Annotated[tuple[str, ...], BeforeValidator(_unique("category"))] | None = Field(
+        None, description="categorical expiry: a string column's values, oldest first")
 
 
 class IndexConfig(_Model):
     """`index`: how the key index is kept (R2, R7); every field has a default."""
 
-    store_keys: bool = False
-    buckets: int = Field(8, ge=1, le=4096)  # hash buckets of the index when no expiry is configured
-    slice_span: Written | None = None  # an index slice's width as written (`DatasetConfig.slice_span`)
-    retention_lag_hours: int = Field(168, ge=0)  # keep expired index slices this long (R7, R10)
-    compact_after: int = 8  # merge a slice's per-load directories once it has this many; 0: never
+    store_keys: bool = Field(False, description="keep each key's text beside its digest (adversarial "
+                             "keys)")
+    buckets: int = Field(8, ge=1, le=4096, description="hash buckets of the index when no expiry "
+                         "is configured")
+    slice_span: Amount | None = Field(None, description="an index slice's width, in the period's "
+                                      "units (default: a quarter of the period)", examples=["6h"])
+    retention_lag_hours: int = Field(168, ge=0, description="keep expired index slices this long "
+                                     "(reruns of older hours need them)")
+    compact_after: int = Field(8, description="merge a slice's per-load directories once it has "
+                               "this many; 0: never")
 
     @field_validator("compact_after")
     @classmethod
@@ -198,11 +245,16 @@ class IndexConfig(_Model):
 class LandingConfig(_Model):
     """When an hour's input is complete (the landing sensor, design.md D2)."""
 
-    marker: str | None = "_SUCCESS"  # file whose presence in the hour's directory closes the hour
-    grace_s: Seconds = Field(900.0, alias="grace")  # without a marker: complete this long after
-    watch_hours: int = Field(48, ge=0)  # how many loaded hours back to look for late files
-    # how often the landing sensor looks (Dagster's minimum interval between its ticks)
-    check_every_s: Seconds = Field(30.0, alias="check_every", ge=5, le=3600)
+    marker: str | None = Field("_SUCCESS", description="the file whose presence in the hour's "
+                               "directory closes the hour; null: the grace alone")
+    grace_s: Seconds = Field(900.0, alias="grace", json_schema_extra={"default": "15m"},
+                             description="without a marker: an hour is complete this long after "
+                             "its newest file")
+    watch_hours: int = Field(48, ge=0, description="how many loaded hours back to look for late "
+                             "files")
+    check_every_s: Seconds = Field(30.0, alias="check_every", ge=5, le=3600,
+                                  json_schema_extra={"default": "30s"},
+                                  description="how often the landing sensor looks (5s to 1h)")
 
     @field_validator("marker")
     @classmethod
@@ -221,31 +273,47 @@ class ChecksConfig(_Model):
     """Thresholds of the asset checks (design.md D4); a breach is a WARN, not a failure."""
 
     max_index_keys: Annotated[int, BeforeValidator(_whole, json_schema_input_type=int | float)] = Field(
-        1_000_000_000, ge=0)
-    max_duplicate_rate: float = Field(0.5, ge=0, le=1)
-    max_conflict_rate: float = Field(0.05, ge=0, le=1)
-    max_rejected_rate: float = Field(0.05, ge=0, le=1)
+        1_000_000_000, ge=0, description="warn when the index holds more keys")
+    max_duplicate_rate: float = Field(0.5, ge=0, le=1, description="warn above this share of "
+                                      "duplicates in an hour")
+    max_conflict_rate: float = Field(0.05, ge=0, le=1, description="warn above this share of "
+                                     "duplicates whose fingerprint differs")
+    max_rejected_rate: float = Field(0.05, ge=0, le=1, description="warn above this share of "
+                                     "rejected rows")
 
 
 class DatasetConfig(_FromFile):
     """One dataset (C1). A `start` in the future is accepted: no hour is ready before it."""
 
-    name: str
-    start: Written  # partition key of the first hour (UTC)
-    source: SourceConfig
-    key: Names
+    name: str = Field(json_schema_extra={"pattern": NAME_RE.pattern}, examples=["clicks"],
+                      description="the dataset's asset key prefix and the start of its every "
+                      "Dagster name, [a-z0-9_]+")
+    start: HourText = Field(description="the first hourly partition, YYYY-MM-DD-HH:00 (UTC)",
+                            examples=["2026-11-01-00:00"])
+    source: SourceConfig = Field(description="where each hour's files land and how to read them")
+    key: Names = Field(description="the dedup key: one or more columns", examples=[["event_id"]])
     fingerprint: Annotated[tuple[str, ...], BeforeValidator(
-        _optional_names, json_schema_input_type=str | list[str] | None)] = ()  # or "all"
-    order_by: str | None = None
-    expiry: ExpiryConfig | None = None
-    output: PathText
-    index: Annotated[IndexConfig, _section(IndexConfig)] = IndexConfig()
-    landing: Annotated[LandingConfig, _section(LandingConfig)] = LandingConfig()
-    checks: Annotated[ChecksConfig, _section(ChecksConfig)] = ChecksConfig()
-    on_damaged_index: Literal["fail", "rebuild"] = "fail"
-    # delta: each output is a Delta table over its Parquet files (engine/lake.py), readers see
-    # committed hours only; parquet: plain Hive-partitioned Parquet directories
-    output_format: Literal["delta", "parquet"] = "delta"
+        _optional_names, json_schema_input_type=str | list[str] | None)] = Field(
+        (), description="columns whose difference makes a duplicate a conflict; all: every "
+        "non-key column", examples=[["user_id", "url"]])
+    order_by: str | None = Field(None, description="tie-break inside a batch: the earliest "
+                                 "record of a key wins", examples=["event_time"])
+    expiry: ExpiryConfig | None = Field(None, description="older records expire; without it "
+                                        "nothing ever does")
+    output: PathText = Field(description="the root of every output of this dataset (its own "
+                             "directory)", examples=["warehouse/clicks"])
+    index: Annotated[IndexConfig, _section(IndexConfig)] = Field(
+        default_factory=IndexConfig, description="how the key index is kept")
+    landing: Annotated[LandingConfig, _section(LandingConfig)] = Field(
+        default_factory=LandingConfig, description="when an hour's input is complete (the "
+        "landing sensor)")
+    checks: Annotated[ChecksConfig, _section(ChecksConfig)] = Field(
+        default_factory=ChecksConfig, description="thresholds of the asset checks (a breach warns)")
+    on_damaged_index: Literal["fail", "rebuild"] = Field(
+        "fail", description="a load that finds the index damaged: fail, or rebuild it and load")
+    output_format: Literal["delta", "parquet"] = Field(
+        "delta", description="delta: each output a Delta table, readers see committed hours only; "
+        "parquet: plain Hive-partitioned directories")
 
     @field_validator("name")
     @classmethod
@@ -368,16 +436,54 @@ def _spark_conf(v: Any) -> Any:
 class SparkConfig(_Model):
     """The file's `spark:` section (C3); the environment overrides it (engine/session.py)."""
 
-    master: str | None = None
-    remote: str | None = None
+    master: str | None = Field(None, description="spark.master, e.g. local[*], spark://host:7077 "
+                               "(SPARK_MASTER_URL wins)", examples=["local[*]"])
+    remote: str | None = Field(None, description="a Spark Connect URL, e.g. sc://host:15002 "
+                               "(SPARK_REMOTE wins)")
     conf: Annotated[dict[str, str], BeforeValidator(
-        _spark_conf, json_schema_input_type=dict[str, str | int | float | bool] | None)] = {}
+        _spark_conf, json_schema_input_type=dict[str, str | int | float | bool] | None)] = Field(
+        default_factory=dict, description="Spark settings, e.g. spark.driver.memory: 4g")
 
     @model_validator(mode="after")
     def _master_or_remote(self) -> SparkConfig:
         if self.master and self.remote:
             raise problem("set master or remote, not both (Spark rejects the pair)")
         return self
+
+
+@dataclass(frozen=True)
+class Clash:
+    """A dataset that cannot live beside another (C2): which, in which field, and why."""
+
+    dataset: DatasetConfig
+    field: str
+    problem: str
+    other: DatasetConfig
+
+
+def clash(datasets: Sequence[DatasetConfig], where: Callable[[DatasetConfig], str] = lambda d: ""
+          ) -> Clash | None:
+    """C2 across datasets, the first breach, blamed on the later dataset: a name shared, or an
+    output equal to, inside or around another's (one output tree written by two datasets
+    corrupts it). `where` names the file the other dataset is declared in when that is another
+    (a component's `defs.yaml`)."""
+    for i, d in enumerate(datasets):
+        root = comparable_root(d.output)
+        for other in datasets[:i]:
+            other_root, file = comparable_root(other.output), where(other)
+            at, also = (f" (in {file})", f", in {file}") if file else ("", "")
+            if d.name == other.name:
+                return Clash(d, "name", f"two datasets share this name{at}", other)
+            if root == other_root:
+                return Clash(d, "output", f"{d.output} is also the output of dataset "
+                             f"{other.name!r}{at}", other)
+            for inner, outer, verb in ((root, other_root, "lies inside"),
+                                       (other_root, root, "holds")):
+                if inner.startswith(outer):
+                    return Clash(d, "output", f"{d.output} {verb} the output of dataset "
+                                 f"{other.name!r} ({other.output}{also}); each dataset needs "
+                                 "its own directory", other)
+    return None
 
 
 def _datasets(v: Any) -> Any:
@@ -390,22 +496,12 @@ class PipelineConfig(_FromFile):
     """The whole file: its datasets and the Spark settings."""
 
     datasets: Annotated[tuple[DatasetConfig, ...], BeforeValidator(_datasets)]
-    spark: Annotated[SparkConfig, _section(SparkConfig)] = SparkConfig()
+    spark: Annotated[SparkConfig, _section(SparkConfig)] = Field(default_factory=SparkConfig)
 
     @model_validator(mode="after")
     def _datasets_apart(self) -> PipelineConfig:
-        """C2: names are unique and each dataset owns its output tree (one output equal to or
-        inside another corrupts it)."""
-        names = [d.name for d in self.datasets]
-        if (twice := next((n for i, n in enumerate(names) if n in names[:i]), None)) is not None:
-            raise problem("two datasets share this name", "name", twice)
-        roots = [(d, comparable_root(d.output)) for d in self.datasets]
-        for (d, root), (other, other_root) in itertools.permutations(roots, 2):
-            if root == other_root:
-                raise problem(f"{d.output} is also the output of dataset {other.name!r}", "output", d.name)
-            if root.startswith(other_root):
-                raise problem(f"{d.output} lies inside the output of dataset {other.name!r} "
-                              f"({other.output}); each dataset needs its own directory", "output", d.name)
+        if (c := clash(self.datasets)) is not None:
+            raise problem(c.problem, c.field, c.dataset.name)
         return self
 
     def dataset(self, name: str | None) -> DatasetConfig:

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+from dagster.components.core.component_tree import TestComponentTree
 from dagster.components.resolved.scopes import LoadContextScope
-from pydantic import RootModel, ValidationError
+from pydantic import Field, RootModel, ValidationError
 
 from dedup_pipeline.config import DatasetConfig, PipelineConfig, SparkConfig
-from dedup_pipeline.config.errors import to_config_error
+from dedup_pipeline.config.errors import config_error, to_config_error
 from dedup_pipeline.config.loading import component_document, error_path
-from dedup_pipeline.config.models import Where
+from dedup_pipeline.config.models import Where, clash
 from dedup_pipeline.orchestration.definitions import build_dataset_definitions, spark_resource
 from dedup_pipeline.sample.generate import default_start
 
@@ -31,27 +32,29 @@ PYTHON_SOURCE = "<DedupDataset attributes>"
 
 class DedupDatasetAttributes(DatasetConfig):
     """One dataset (docs/operations.md, "Configuration"); paths relative to the `defs.yaml`.
-    `spark:` as in the config file (C3); the environment wins, and every DedupDataset of a code
-    location gives the same one (or none): a run has one Spark session."""
+    `spark:` as in the config file (C3); the environment wins. A run has one Spark session, so
+    the DedupDatasets of a code location that give one give the same (`_shared_spark`)."""
 
-    spark: SparkConfig | None = None
+    spark: SparkConfig | None = Field(None, description=(
+        "Spark for every dataset of the code location (one session per run): give it in one "
+        "defs.yaml, or the same in each; SPARK_REMOTE, SPARK_MASTER_URL and DEDUP_SPARK_CONF_* win"))
 
 
 class _Attributes(RootModel[dict[str, Any]]):
-    """What Dagster checks before `load`: a mapping. Its JSON schema (`dg check yaml`, `dg docs`,
-    the UI's Docs tab) is `DedupDatasetAttributes`'; `load` validates with the config's models, so
-    the errors are the config's own."""
+    """What Dagster checks before `load`: a mapping. Its JSON schema (`dg check yaml`, `dg utils
+    inspect-component`, the UI's Components tab) is `DedupDatasetAttributes`'; `load` validates
+    with the config's models, so the errors are the config's own."""
 
     @classmethod
     def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return DedupDatasetAttributes.model_json_schema(*args, **kwargs)
 
 
-def _line(source: str, tree: Any, err: ValidationError) -> str:
-    """`defs.yaml:LINE` of the first error: the closest YAML node to its field path."""
+def _line(source: str, tree: Any, path: list[Any]) -> str:
+    """`defs.yaml:LINE` of a field of the attributes: the closest YAML node to its path."""
     if tree is None:
         return source
-    position, _ = tree.lookup_closest_and_path(["attributes", *error_path(err)], None)
+    position, _ = tree.lookup_closest_and_path(["attributes", *path], None)
     return f"{source}:{position.start.line}"
 
 
@@ -63,7 +66,7 @@ def parse_attributes(data: Any, source: str, base: Path | None,
     try:
         cfg = PipelineConfig.model_validate(doc, context=Where(source, base))
     except ValidationError as e:
-        raise to_config_error(e, doc, _line(source, tree, e)) from None
+        raise to_config_error(e, doc, _line(source, tree, error_path(e))) from None
     return cfg.datasets[0], cfg.spark
 
 
@@ -82,7 +85,8 @@ class DedupDatasetScaffolder(dg.Scaffolder):
 SCAFFOLD = textwrap.dedent("""\
     # One deduplicated dataset (dedup_pipeline): assets {name}/unique, duplicates, expired, rejected,
     # index and raw_batch, hourly partitions, checks, a landing sensor (on) and jobs, all named {name}_*.
-    # Every field: `dg docs` (this component's schema) and dedup_pipeline's docs/operations.md.
+    # Every field, described: `dg utils inspect-component {type}`, the UI's Components
+    # tab and dedup_pipeline's docs/operations.md.
     # Relative paths resolve against this file's directory; the example keeps the data under the
     # project's data/. Sample data for it, from the project root:
     #   dedup-pipeline generate --out data --hours 24 --rows-per-hour 2000 --start {start}
@@ -117,9 +121,15 @@ class DedupDataset(dg.Component):
     dataset (`concurrency.pools: {default_limit: 1, granularity: run}`).
     """
 
-    def __init__(self, dataset: DatasetConfig, spark: SparkConfig | None = None) -> None:
+    def __init__(self, dataset: DatasetConfig, spark: SparkConfig | None = None,
+                 source: str = PYTHON_SOURCE, tree: Any = None) -> None:
         self.dataset = dataset
         self.spark = spark or SparkConfig()
+        self.source, self._tree = source, tree
+
+    def where(self, *path: str) -> str:
+        """Where a field of this component's attributes is written: `defs.yaml:LINE`."""
+        return _line(self.source, self._tree, list(path))
 
     @classmethod
     def get_model_cls(cls) -> type[_Attributes]:
@@ -145,7 +155,42 @@ class DedupDataset(dg.Component):
         else:  # built in Python (`from_attributes_dict`): paths against the working directory
             source, base = PYTHON_SOURCE, None
         dataset, spark = parse_attributes(data, source, base, tree)
-        return cls(dataset, spark)
+        return cls(dataset, spark, source, tree)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        return build_dataset_definitions(self.dataset, spark_resource(self.spark))
+        """This dataset's definitions, once it is checked against every other DedupDataset of
+        the code location as a config file checks its datasets (C2), and given the one `spark`
+        resource they share."""
+        peers = _peers(self, context)
+        return build_dataset_definitions(self.dataset, spark_resource(_shared_spark(peers)))
+
+
+def _peers(component: DedupDataset, context: dg.ComponentLoadContext) -> list[DedupDataset]:
+    """Every DedupDataset of the code location (this one first when built alone), refused with
+    the config file's message if two cannot live side by side: a name shared, an output tree
+    equal to, inside or around another's (C2), located at the later one's `defs.yaml` line."""
+    tree = context.component_tree
+    peers = ([] if isinstance(tree, TestComponentTree)  # built in Python, no defs folder
+             else tree.get_all_components(of_type=DedupDataset))
+    if not any(p is component for p in peers):
+        peers = [component, *peers]
+    by_id = {id(p.dataset): p for p in peers}
+    found = clash([p.dataset for p in peers], lambda d: by_id[id(d)].source)
+    if found is not None:
+        at = by_id[id(found.dataset)]
+        raise config_error(at.where(found.field), found.dataset.name, found.field, found.problem)
+    return peers
+
+
+def _shared_spark(peers: list[DedupDataset]) -> SparkConfig:
+    """The Spark settings of the code location: a run has one Spark session, so the components
+    that give a `spark:` section give the same one; those without take it."""
+    given = [p for p in peers if p.spark != SparkConfig()]
+    for p in given[1:]:
+        if p.spark != given[0].spark:
+            first = given[0]
+            raise config_error(p.where("spark"), p.dataset.name, "spark", (
+                f"differs from the spark: of dataset {first.dataset.name!r} (in {first.source}); "
+                "a code location runs one Spark session: give the same settings, or give them in "
+                "one defs.yaml only (the others take them)"))
+    return given[0].spark if given else SparkConfig()

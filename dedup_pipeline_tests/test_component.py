@@ -139,11 +139,25 @@ def test_scaffolded_attributes_are_the_demo_dataset_and_satisfy_the_schema(proje
     assert attrs["source"]["schema"] == same["source"]["schema"]
 
 
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new))
+
+
+def _config_error(root: Path) -> ConfigError:
+    with pytest.raises(Exception) as raised:
+        _load(root)
+    err = raised.value
+    while not isinstance(err, ConfigError):
+        err = err.__cause__ or err.__context__
+        assert err is not None, raised.value
+    return err
+
+
 def _bad(defs_dir: Path, old: str, new: str) -> tuple[Path, str]:
     path = defs_dir / "orders" / "defs.yaml"
-    text = path.read_text()
-    assert old in text
-    path.write_text(text.replace(old, new))
+    _edit(path, old, new)
     line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if new in t)
     return path, f"{path}:{line}"
 
@@ -156,12 +170,7 @@ def _bad(defs_dir: Path, old: str, new: str) -> tuple[Path, str]:
 def test_a_bad_defs_yaml_fails_with_the_config_files_message_at_its_line(project, old, new, fld):
     root, defs_dir = project
     path, where = _bad(defs_dir, old, new)
-    with pytest.raises(Exception) as raised:
-        _load(root)
-    err = raised.value
-    while not isinstance(err, ConfigError):
-        err = err.__cause__ or err.__context__
-        assert err is not None, raised.value
+    err = _config_error(root)
     # the message a config file with this dataset gets, located at the line in the defs.yaml
     attrs = yaml.safe_load(path.read_text())["attributes"]
     attrs["source"]["path"], attrs["output"] = "landing", "warehouse"
@@ -214,22 +223,6 @@ def test_relative_paths_resolve_against_the_defs_yaml(project) -> None:
     attrs = {**yaml.safe_load(path.read_text())["attributes"], "output": str(root / "o")}
     component = DedupDataset.from_attributes_dict(attributes=attrs)
     assert component.dataset.source.path == str(Path.cwd() / "landing")
-
-
-def _edit(path: Path, old: str, new: str) -> None:
-    text = path.read_text()
-    assert old in text, old
-    path.write_text(text.replace(old, new))
-
-
-def _config_error(root: Path) -> ConfigError:
-    with pytest.raises(Exception) as raised:
-        _load(root)
-    err = raised.value
-    while not isinstance(err, ConfigError):
-        err = err.__cause__ or err.__context__
-        assert err is not None, raised.value
-    return err
 
 
 @pytest.mark.parametrize(("old", "new", "fld", "problem"), [

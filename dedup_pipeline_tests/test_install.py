@@ -199,10 +199,14 @@ def test_a_dg_project_adds_datasets_with_the_component_and_loads_an_hour(clean_v
     _run([dg_cmd, "check", "yaml"], env, root)
     _run([dg_cmd, "check", "defs"], env, root)
 
-    # sample data where the scaffolded example reads it; the team's automation sensor running in
-    # a real daemon, its first tick taken before the hour loads
+    # sample data where the scaffolded example reads it, without its markers: the dataset's
+    # landing sensor, on in the daemon, would load complete hours itself (this test loads with
+    # `dg launch`; a load beside it is refused by the dataset's lock); it now waits for them
     _run([str(venv / "bin" / "dedup-pipeline"), "generate", "--out", "data", "--hours", "2",
           "--rows-per-hour", "300", "--start", start], env, root)
+    for marker in (root / "data" / "landing").rglob("_SUCCESS"):
+        marker.unlink()
+    # the team's automation sensor running in a real daemon, its first tick before the hour loads
     daemon = start_service("dagster-daemon", [str(venv / "bin" / "dagster-daemon"), "run", "-m",
                                               "teamproj.definitions"],
                            tmp_path / "daemon.log", env=env, cwd=root)

@@ -31,14 +31,19 @@ from dedup_pipeline.sample.generate import default_start, generate_landing
               "complete UTC hour)")
 @click.option("--format", "fmt", default="jsonl", show_default=True,
               type=click.Choice(["jsonl", "csv"]))
+@click.option("--no-config", is_flag=True, help="write no dedup.yaml (for a DedupDataset "
+              "component, whose defs.yaml is the dataset's config)")
 def generate(out: str, hours: int, rows_per_hour: int, seed: int, start: str | None,
-             fmt: str) -> None:
+             fmt: str, no_config: bool) -> None:
     """Write a sample landing zone (duplicates, conflicts, late and malformed records) + config."""
     stats = generate_landing(out, hours=hours, rows_per_hour=rows_per_hour, seed=seed,
                              start=start, fmt=fmt, progress=lambda m: click.echo(f"  {m}"))
     click.echo(f"wrote {stats.rows} rows in {stats.files} files over {stats.hours} hours to "
                f"{stats.landing} in {stats.seconds:.1f}s")
-    click.echo(f"config: {stats.config}")
+    if no_config:
+        Path(stats.config).unlink()
+    else:
+        click.echo(f"config: {stats.config}")
 
 
 # the demo's `dg` project: a package at its root (so `dg dev` imports it from there, nothing to

@@ -89,7 +89,7 @@ SCAFFOLD = textwrap.dedent("""\
     # tab and dedup_pipeline's docs/operations.md.
     # Relative paths resolve against this file's directory; the example keeps the data under the
     # project's data/. Sample data for it, from the project root:
-    #   dedup-pipeline generate --out data --hours 24 --rows-per-hour 2000 --start {start}
+    #   dedup-pipeline generate --out data --hours 24 --rows-per-hour 2000 --start {start} --no-config
     type: {type}
     attributes:
       name: {name}                          # asset key prefix, [a-z0-9_]+

@@ -458,7 +458,6 @@ class Clash:
     dataset: DatasetConfig
     field: str
     problem: str
-    other: DatasetConfig
 
 
 def clash(datasets: Sequence[DatasetConfig], where: Callable[[DatasetConfig], str] = lambda d: ""
@@ -473,16 +472,16 @@ def clash(datasets: Sequence[DatasetConfig], where: Callable[[DatasetConfig], st
             other_root, file = comparable_root(other.output), where(other)
             at, also = (f" (in {file})", f", in {file}") if file else ("", "")
             if d.name == other.name:
-                return Clash(d, "name", f"two datasets share this name{at}", other)
+                return Clash(d, "name", f"two datasets share this name{at}")
             if root == other_root:
                 return Clash(d, "output", f"{d.output} is also the output of dataset "
-                             f"{other.name!r}{at}", other)
+                             f"{other.name!r}{at}")
             for inner, outer, verb in ((root, other_root, "lies inside"),
                                        (other_root, root, "holds")):
                 if inner.startswith(outer):
                     return Clash(d, "output", f"{d.output} {verb} the output of dataset "
                                  f"{other.name!r} ({other.output}{also}); each dataset needs "
-                                 "its own directory", other)
+                                 "its own directory")
     return None
 
 

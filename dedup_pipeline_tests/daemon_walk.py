@@ -49,6 +49,16 @@ ERROR_LINE = re.compile(r"IntegrityError|UniqueViolation|Error occurred during t
                         r"evaluation_fn|sensor .* errored|Traceback \(most recent call last\)")
 
 
+def instigator_ticks(inst: dg.DagsterInstance, name: str,
+                     kind: InstigatorType = InstigatorType.SENSOR, limit: int = 100000
+                     ) -> list[Any]:
+    """The ticks of the sensor (or schedule) `name`, newest first; none before its first."""
+    for state in inst.all_instigator_state(instigator_type=kind):
+        if state.instigator_name == name:
+            return list(inst.get_ticks(state.instigator_origin_id, state.selector_id, limit=limit))
+    return []
+
+
 @dataclass
 class Walk:
     root: Path
@@ -130,12 +140,7 @@ class Walk:
     # ------------------------------------------------------------ what Dagster recorded
     def ticks(self, inst: dg.DagsterInstance, name: str | None = None,
               kind: InstigatorType = InstigatorType.SENSOR) -> list[Any]:
-        name = name or landing_sensor_name(DATASET)
-        for state in inst.all_instigator_state(instigator_type=kind):
-            if state.instigator_name == name:
-                return list(inst.get_ticks(state.instigator_origin_id, state.selector_id,
-                                           limit=100000))
-        return []
+        return instigator_ticks(inst, name or landing_sensor_name(DATASET), kind)
 
     def failed_ticks(self, inst: dg.DagsterInstance) -> list[Any]:
         return [t for t in self.ticks(inst) if t.status == TickStatus.FAILURE]

@@ -18,7 +18,7 @@ import dagster as dg
 import pytest
 
 # tick history has no public API in Dagster 1.13 (the UI reads it through GraphQL)
-from dagster._core.scheduler.instigation import InstigatorType, TickStatus
+from dagster._core.scheduler.instigation import TickStatus
 
 from dedup_pipeline.hours import HOUR, format_hour, to_tag
 from dedup_pipeline.orchestration.names import (
@@ -30,6 +30,7 @@ from dedup_pipeline.orchestration.names import (
     load_job_name,
 )
 from dedup_pipeline_tests.conftest import dataset_raw, source_raw, write_config
+from dedup_pipeline_tests.daemon_walk import instigator_ticks
 
 REPO = Path(__file__).resolve().parents[1]
 SENSOR = landing_sensor_name("clicks")
@@ -47,13 +48,6 @@ def _wait(what: str, fn: Callable[[], Any], timeout: float, proc: subprocess.Pop
                         f"{log.read_text()[-4000:]}")
         time.sleep(2)
     pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; daemon log:\n{log.read_text()[-4000:]}")
-
-
-def _landing_ticks(inst: dg.DagsterInstance) -> list[Any]:
-    for state in inst.all_instigator_state(instigator_type=InstigatorType.SENSOR):
-        if state.instigator_name == SENSOR:
-            return list(inst.get_ticks(state.instigator_origin_id, state.selector_id, limit=20))
-    return []
 
 
 def _run_errors(inst: dg.DagsterInstance, run_id: str) -> str:
@@ -105,7 +99,7 @@ def test_daemon_landing_sensor_launches_and_completes_a_run(tmp_path: Path, monk
             # first the sensor waits: data is there, the marker is not
             def skipped_for_marker() -> bool:
                 return any(t.status == TickStatus.SKIPPED and "waiting for _SUCCESS" in (t.skip_reason or "")
-                           and key in (t.skip_reason or "") for t in _landing_ticks(inst))
+                           and key in (t.skip_reason or "") for t in instigator_ticks(inst, SENSOR, limit=20))
 
             _wait("a skipped landing-sensor tick", skipped_for_marker, 180, proc, log)
             assert not inst.get_run_records(dg.RunsFilter(job_name=JOB))

@@ -127,17 +127,6 @@ team_automation = dg.AutomationConditionSensorDefinition(
 """
 
 
-def _sensor_ticked(instance: Any, name: str) -> bool:
-    """The daemon has finished a tick of sensor `name` (its cursor holds what it has seen)."""
-    from dagster._core.scheduler.instigation import InstigatorType, TickStatus
-
-    for state in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR):
-        if state.name == name:
-            ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=5)
-            return any(t.status != TickStatus.STARTED for t in ticks)
-    return False
-
-
 def _materialized_by(instance: Any, key: Any, partition: str) -> dict[str, str] | None:
     """The tags of the run that materialized `partition` of `key`, if one has."""
     from dagster import AssetRecordsFilter
@@ -161,13 +150,14 @@ def _run(args: list[str], env: dict[str, str], cwd: Path, timeout: int = 900) ->
 def test_a_dg_project_adds_datasets_with_the_component_and_loads_an_hour(clean_venv: Path,
                                                                          tmp_path: Path) -> None:
     import dagster as dg
-    from dagster import DagsterInstance
+    from dagster._core.scheduler.instigation import TickStatus
     from deltalake import DeltaTable
 
     from dedup_pipeline.engine.core import commits
     from dedup_pipeline.engine.core.storage import Storage
     from dedup_pipeline.hours import format_hour, parse_hour
     from dedup_pipeline.orchestration.component import parse_attributes
+    from dedup_pipeline_tests.daemon_walk import instigator_ticks
     from dedup_pipeline_tests.reference import Reference
     from dedup_pipeline_tests.spark_services import start as start_service
     from dedup_pipeline_tests.spark_services import wait_until
@@ -211,9 +201,10 @@ def test_a_dg_project_adds_datasets_with_the_component_and_loads_an_hour(clean_v
                                               "teamproj.definitions"],
                            tmp_path / "daemon.log", env=env, cwd=root)
     try:
-        with DagsterInstance.from_config(str(tmp_path / "dh")) as instance:
-            wait_until("the automation sensor's first tick",
-                       lambda: _sensor_ticked(instance, "team_automation"), 180, [daemon])
+        with dg.DagsterInstance.from_config(str(tmp_path / "dh")) as instance:
+            wait_until("the automation sensor's first finished tick", lambda: any(
+                t.status != TickStatus.STARTED
+                for t in instigator_ticks(instance, "team_automation", limit=5)), 180, [daemon])
             _run([dg_cmd, "launch", "--assets", "group:clicks", "--partition", start], env, root)
             # the team's asset downstream: the daemon materializes it for the loaded hour
             report = dg.AssetKey("clicks_report")

@@ -25,7 +25,7 @@ from dedup_pipeline.cli.demo import DEFINITIONS_PY, PROJECT_TOML
 from dedup_pipeline.config import ConfigError, PipelineConfig, load_config, parse_config
 from dedup_pipeline.config.models import Where
 from dedup_pipeline.orchestration.component import DedupDataset, DedupDatasetScaffolder
-from dedup_pipeline.orchestration.names import WRITTEN
+from dedup_pipeline.orchestration.names import SPARK_RESOURCE, WRITTEN
 
 # the team's own asset: hourly, after each loaded hour of clicks/unique (declarative automation)
 REPORT_PY = """\
@@ -163,10 +163,17 @@ def _bad(defs_dir: Path, old: str, new: str) -> tuple[Path, str]:
 
 
 @pytest.mark.parametrize(("old", "new", "fld"), [
+    # a bad value
     ("period: 24h", "period: 24x", "expiry.period"),
-    ("key: [event_id]", "key: [event_ide]", "key"),
     ("output_format: delta", "output_format: iceberg", "output_format"),
-])
+    # a cross-field rule: a column the schema does not have
+    ("key: [event_id]", "key: [event_ide]", "key"),
+    ("order_by: event_time", "order_by: event_tim", "order_by"),
+    # an unknown key, at its own line (not at `attributes:`), also inside a section
+    ("fingerprint: [user_id, url]", "fingerprnt: [user_id, url]", "fingerprnt"),
+    ("period: 24h", "perod: 24h", "expiry.perod"),
+], ids=["bad value", "bad choice", "key not in schema", "order_by not in schema",
+        "unknown key", "unknown key in a section"])
 def test_a_bad_defs_yaml_fails_with_the_config_files_message_at_its_line(project, old, new, fld):
     root, defs_dir = project
     path, where = _bad(defs_dir, old, new)
@@ -266,7 +273,7 @@ def test_one_spark_section_serves_every_dataset_and_two_different_ones_are_refus
     clicks, orders = defs_dir / "clicks" / "defs.yaml", defs_dir / "orders" / "defs.yaml"
     commented = '# spark: {master: "local[*]"}'
     _edit(orders, commented, 'spark: {master: "local[2]", conf: {spark.sql.shuffle.partitions: 4}}')
-    spark = _load(root).resources["spark"]
+    spark = _load(root).resources[SPARK_RESOURCE]
     assert (spark.master, spark.remote, spark.conf) == (
         "local[2]", None, {"spark.sql.shuffle.partitions": "4"})
     _edit(clicks, commented, 'spark: {master: "local[*]"}')

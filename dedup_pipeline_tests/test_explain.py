@@ -457,7 +457,7 @@ def test_failing_conflict_check_shows_sample_keys_and_the_explain_command(spark,
     keys = failing.metadata["sample_keys"].value
     assert keys == [{"event_id": f"e,{i}"} for i in sorted(range(12), key=str)][:10]
     assert failing.metadata["explain"].value.startswith(
-        "dedup-pipeline explain --config '<config file>' --dataset clicks --key event_id=e,")
+        f"dedup-pipeline explain --config {ds.config_file} --dataset clicks --key event_id=e,")
     # passing checks carry no samples (nothing was read for them)
     assert "sample_keys" not in evals[("2026-11-01-00:00", "conflict_rate")].metadata
     # the command explains the key

@@ -26,6 +26,7 @@ from dedup_pipeline.orchestration.names import (
     PARTITION,
     RANGE_END,
     RANGE_START,
+    SPARK_RESOURCE,
     asset_key,
     load_job_name,
     rebuild_job_name,
@@ -129,10 +130,10 @@ def test_blocking_check_failure_commits_nothing_and_stops_downstream(
     report = _downstream("clicks", load.partitions_def)
     with dg.instance_for_test() as inst:
         assert dg.materialize([load, report], partition_key=HOURS[0], instance=inst,
-                              resources={"spark": defs.resources["spark"]}).success
+                              resources={SPARK_RESOURCE: defs.resources[SPARK_RESOURCE]}).success
         with injected(Faults(fault)):
             res = dg.materialize([load, report], partition_key=HOURS[1], instance=inst,
-                                 resources={"spark": defs.resources["spark"]},
+                                 resources={SPARK_RESOURCE: defs.resources[SPARK_RESOURCE]},
                                  raise_on_error=False)
         assert not res.success
         asset = "index" if check == "index_agrees" else "unique"
@@ -150,14 +151,14 @@ def test_blocking_check_failure_commits_nothing_and_stops_downstream(
         assert not (Path(ds.output) / "unique" / "load_hour=2026-11-01-01").exists()
         # the hour is clean to rerun
         assert dg.materialize([load, report], partition_key=HOURS[1], instance=inst,
-                              resources={"spark": defs.resources["spark"]}).success
+                              resources={SPARK_RESOURCE: defs.resources[SPARK_RESOURCE]}).success
     if check == "conservation":  # counts: no key to name
         assert "sample_keys" not in ev.metadata
         return
     # the keys that break the rule, and the command that explains the first (design.md, "Explaining a key")
     sample = ev.metadata["sample_keys"].value
     assert ev.metadata["explain"].value == (
-        "dedup-pipeline explain --config '<config file>' --dataset clicks "
+        f"dedup-pipeline explain --config {site.config_file} --dataset clicks "
         f"--key event_id={sample[0]['event_id']}")
     if fault == "stale_row:unique":  # a replay of hour 0 written as unique: a key hour 0 kept
         assert len(sample) == 1 and sample[0]["event_id"] in {"e0-0", "e0-1"}

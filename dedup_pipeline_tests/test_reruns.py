@@ -20,7 +20,7 @@ from dedup_pipeline.cli import main
 from dedup_pipeline.config import PipelineConfig, load_config
 from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.definitions import build_definitions
-from dedup_pipeline.orchestration.names import RANGE_END, RANGE_START, load_job_name
+from dedup_pipeline.orchestration.names import RANGE_END, RANGE_START, SPARK_RESOURCE, load_job_name
 from dedup_pipeline.orchestration.runner import run_range
 from dedup_pipeline_tests.conftest import dataset_raw, table_files, write_config, write_hour
 
@@ -76,7 +76,7 @@ def test_dagster_materialize_and_sub_range_backfill_are_refused(spark, tmp_path:
         before = _snapshot(out)
         # the UI's Materialize of one partition
         res = dg.materialize([load], partition_key=H[0], instance=inst,
-                             resources={"spark": defs.resources["spark"]}, raise_on_error=False)
+                             resources={SPARK_RESOURCE: defs.resources[SPARK_RESOURCE]}, raise_on_error=False)
         _refused(res, H[0], H[2])
         assert _snapshot(out) == before
         # a UI backfill of a sub-range (single-run policy: one run with the range tags)

@@ -67,12 +67,16 @@ def _render(value: Any, path: Path) -> Any:
 
 def error_path(err: ValidationError) -> list[Any]:
     """Where in a component's `attributes:` the first error of validating its config document
-    lies: the field path inside the one dataset (or the `spark:` section)."""
+    lies: the field path inside the one dataset (or the `spark:` section), down to the field a
+    cross-field rule names or the unknown key itself, so `defs.yaml:LINE` is that field's line."""
     first = err.errors(include_url=False)[0]
     loc = list(first["loc"])
     path = loc[2:] if loc[:1] == ["datasets"] else loc
-    field = (first.get("ctx") or {}).get("field")
-    return [p for p in [*path, *(str(field).split(".") if field else [])] if p != "[key]"]
+    ctx = first.get("ctx") or {}
+    field, key = ctx.get("field"), ctx.get("key")
+    # a cross-field rule names its field; an unknown key is the key itself, at its own line
+    inner = str(field).split(".") if field else [key] if key is not None else []
+    return [p for p in [*path, *inner] if p != "[key]"]
 
 
 def _line(node: yaml.Node | None, keys: list[Any]) -> int | None:

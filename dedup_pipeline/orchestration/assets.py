@@ -16,7 +16,6 @@ because one MaterializeResult of a ranged run stamps the same metadata on every 
 
 
 import contextlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +23,6 @@ from typing import Any
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.config.models import BUILTIN_DEMO
 from dedup_pipeline.engine.core import columns, landing, outputs
 from dedup_pipeline.engine.core.checks import LoadCheckError
 from dedup_pipeline.engine.core.commit_log import CommitLog
@@ -117,16 +115,6 @@ def _table_kind(ds: DatasetConfig) -> str:
     return "A Delta table" if ds.output_format == "delta" else "Parquet directories"
 
 
-def _config_name(ds: DatasetConfig | None = None) -> str:
-    """The config file a command in a message names: DEDUP_CONFIG (what the code location loaded),
-    else the file the dataset was read from (an in-process run of the CLI or a test)."""
-    if os.environ.get("DEDUP_CONFIG"):
-        return os.environ["DEDUP_CONFIG"]
-    if ds is not None and ds.config_file != BUILTIN_DEMO:
-        return ds.config_file
-    return "<config.yaml>"
-
-
 def rerun_range(ds: DatasetConfig, partition_keys: list[str], err: BaseException
                 ) -> tuple[str, str]:
     """The hours to load again after `err`, first <= last, as the CLI's --from/--to take them.
@@ -157,8 +145,8 @@ def _load_failure(ds: DatasetConfig, partition_keys: list[str], err: BaseExcepti
     keys = sorted(partition_keys, key=parse_hour)
     rerun_first, rerun_last = rerun_range(ds, keys, err)
     return dg.Failure(
-        description=runs.load_failure(ds.name, keys[0], keys[-1], err, rerun_first, _config_name(ds),
-                                      rerun_last),
+        description=runs.with_config(ds, runs.load_failure(
+            ds.name, keys[0], keys[-1], err, rerun_first, runs.config_path(ds), rerun_last)),
         metadata={"error": f"{type(err).__name__}: "
                            f"{(str(err).strip().splitlines() or [''])[0][:500]}"})
 
@@ -218,18 +206,20 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
         pool=names.pool_name(ds.name),
         op_tags={names.DATASET_TAG: ds.name},
     )
-    def load(context: dg.AssetExecutionContext, spark: SparkResource) -> Iterator[Any]:
+    def load(context: dg.AssetExecutionContext, dedup_spark: SparkResource) -> Iterator[Any]:
         if not (context.has_partition_key or context.has_partition_key_range):
-            raise dg.Failure(description=runs.no_partition_load(ds.name, _config_name(ds)))
+            raise dg.Failure(description=runs.no_partition_load(ds.name, runs.config_path(ds)))
         partition_keys = list(context.partition_keys)
+        if (note := runs.temporary_instance_note(context.instance, ds)) is not None:
+            context.log.warning(note)
 
         progress = runs.progress(context)
         results: list[CommitRecord] = []
         session = None
         try:
-            session = spark.get_session()
+            session = dedup_spark.get_session()
             load_hours(session, ds, partition_keys, progress, f"dagster run {context.run.run_id}",
-                       remote=spark.remote_url(), on_hour=results.append)
+                       remote=dedup_spark.remote_url(), on_hour=results.append)
         except (Exception, KeyboardInterrupt, dg.DagsterExecutionInterruptedError) as err:
             # Committed hours get their own events; the failing hour its failed check; every other
             # hour of the run that an earlier load committed gets that load's materializations and

@@ -12,6 +12,7 @@ import warnings
 import dagster as dg
 
 from dedup_pipeline.config import DatasetConfig, PipelineConfig, SparkConfig
+from dedup_pipeline.orchestration import names
 from dedup_pipeline.orchestration.assets import build_dataset_defs
 from dedup_pipeline.orchestration.explain import build_explain_job
 from dedup_pipeline.orchestration.landing_checks import build_input_check
@@ -26,21 +27,40 @@ from dedup_pipeline.orchestration.schedules import build_hourly_schedule, build_
 from dedup_pipeline.orchestration.sensors import build_landing_sensor
 from dedup_pipeline.orchestration.upkeep import build_upkeep
 
-# A sensor that targets asset jobs (the landing sensor: load job and input-check job) is rebuilt
-# when the Definitions resolve, and Dagster 1.13 then passes `owners` itself and warns that the
-# parameter is beta; the project sets no owners. Silenced by its exact text so `dagster dev` and
-# the daemon stay quiet, and nothing else is.
-warnings.filterwarnings("ignore", message=r"Parameter `owners` of initializer `SensorDefinition",
-                        category=dg.BetaWarning)
+# Dagster 1.13 warns about two beta parameters that it passes itself, on definitions it rebuilds:
+# `owners` when a yaml component's sensors are copied with the component's metadata or bound to
+# resources (`SensorDefinition.with_attributes` passes the sensor's empty owners list), and
+# `execution_type` when a multi-asset's check specs are turned into an `AssetChecksDefinition`
+# (`repository_data`). Neither is set by this package, nor by a user: a user who passes `owners`
+# is warned at their own line, which these filters leave alone. Each filter matches the warning's
+# text and the Dagster module that issues it, so nothing else is silenced. Installed when the
+# definitions are built (each time: a filter installed at import is dropped when the import ran
+# inside Dagster's `warnings.catch_warnings()`), so `dg launch`, `dg dev` and the daemon print none.
+_DAGSTER_OWN_BETA = (
+    (r"Parameter `owners` of initializer `SensorDefinition\.__init__`",
+     r"dagster\._core\.definitions\.sensor_definition\Z"),
+    (r"Parameter `execution_type` of function `AssetsDefinition\.__init__`",
+     r"dagster\._core\.definitions\.repository_definition\.repository_data\Z"),
+)
+
+
+def quiet_dagster_rebuilds() -> None:
+    """Ignore the beta warnings Dagster issues on definitions it rebuilds (above); idempotent."""
+    for message, module in _DAGSTER_OWN_BETA:
+        warnings.filterwarnings("ignore", message=message, category=dg.BetaWarning, module=module)
+
+
+quiet_dagster_rebuilds()
 
 
 def build_dataset_definitions(ds: DatasetConfig, spark: SparkResource) -> dg.Definitions:
     """Everything of one dataset: its assets and input check, its load, rebuild, migrate and
     explain jobs, its landing, recovery and run-end sensors, its hourly and reconcile schedules,
-    its table upkeep job (and for Delta outputs its schedule), and the `spark` resource its steps
-    use.
-    Every name carries the dataset's name, so datasets never collide; `spark` must be the same
-    object for every dataset of a code location (`spark_resource`)."""
+    its table upkeep job (and for Delta outputs its schedule), and the Spark resource its steps
+    use, under the key `dedup_spark` (`names.SPARK_RESOURCE`: a team's own `spark` resource beside
+    it is left alone). Every name carries the dataset's name, so datasets never collide; `spark`
+    must be the same object for every dataset of a code location (`spark_resource`)."""
+    quiet_dagster_rebuilds()
     d = build_dataset_defs(ds)
     rebuild = build_rebuild_job(ds)
     upkeep, upkeep_schedule = build_upkeep(ds)
@@ -55,7 +75,7 @@ def build_dataset_definitions(ds: DatasetConfig, spark: SparkResource) -> dg.Def
         sensors=[build_recovery_sensor(ds, rebuild), build_landing_sensor(ds, d.job),
                  *build_run_end_sensors(ds)],
         schedules=schedules,
-        resources={"spark": spark},
+        resources={names.SPARK_RESOURCE: spark},
     )
 
 

@@ -10,7 +10,6 @@ read their commit records.
 
 
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,7 @@ from dedup_pipeline.engine.explain import (
     sample_keys,
 )
 from dedup_pipeline.hours import parse_hour, to_tag
-from dedup_pipeline.orchestration import names
+from dedup_pipeline.orchestration import names, runs
 
 
 def explain_job_name(dataset: str) -> str:
@@ -105,6 +104,6 @@ def sample_metadata(ds: DatasetConfig, keys: list[dict[str, str | None]]) -> dic
     none)."""
     if not keys:
         return {}
-    config = os.environ.get("DEDUP_CONFIG", "<config file>")
+    config = runs.config_path(ds)
     return {"sample_keys": dg.MetadataValue.json(keys),
             "explain": dg.MetadataValue.text(explain_command(ds, keys[0], config))}

@@ -27,7 +27,7 @@ from dedup_pipeline.engine.core.checks import LoadCheckError
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.commits import CommitRecord
 from dedup_pipeline.engine.core.storage import Storage
-from dedup_pipeline.hours import format_hour, hour_range, parse_hour, to_tag
+from dedup_pipeline.hours import HourSet, format_hour, format_tag, hour_range, parse_hour, to_tag
 from dedup_pipeline.orchestration import checks, names
 from dedup_pipeline.orchestration.explain import key_sampler, sample_metadata
 from dedup_pipeline.orchestration.names import INDEX, PARTITION, RANGE_END, RANGE_START, asset_key
@@ -254,3 +254,36 @@ def restate_finished_run(instance: dg.DagsterInstance, ds: DatasetConfig, run: d
                 event_specific_data=ev), run.run_id)
         done.append(pk)
     return done
+
+
+# Hours reported per landing-sensor tick at most: a history loaded elsewhere is reported over a
+# few ticks, each tick's events a bounded batch.
+UNSEEN_PER_TICK = 48
+
+
+def unseen_hours(instance: dg.DagsterInstance, ds: DatasetConfig, committed: HourSet,
+                 limit: int = UNSEEN_PER_TICK) -> list[str]:
+    """Committed hours (partition keys, oldest first) of which this instance holds no
+    materialization of `unique`: loaded through another instance (a `dg launch` on a temporary
+    one, a CLI run under another DAGSTER_HOME) or before the instance was wiped. One query."""
+    seen = instance.get_materialized_partitions(asset_key(ds.name, "unique"))
+    return [pk for pk in (format_tag(t) for t in committed) if pk not in seen][:limit]
+
+
+def report_unseen(ds: DatasetConfig, log: CommitLog, hours: list[str]) -> list[dg.AssetMaterialization]:
+    """The materializations that make committed hours this instance never saw loaded show loaded
+    (the landing sensor reports them as its tick's asset events): each output's and the index's,
+    with the hour's figures from its commit record and a note saying where they come from. Its
+    checks are not evaluated again (their latest evaluations stay the instance's)."""
+    events: list[dg.AssetMaterialization] = []
+    for pk in hours:
+        rec = log.read(to_tag(parse_hour(pk)))
+        if rec is None:
+            continue
+        note = (f"reported from the commit record of {pk}: the hour was loaded outside this "
+                "Dagster instance (another DAGSTER_HOME, or a temporary one), and is loaded")
+        md = {**hour_metadata(ds, rec), "reported": note}
+        events += [dg.AssetMaterialization(asset_key=asset_key(ds.name, n), partition=pk,
+                                           metadata=output_metadata(ds, rec, n, md))
+                   for n in names.WRITTEN]
+    return events

@@ -31,6 +31,11 @@ def group_name(dataset: str) -> str:
     return dataset
 
 
+# --- the Spark resource every step that needs Spark takes: one per code location, under a key of
+# its own so that a team's `spark` resource in the same location never collides with it
+SPARK_RESOURCE = "dedup_spark"
+
+
 # --- per-dataset names of jobs, ops, sensors, schedules and pools: name(dataset) -> str
 PerDataset = Callable[[str], str]
 LOAD_JOB_SUFFIX = "_hourly_load"

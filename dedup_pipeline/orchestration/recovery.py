@@ -17,7 +17,6 @@
 
 
 import hashlib
-import os
 
 import dagster as dg
 
@@ -46,13 +45,13 @@ class RebuildConfig(dg.Config):
 def build_rebuild_job(ds: DatasetConfig) -> dg.JobDefinition:
     @dg.op(name=names.rebuild_op_name(ds.name), tags={names.DATASET_TAG: ds.name},
            pool=names.pool_name(ds.name))
-    def rebuild(context: dg.OpExecutionContext, config: RebuildConfig, spark: SparkResource) -> None:
+    def rebuild(context: dg.OpExecutionContext, config: RebuildConfig, dedup_spark: SparkResource) -> None:
         tags = [to_tag(parse_hour(h)) for h in config.hours] or None
         scope = f"{len(tags)} hour(s)" if tags else "every committed hour"
         say = runs.progress(context)
         say(f"{ds.name}: rebuilding index entries of {scope} from unique")
         with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id} (index rebuild)"):
-            res = rebuild_index(spark.get_session(), ds, tags)
+            res = rebuild_index(dedup_spark.get_session(), ds, tags)
             after = check_index(Storage(ds.output), ds)
         say(f"{ds.name}: rebuilt {res.entries} entries of {res.loads} load(s) in "
                          f"{res.seconds:.1f}s; index now: {after.summary()}")
@@ -76,10 +75,10 @@ def build_migrate_job(ds: DatasetConfig) -> dg.JobDefinition:
 
     @dg.op(name=names.migrate_op_name(ds.name), tags={names.DATASET_TAG: ds.name},
            pool=names.pool_name(ds.name))
-    def migrate_op(context: dg.OpExecutionContext, spark: SparkResource) -> None:
+    def migrate_op(context: dg.OpExecutionContext, dedup_spark: SparkResource) -> None:
         say = runs.progress(context)
         with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id} (migrate)"):
-            res = migrate(spark.get_session(), ds, say)
+            res = migrate(dedup_spark.get_session(), ds, say)
         say(res.summary())
         if res.to_version is not None:
             context.log_event(dg.AssetObservation(
@@ -108,14 +107,14 @@ def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition) -> dg.Sensor
         context.update_cursor(scrub(st, damage, context.cursor or "", SCRUB_BYTES_PER_TICK))
         if damage.ok:
             return dg.SkipReason(f"{ds.name}: index healthy")
-        context.log.warning(f"{ds.name}: {damage.summary()}")
+        context.log.warning(runs.with_config(ds, f"{ds.name}: {damage.summary()}"))
         hours = [format_tag(t) for t in damage.damaged_loads]
         if not hours:  # only damaged commit records: a rebuild cannot restore them, a rerun does
-            return dg.SkipReason(f"{ds.name}: {damage.summary()}")
+            return dg.SkipReason(runs.with_config(ds, f"{ds.name}: {damage.summary()}"))
         try:  # a rebuild under a config that breaks the contract would only fail
             contract.check(st, ds, "", CommitLog(st).committed())
         except contract.ContractError as e:
-            return dg.SkipReason(f"{ds.name}: {damage.summary()}; not rebuilt: {e}")
+            return dg.SkipReason(runs.with_config(ds, f"{ds.name}: {damage.summary()}; not rebuilt: {e}"))
         fingerprint = hashlib.sha256(repr((damage.missing, damage.unexpected, damage.corrupt,
                                            damage.other_format)).encode()).hexdigest()
         return dg.SensorResult(run_requests=[dg.RunRequest(
@@ -151,8 +150,8 @@ def build_run_end_sensors(ds: DatasetConfig) -> list[dg.SensorDefinition]:
         if runs.dataset_of_run(run) != ds.name:
             return
         err = runs.first_step_error(context.get_step_failure_events())
-        summary = runs.failure_summary(run, err, context.failure_event.message or "the run failed",
-                                       os.environ.get("DEDUP_CONFIG") or "<config.yaml>")
+        summary = runs.with_config(ds, runs.failure_summary(
+            run, err, context.failure_event.message or "the run failed", runs.config_path(ds)))
         context.instance.report_engine_event(summary, run)
         _restate(context.instance, run, ds)
 

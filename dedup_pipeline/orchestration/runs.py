@@ -9,9 +9,11 @@ and the hours from Dagster's own partition tags.
 from __future__ import annotations
 
 import logging
+import os
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import dagster as dg
 
@@ -19,6 +21,8 @@ import dagster as dg
 import dedup_pipeline.engine.load  # noqa: F401
 import dedup_pipeline.engine.migrate  # noqa: F401
 import dedup_pipeline.engine.session  # noqa: F401
+from dedup_pipeline.config import BUILTIN_DEMO, DatasetConfig
+from dedup_pipeline.config.loading import project_root
 from dedup_pipeline.engine.core.hooks import Progress
 from dedup_pipeline.engine.core.outputs import OUTPUTS
 from dedup_pipeline.engine.errors import infrastructure_cause
@@ -45,6 +49,48 @@ JOB_SUFFIXES = (LOAD_JOB_SUFFIX, REBUILD_JOB_SUFFIX, MIGRATE_JOB_SUFFIX)
 
 # a step's progress lines, beside its run log: the CLI prints this logger (cli/common.py)
 PROGRESS_LOGGER = logging.getLogger("dedup_pipeline.progress")
+
+
+def config_path(ds: DatasetConfig | None = None) -> str:
+    """The config file a command in a message names: DEDUP_CONFIG (what the standalone code
+    location loaded), else the file the dataset was read from (a component's `defs.yaml`, or the
+    CLI's `--config`); `<config.yaml>` only for the built-in demo dataset."""
+    if os.environ.get("DEDUP_CONFIG"):
+        return os.environ["DEDUP_CONFIG"]
+    if ds is not None and ds.config_file != BUILTIN_DEMO:
+        return ds.config_file
+    return "<config.yaml>"
+
+
+def with_config(ds: DatasetConfig | None, text: str) -> str:
+    """A message of the engine (its fixes say `--config <file>`) with the real config file."""
+    return text.replace("--config <file>", f"--config {config_path(ds)}")
+
+
+# the directory name Dagster's CLI gives the instance it makes without DAGSTER_HOME (`dg launch`,
+# `dagster asset materialize`; dagster._cli.utils.TMP_DAGSTER_HOME_PREFIX), removed at its exit
+TEMPORARY_HOME_PREFIX = ".tmp_dagster_home_"
+PROJECT_HOME = "dagster_home"  # where the CLI finds a dg project's instance (cli/runs.py)
+
+
+def temporary_instance_note(instance: dg.DagsterInstance, ds: DatasetConfig) -> str | None:
+    """One line when a run of `ds` is recorded in an instance that ends with its command (Dagster's
+    CLI without DAGSTER_HOME, or an in-memory one): what the UI will show, and how to keep runs.
+    None on a lasting instance."""
+    try:
+        temporary = instance.is_ephemeral or Path(instance.root_directory).name.startswith(
+            TEMPORARY_HOME_PREFIX)
+    except Exception:  # noqa: BLE001 - a courtesy line never fails a load
+        return None
+    if not temporary:
+        return None
+    root = project_root(Path(ds.config_file)) if ds.config_file != BUILTIN_DEMO else None
+    home = (root / PROJECT_HOME) if root is not None else Path.cwd() / PROJECT_HOME
+    found = "the project's instance" if (home / "dagster.yaml").is_file() else "for example"
+    return (f"{ds.name}: no DAGSTER_HOME, so this run is recorded in a temporary Dagster instance "
+            f"removed when the command exits; the hours it loads stay loaded (their commit "
+            f"records), and the landing sensor of the instance the UI uses reports them loaded. "
+            f"To keep runs: export DAGSTER_HOME={home} ({found}; the same for dg dev)")
 
 
 def progress(context: dg.OpExecutionContext) -> Progress:

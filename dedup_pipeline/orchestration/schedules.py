@@ -27,6 +27,7 @@ from dedup_pipeline.engine.core import landing
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import HOUR, compress_ranges, format_hour, parse_hour
+from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.names import (
     LATE_HOURS_TAG,
     PARTITION,
@@ -69,7 +70,7 @@ def build_hourly_schedule(ds: DatasetConfig, job: Any) -> dg.ScheduleDefinition:
         try:  # a run under a config that breaks the dataset contract would only fail: say why
             contract.check(st, ds, key, CommitLog(st).committed())
         except contract.ContractError as e:
-            return dg.SkipReason(f"not loading {key}: {e}")
+            return dg.SkipReason(runs.with_config(ds, f"not loading {key}: {e}"))
         # the partition tag set here: the request needs no repository to resolve it
         return dg.RunRequest(run_key=f"{ds.name}:hourly:{key}", job_name=job.name, partition_key=key,
                              tags={PARTITION: key})
@@ -102,7 +103,7 @@ def build_reconcile_schedule(ds: DatasetConfig, job_name: str) -> dg.ScheduleDef
         try:  # a run under a config that breaks the dataset contract would only fail: say why
             contract.check(st, ds, first, CommitLog(st).committed())
         except contract.ContractError as e:
-            return dg.SkipReason(f"not reloading {first} .. {last}: {e}")
+            return dg.SkipReason(runs.with_config(ds, f"not reloading {first} .. {last}: {e}"))
         tick = context.scheduled_execution_time
         stamp = tick.strftime("%Y-%m-%dT%H:%M") if tick else "now"
         return dg.RunRequest(

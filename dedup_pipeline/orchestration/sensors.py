@@ -57,7 +57,7 @@ from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.lock import Lock
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import compress_ranges, format_hour, format_tag, hour_range, parse_hour, to_tag
-from dedup_pipeline.orchestration import runs
+from dedup_pipeline.orchestration import hour_events, runs
 from dedup_pipeline.orchestration.landing_checks import build_input_check, build_input_check_job
 from dedup_pipeline.orchestration.names import PARTITION, TRIGGER_TAG, landing_sensor_name, range_tags
 
@@ -177,7 +177,8 @@ def _stalled(instance: dg.DagsterInstance, ds: DatasetConfig, frontier: str, thr
     hours = compress_ranges(hour_range(frontier, through))
     return (f"hour(s) {hours} were requested but are not loaded, and no run of {ds.name!r} is in "
             f"progress; {latest}. Not retried automatically: fix the cause, then re-execute that "
-            f"run (or `dedup-pipeline run --from {frontier} --to {through}`); the sensor resumes "
+            f"run (or `dedup-pipeline run --config <file> --from {frontier} --to {through}`); the "
+            f"sensor resumes "
             f"once the commit records show the hours loaded (or requests them again once an index "
             f"rebuild of the dataset has succeeded since that run).")
 
@@ -209,7 +210,14 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
         if running:
             return dg.SensorResult(skip_reason=f"waiting for {describe_run(running[0])}",
                                    cursor=cur.dump())
-        committed = CommitLog(Storage(ds.output)).committed()
+        log = CommitLog(Storage(ds.output))
+        committed = log.committed()
+        # hours loaded where this instance did not see them (a `dg launch` on a temporary
+        # instance, a CLI run under another DAGSTER_HOME): reported loaded, from their records
+        seen_now = errors.guard(
+            "reporting hours loaded outside this instance",
+            lambda: hour_events.report_unseen(
+                ds, log, hour_events.unseen_hours(context.instance, ds, committed)), [])
         changes = errors.guard("comparing loaded hours' landing files with their commit records",
                                lambda: landing.changed_hours(ds, committed), [])
         saved = (dict(cur.reported), cur.check_runs)
@@ -228,11 +236,18 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
 
         def result(load: dg.RunRequest | None, skip: str | None) -> dg.SensorResult:
             errors.report(context, cur)
+            skip = runs.with_config(ds, skip) if skip else skip
             requests = ([load] if load else []) + checks
-            if requests:
+            if seen_now:
+                hours = compress_ranges(sorted({parse_hour(e.partition) for e in seen_now
+                                                if e.partition is not None}))
+                context.log.info(f"{ds.name}: reported hour(s) {hours} loaded: committed, but "
+                                 "loaded outside this Dagster instance")
+            if requests or seen_now:
                 if skip:  # Dagster takes no skip reason beside run requests: into the tick's log
                     context.log.info(skip)
-                return dg.SensorResult(run_requests=requests, cursor=cur.dump())
+                return dg.SensorResult(run_requests=requests, cursor=cur.dump(),
+                                       asset_events=seen_now)
             return dg.SensorResult(skip_reason=skip, cursor=cur.dump())
 
         frontier = landing.first_unloaded(ds, committed)

@@ -36,7 +36,8 @@ def verify(config: str, dataset: str | None, repair: bool) -> None:
             execute_job(cfg, upkeep_job_name(ds.name), False, {"ops": ops}, name_run=True,
                         spark=False)
     click.echo(spark_note(cfg))
-    spark = get_session(SparkSettings(cfg.spark.master, cfg.spark.remote, cfg.spark.conf))
+    spark = get_session(SparkSettings(cfg.spark.master, cfg.spark.remote, cfg.spark.conf),
+                        [r for ds in chosen for r in (ds.output, ds.source.path)])
     failed = False
     for ds in chosen:
         try:

@@ -58,6 +58,7 @@ from dedup_pipeline.engine.core.outputs import OUTPUTS, UNIQUE, columns, partiti
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.errors import UserError
 from dedup_pipeline.hours import format_tag
+from dedup_pipeline.objectstore import S3Settings
 
 PART = LOAD_HOUR_PARTITION  # the partition column: in the Delta log and the directory names, not the files
 PENDING = "_publish"  # hours whose tables may lag their commit record
@@ -134,6 +135,11 @@ def table_uri(st: Storage, name: str) -> str:
         raise LakeError(f"{uri}: delta-rs cannot open fsspec's memory:// file system; set "
                         "output_format: parquet for an in-memory output")
     return "s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri
+
+
+def table_options(st: Storage) -> dict[str, str] | None:
+    """delta-rs's storage options for the tables of `st` (S3: objectstore.py's one mapping)."""
+    return S3Settings.from_env().delta_options() if st.s3 else None
 
 
 def new_token(previous: int | None = None) -> int:
@@ -237,7 +243,7 @@ def _evolve(dt: DeltaTable, want: pa.Schema) -> pa.Schema:
 def open_table(st: Storage, name: str, version: int | None = None) -> DeltaTable | None:
     """Output `name`'s table (at `version`), or None where it is not a Delta table (yet)."""
     try:
-        return DeltaTable(table_uri(st, name), version=version)
+        return DeltaTable(table_uri(st, name), version=version, storage_options=table_options(st))
     except TableNotFoundError:
         return None
 
@@ -330,6 +336,7 @@ def publish_hour(st: Storage, ds: DatasetConfig, name: str, tag: str,
                              custom_metadata={"dedup_pipeline.load_hour": format_tag(tag)})
     if dt is None:
         create_table_with_add_actions(uri, Schema.from_arrow(schema), adds, mode="error",
+                                      storage_options=table_options(st),
                                       partition_by=[PART], commit_properties=props,
                                       post_commithook_properties=_HOOKS)
         return Published(name, uri, 0, len(want), True)

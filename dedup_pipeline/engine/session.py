@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from pyspark.sql import SparkSession
 
 from dedup_pipeline.engine.connect_host import CONNECT_PLUGIN, HOST_CONF, SCRIPT
 from dedup_pipeline.errors import UserError
+from dedup_pipeline.objectstore import COMMITTER_CLASS, S3A_CLASS, S3Settings, any_s3
 
 DEFAULT_MASTER = "local[*]"
 PARALLEL_GC = "-XX:+UseParallelGC"
@@ -141,16 +142,97 @@ def connect_session_exists() -> bool:
             or ConnectSession.getActiveSession() is not None)
 
 
-def get_session(settings: SparkSettings) -> SparkSession:
-    """Create (or reuse) the process's session. Never called while definitions load."""
+class S3ConnectorError(UserError, RuntimeError):
+    """Spark cannot reach S3: its S3A connector is not on the classpath (design.md S5)."""
+
+    stage = "Spark's S3 connector (hadoop-aws)"
+    fix = "run scripts/fetch_jars.sh, or give Spark the jars yourself (spark.jars.packages)"
+
+
+# Where scripts/fetch_jars.sh caches the S3A connector's jars, per Spark and Hadoop version.
+JARS_CACHE_ENV = "DEDUP_SPARK_JARS_CACHE"
+
+
+def spark_versions() -> tuple[str, str]:
+    """The installed pyspark's Spark version and the Hadoop client version inside it."""
+    jars = spark_home() / "jars"
+    core = next(jars.glob("spark-core_*.jar"), None)
+    api = next(jars.glob("hadoop-client-api-*.jar"), None)
+    spark = core.stem.rsplit("-", 1)[1] if core else "unknown"
+    hadoop = api.stem[len("hadoop-client-api-"):] if api else "unknown"
+    return spark, hadoop
+
+
+def s3_jars_dir() -> Path:
+    """The cache directory of the S3A jars matching the installed pyspark."""
+    base = os.environ.get(JARS_CACHE_ENV) or str(Path.home() / ".cache" / "dedup_pipeline" /
+                                                   "spark-jars")
+    spark, hadoop = spark_versions()
+    return Path(base) / f"spark-{spark}-hadoop-{hadoop}"
+
+
+def s3_conf(conf: Mapping[str, str]) -> dict[str, str]:
+    """What a session or the Connect server needs to read and write ``s3a://``: S3A's settings
+    from the environment (objectstore.py), then `conf` (the user's win), with the cached
+    connector jars added to `spark.jars`. `S3ConnectorError` when neither the cache nor the
+    user's own settings bring the connector."""
+    out = {**S3Settings.from_env().spark_conf(), **conf}
+    jars_dir = s3_jars_dir()
+    cached = sorted(str(p) for p in jars_dir.glob("*.jar")) if (jars_dir / ".complete").exists() \
+        else []
+    theirs = " ".join(conf.get(k, "") for k in ("spark.jars", "spark.jars.packages",
+                                                 "spark.driver.extraClassPath"))
+    if not cached and "hadoop-aws" not in theirs:
+        spark, hadoop = spark_versions()
+        raise S3ConnectorError(
+            f"a dataset lives on S3, and Spark {spark} has no S3A connector: no jars in "
+            f"{jars_dir}. Run scripts/fetch_jars.sh (Maven fetches hadoop-aws {hadoop}, the AWS "
+            f"SDK v2 modules and spark-hadoop-cloud), or set spark.jars.packages to "
+            f"org.apache.hadoop:hadoop-aws:{hadoop} and spark-hadoop-cloud yourself; on EMR, "
+            "Databricks and Dataproc the connector is built in (docs/operations.md, \"Running on "
+            "S3\")")
+    if cached:
+        out["spark.jars"] = ",".join([*cached, *[j for j in conf.get("spark.jars", "").split(",")
+                                                   if j.strip()]])
+    return out
+
+
+def check_s3_classes(spark: SparkSession) -> None:
+    """After the session starts: the connector and the committer load (a session this process
+    already had may have started without them; getOrCreate ignores new jars)."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        return  # Spark Connect: the server's classpath, not visible from here
+    jvm = spark.sparkContext._jvm  # noqa: SLF001 - py4j: the one way to ask the driver's JVM
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    for cls in (S3A_CLASS, COMMITTER_CLASS):
+        try:
+            jvm.java.lang.Class.forName(cls, False, loader)
+        except Exception as e:  # noqa: BLE001 - py4j's error for a missing class
+            raise S3ConnectorError(
+                f"a dataset lives on S3, and this process's Spark session has no {cls} (it was "
+                f"started without the S3A jars, or they do not match Spark): {str(e)[:200]}. Run "
+                "scripts/fetch_jars.sh and start the run in a new process") from None
+
+
+def get_session(settings: SparkSettings, roots: Iterable[str] = ()) -> SparkSession:
+    """Create (or reuse) the process's session. Never called while definitions load.
+
+    `roots`: the dataset paths the session will read and write; any ``s3://``/``s3a://`` one
+    brings S3A's settings and jars (`s3_conf`), checked before any work."""
     s = settings.resolved()
+    s3 = any_s3(roots)
     if s.remote:
         check_server(s.remote)
+    conf = session_conf(s)
+    if s3 and not s.remote:
+        conf = s3_conf(conf)
     builder = SparkSession.builder.appName(s.app_name)
     builder = builder.remote(s.remote) if s.remote else builder.master(s.master or DEFAULT_MASTER)
-    for k, v in session_conf(s).items():
+    for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
+    if s3:
+        check_s3_classes(spark)
     if s.remote:
         limit_connect_retries(spark)
     for k in ("spark.sql.session.timeZone", "spark.sql.parquet.outputTimestampType",

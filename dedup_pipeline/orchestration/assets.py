@@ -158,7 +158,10 @@ class DatasetDefs:
     job: Any  # the unresolved asset job of define_asset_job
 
 
-def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
+def build_dataset_defs(ds: DatasetConfig, group: str | None = None) -> DatasetDefs:
+    """The dataset's assets and load job; `group`: their asset group (default: the dataset's
+    name, `names.group_name`)."""
+    group = group or names.group_name(ds.name)
     pdef = hourly_partitions(ds)
     raw_key = names.asset_key(ds.name, RAW)
     index_key = names.asset_key(ds.name, INDEX)
@@ -166,7 +169,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
         raw_key,
         description=DESCRIPTIONS[RAW].format(path=ds.source.path),
         partitions_def=pdef,
-        group_name=names.group_name(ds.name),
+        group_name=group,
         kinds={ds.source.format},
         metadata={"path": ds.source.path, "format": ds.source.format},
     )
@@ -176,7 +179,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
             deps=[raw_key],
             description=DESCRIPTIONS[name].format(output=ds.output, table=_table_kind(ds)),
             partitions_def=pdef,
-            group_name=names.group_name(ds.name),
+            group_name=group,
             kinds={"spark", _kind(ds)},
             metadata={"dagster/column_schema": _column_schema(ds, name),
                       "path": f"{ds.output}/{name}"},
@@ -190,7 +193,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
                 start_offset=-1, end_offset=-1))],
             description=DESCRIPTIONS[INDEX],
             partitions_def=pdef,
-            group_name=names.group_name(ds.name),
+            group_name=group,
             kinds={"spark", _kind(ds)},
             metadata={"dagster/column_schema": _index_schema(ds), "path": f"{ds.output}/index"},
         )
@@ -217,7 +220,7 @@ def build_dataset_defs(ds: DatasetConfig) -> DatasetDefs:
         results: list[CommitRecord] = []
         session = None
         try:
-            session = dedup_spark.get_session()
+            session = dedup_spark.get_session((ds.output, ds.source.path))
             load_hours(session, ds, partition_keys, progress, f"dagster run {context.run.run_id}",
                        remote=dedup_spark.remote_url(), on_hour=results.append)
         except (Exception, KeyboardInterrupt, dg.DagsterExecutionInterruptedError) as err:

@@ -51,7 +51,7 @@ def build_rebuild_job(ds: DatasetConfig) -> dg.JobDefinition:
         say = runs.progress(context)
         say(f"{ds.name}: rebuilding index entries of {scope} from unique")
         with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id} (index rebuild)"):
-            res = rebuild_index(dedup_spark.get_session(), ds, tags)
+            res = rebuild_index(dedup_spark.get_session((ds.output, ds.source.path)), ds, tags)
             after = check_index(Storage(ds.output), ds)
         say(f"{ds.name}: rebuilt {res.entries} entries of {res.loads} load(s) in "
                          f"{res.seconds:.1f}s; index now: {after.summary()}")
@@ -78,7 +78,7 @@ def build_migrate_job(ds: DatasetConfig) -> dg.JobDefinition:
     def migrate_op(context: dg.OpExecutionContext, dedup_spark: SparkResource) -> None:
         say = runs.progress(context)
         with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id} (migrate)"):
-            res = migrate(dedup_spark.get_session(), ds, say)
+            res = migrate(dedup_spark.get_session((ds.output, ds.source.path)), ds, say)
         say(res.summary())
         if res.to_version is not None:
             context.log_event(dg.AssetObservation(
@@ -95,10 +95,11 @@ def build_migrate_job(ds: DatasetConfig) -> dg.JobDefinition:
     return job
 
 
-def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition) -> dg.SensorDefinition:
+def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition, running: bool = True
+                          ) -> dg.SensorDefinition:
     @dg.sensor(name=names.recovery_sensor_name(ds.name), job=job,
                minimum_interval_seconds=RECOVERY_INTERVAL_S,
-               default_status=dg.DefaultSensorStatus.RUNNING,
+               default_status=names.sensor_status(running),
                description="Detects a missing or damaged key index (files vs commit records) and "
                            "launches a rebuild of the affected hours.")
     def recovery(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
@@ -133,7 +134,7 @@ def _restate(instance: dg.DagsterInstance, run: dg.DagsterRun, ds: DatasetConfig
         hour_events.restate_finished_run(instance, ds, run)
 
 
-def build_run_end_sensors(ds: DatasetConfig) -> list[dg.SensorDefinition]:
+def build_run_end_sensors(ds: DatasetConfig, running: bool = True) -> list[dg.SensorDefinition]:
     """The sensors on the dataset's runs that end without success: `{ds}_run_failure_summary` (a
     failed run: the summary paragraph into its log, then the committed hours it did not load
     restated) and `{ds}_run_canceled_restate` (a cancelled load: its committed hours restated).
@@ -142,7 +143,7 @@ def build_run_end_sensors(ds: DatasetConfig) -> list[dg.SensorDefinition]:
     dataset's by `runs.dataset_of_run`; any other run is left alone."""
 
     @dg.run_failure_sensor(name=names.run_failure_sensor_name(ds.name),
-                           default_status=dg.DefaultSensorStatus.RUNNING)
+                           default_status=names.sensor_status(running))
     def run_failure_summary(context: dg.RunFailureSensorContext) -> None:
         """Writes one paragraph (dataset, hours, cause, fix) into the dataset's failed run's own
         event log, and restates the committed hours the run did not load."""
@@ -157,7 +158,7 @@ def build_run_end_sensors(ds: DatasetConfig) -> list[dg.SensorDefinition]:
 
     @dg.run_status_sensor(name=names.run_canceled_sensor_name(ds.name),
                           run_status=dg.DagsterRunStatus.CANCELED,
-                          default_status=dg.DefaultSensorStatus.RUNNING,
+                          default_status=names.sensor_status(running),
                           description=f"Restates the committed hours a cancelled load of {ds.name} "
                                       "did not load, so their partitions show their committed load.")
     def run_canceled_restate(context: dg.RunStatusSensorContext) -> None:

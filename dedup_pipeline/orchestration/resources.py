@@ -14,6 +14,7 @@ sharing it) stays open, and a local session ends with its process. Evidence: doc
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from typing import Any
 
 import dagster as dg
@@ -36,10 +37,11 @@ class SparkResource(dg.ConfigurableResource):
     def from_config(cls, cfg: SparkConfig) -> SparkResource:
         return cls(master=cfg.master, remote=cfg.remote, conf=dict(cfg.conf))
 
-    def get_session(self) -> SparkSession:
+    def get_session(self, roots: Iterable[str] = ()) -> SparkSession:
+        """The run's session; `roots`: the dataset paths it reads and writes (S3 needs S3A)."""
         settings = SparkSettings(self.master, self.remote, dict(self.conf))
         opened = settings.resolved().remote is not None and not connect_session_exists()
-        spark = get_session(settings)
+        spark = get_session(settings, roots)
         if opened:
             self._owned = spark
         return spark

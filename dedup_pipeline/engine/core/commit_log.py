@@ -21,8 +21,9 @@ from typing import Any, Literal
 
 from dedup_pipeline.engine.core import commits, formats
 from dedup_pipeline.engine.core.commits import CommitRecord, IndexFileEntry
+from dedup_pipeline.engine.core.lock import LeaseLostError, fence
 from dedup_pipeline.engine.core.records import Record
-from dedup_pipeline.engine.core.storage import Storage
+from dedup_pipeline.engine.core.storage import Conflict, Storage
 from dedup_pipeline.hours import HourSet, is_tag
 
 SUMMARY = "_commit_log.json"  # at the output root, beside _commits/
@@ -103,6 +104,7 @@ class CommitLog:
         self.st = st
         self.state: Summary | None = None  # the latest check's view, which the next save extends
         self.expected: str | None = None  # the _commits mtime after this holder's last change
+        self.etags: dict[str, str] = {}  # records this holder wrote: the ETag of its version
 
     # ---------------------------------------------------------------- reading
     def path(self, tag: str) -> str:
@@ -179,17 +181,44 @@ class CommitLog:
         if self.expected is not None and self.mtime() != self.expected:
             self.expected = None  # somebody else changed records since
         fn(*args)
+        self._stamp()
+
+    def _stamp(self) -> None:
         if self.expected is not None:
             # stamped, so a change by anybody else later, even within the same tick, shows
             self.expected = self.st.stamp_dir(self.st.path(commits.COMMITS))
 
-    def write(self, record: CommitRecord) -> None:
-        """Write (or atomically replace) the record of `record.load_hour`: H is committed."""
-        self._change(commits.write_commit, self.st, record)
+    def write(self, record: CommitRecord, *, new: bool = False) -> CommitRecord:
+        """Write (or atomically replace) the record of `record.load_hour`: H is committed. The
+        record carries the generation of the dataset lease (object stores), renewed first: a
+        holder that lost its lease raises `LeaseLostError` and writes nothing (design.md S4). A
+        `new` record (a load's: it forgot the hour first) is created only if still absent, one
+        this holder wrote is replaced only over its own version: another writer's record is never
+        overwritten. Returns the record as written."""
+        tag = record.load_hour
+        generation = fence(self.st)
+        if generation is not None:
+            record = record.with_(lock_generation=generation)
+        if self.expected is not None and self.mtime() != self.expected:
+            self.expected = None
+        try:
+            self.etags[tag] = commits.write_commit(
+                self.st, record, if_absent=new and tag not in self.etags,
+                if_match=self.etags.get(tag))
+        except Conflict as e:
+            seen = "wrote it" if tag in self.etags else "found it absent"
+            raise LeaseLostError(
+                f"the commit record of {tag} was changed by another run since this one {seen} "
+                f"({e}): this run no longer holds the dataset; it stops without overwriting that "
+                "record") from None
+        self._stamp()
+        return record
 
     def forget(self, tag: str) -> None:
         """Delete the record of `tag`: from now on the hour is not loaded."""
+        fence(self.st)
         self._change(commits.invalidate, self.st, tag)
+        self.etags.pop(tag, None)
 
     def save_summary(self, drop: Iterable[str] = (), add: CommitRecord | None = None) -> None:
         """Save the followed state without the hours in `drop`, with the record `add` (just

@@ -227,7 +227,7 @@ def commit(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
     except Exception:  # (a crash leaves them to the next attempt, which forgets them first)
         write.forget_outputs(st, tag, w.out_files if write.beside_tables(ds) else None)
         raise
-    p.log.write(record)
+    record = p.log.write(record, new=True)
     return record
 
 
@@ -248,7 +248,7 @@ def after_commit(p: Prepared, c: Classified, record: CommitRecord, wings: Wings,
         changed.update(step(after) or {})
         clock.lap(name)
     final = record.with_(**changed, seconds=clock.with_total())
-    p.log.write(final)
+    final = p.log.write(final)
     # H's final record joins the summary; its mtime only if no one else changed records meanwhile
     p.log.save_summary(drop={p.tag}, add=final)
     return final

@@ -1,6 +1,12 @@
 """The dataset lock: one writer per dataset across processes and hosts (design.md R10, R10a).
 
-A lock file in the dataset's storage (`_lock`), so runs from any process never interleave.
+A lock file in the dataset's storage (`_lock`), so runs from any process never interleave. On a
+local file system it is held for as long as its process lives (`flock` guard, take-over of a dead
+pid's lock). On an object store it is a lease (design.md S4): taken by a conditional create
+(``If-None-Match: *``), renewed by a heartbeat and taken over after its expiry by a write
+conditional on the ETag read (``If-Match``), released by a conditional delete. Every lease carries
+a generation above the one it replaced, written into the commit records; a holder that lost its
+lease cannot change a record (`fence`, called by the commit log before each change).
 """
 
 from __future__ import annotations
@@ -11,12 +17,13 @@ import fcntl
 import json
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from dedup_pipeline.engine.core.storage import Storage, fsync_dir
+from dedup_pipeline.engine.core.storage import Conflict, Storage, fsync_dir
 from dedup_pipeline.errors import UserError
 
 
@@ -26,6 +33,35 @@ class DatasetLockedError(UserError, RuntimeError):
     stage = "the dataset lock (another run of {ds} held it)"
     fix = ("nothing was written; wait for the other run to finish and launch {hours} again only if "
            "it is still not loaded (runs of one dataset queue when the pool limit {pool}=1 is set)")
+
+
+class LeaseLostError(UserError, RuntimeError):
+    """The run's lease on the dataset expired and another run took it over (design.md S4)."""
+
+    stage = "the dataset lease (this run lost it: paused or cut off past its expiry)"
+    fix = ("nothing more was committed by this run; the run that took the lease over goes on. "
+           "Launch {hours} again only if they are still not loaded")
+
+
+# How long a lease on an object store lasts without renewal, and how often its holder renews it.
+# A taker waits for the expiry by its own clock: clocks of the hosts sharing a dataset must agree
+# to well within LEASE_SECONDS (NTP keeps them within milliseconds).
+LEASE_SECONDS = float(os.environ.get("DEDUP_LEASE_SECONDS", "60"))
+
+# The leases this process holds, by dataset root: what `fence` checks before a record changes.
+_HELD: dict[str, Lock] = {}
+
+
+def fence(st: Storage) -> int | None:
+    """Before a commit record changes: the generation of this process's lease on `st`'s dataset,
+    renewed now at the store (``If-Match``), so a holder that lost it raises `LeaseLostError`
+    instead of writing. None where the lock is not a lease (local file systems: a live holder
+    never loses its lock) or is not held by this process (a read-only tool)."""
+    held = _HELD.get(st.uri_root)
+    if held is None:
+        return None
+    held.renew()
+    return held.generation
 
 
 @dataclass
@@ -40,14 +76,23 @@ class Lock:
     guard file ``_lock.guard``, so "read the lock, see it stale, replace it" is one step that no
     other process can interleave with; the OS drops the guard when its holder dies. A new lock is
     written to a temp file, fsynced, and linked (create) or renamed (take-over) into ``_lock``, the
-    directory fsynced, and the lock read back to confirm this run owns it. Object stores have no
-    create-if-absent: there the lock is best effort (see docs/operations.md, "One run at a time").
+    directory fsynced, and the lock read back to confirm this run owns it. On object stores the
+    lock is a lease (the module's docstring).
     """
 
     storage: Storage
     owner: str
     path: str = ""
     token: str = ""
+    lease_s: float = 0.0  # 0: LEASE_SECONDS
+    generation: int | None = None  # of the lease held (object stores)
+    etag: str = ""  # of the lease as this holder last wrote it
+    renewed_at: float = 0.0  # monotonic time of the last renewal the store accepted
+    lost: str = ""  # why the lease is no longer this holder's
+    _body: dict | None = None
+    _beat: threading.Thread | None = None
+    _stop: threading.Event | None = None
+    _mutex: threading.Lock | None = None
 
     def acquire(self) -> Lock:
         self.path = self.storage.path("_lock")
@@ -61,7 +106,7 @@ class Lock:
                 with self._guard() as guarded:
                     held = self._acquire_local(json.dumps(me), guarded)
             else:
-                held = self._acquire_remote(json.dumps(me))
+                held = self._acquire_lease(me)
         except OSError as e:  # e.g. `_lock` or `_lock.guard` is a directory, or not writable
             raise DatasetLockedError(
                 f"dataset at {self.storage.uri_root}: the lock {self.path} cannot be taken "
@@ -88,7 +133,7 @@ class Lock:
             held = probe._read()
         except OSError:
             return None
-        if not held or cls._is_stale(held):
+        if not held or (probe._lease_expired(held) if not storage.local else cls._is_stale(held)):
             return None
         return (f"{held.get('owner')} (pid {held.get('pid')} on {held.get('host')}, since "
                 f"{held.get('since')})")
@@ -103,9 +148,12 @@ class Lock:
                     os.remove(self.path)
                     fsync_dir(self.storage.root)
             return
-        held = self._read()
-        if held and held.get("token") == self.token:
-            self.storage.remove(self.path)
+        self._stop_heartbeat()
+        _HELD.pop(self.storage.uri_root, None)
+        if self.lost:
+            return  # another run's lease now: never deleted by this one
+        with contextlib.suppress(Conflict):  # taken over meanwhile: the other run's lease stays
+            self.storage.delete(self.path, if_match=self.etag)
 
     def __enter__(self) -> Lock:
         return self.acquire()
@@ -182,18 +230,97 @@ class Lock:
             return mine or {}
         return None
 
-    # -- elsewhere: best effort -----------------------------------------------------------------
-    def _acquire_remote(self, text: str) -> dict | None:
-        held = self._read() if self.storage.exists(self.path) else None
-        if held is not None and not self._is_stale(held):
-            return held
-        with self.storage.fs.open(self.path, "w") as f:
-            f.write(text)
-        time.sleep(0.2)  # a racing writer's object would now be visible: re-read to confirm
-        mine = self._read()
-        if not mine or mine.get("token") != self.token:
-            return mine or {}
-        return None
+    # -- object stores: a lease -------------------------------------------------------------------
+    def _acquire_lease(self, me: dict) -> dict | None:
+        """Take the lease: create `_lock` if absent, or replace an expired (or dead local) one
+        conditionally on the ETag read; None on success, else what holds it."""
+        st = self.storage
+        st.check_conditional_writes()
+        self.lease_s = self.lease_s or LEASE_SECONDS
+        for _ in range(5):  # a racing taker or releaser: read again
+            got = st.get(self.path)
+            held: dict | None = None
+            if got is not None:
+                held = _parse(got[0])
+                if held is not None and not self._lease_expired(held):
+                    return held
+            prev = held.get("generation") if held else None
+            gen = max(int(prev) + 1 if isinstance(prev, int) else 0, time.time_ns() // 1000)
+            body = {**me, "generation": gen, "lease_seconds": self.lease_s,
+                    "expires": time.time() + self.lease_s}
+            try:
+                if got is None:
+                    self.etag = st.put(self.path, _dump(body), if_absent=True)
+                else:
+                    self.etag = st.put(self.path, _dump(body), if_match=got[1])
+            except Conflict:
+                continue
+            self.generation, self.renewed_at, self.lost = gen, time.monotonic(), ""
+            self._body = body
+            _HELD[st.uri_root] = self
+            st.finish_moves()  # a previous holder's directory moves a crash cut short
+            self._start_heartbeat()
+            return None
+        got = st.get(self.path)
+        return (_parse(got[0]) if got else None) or {}
+
+    def _lease_expired(self, held: dict) -> bool:
+        exp = held.get("expires")
+        if not isinstance(exp, int | float):
+            return True  # not a lease this product wrote whole: taken over
+        if time.time() > exp:
+            return True
+        return held.get("host") == socket.gethostname() and self._is_stale(held)
+
+    def renew(self) -> None:
+        """Extend the lease at the store (``If-Match`` on the ETag this holder wrote);
+        `LeaseLostError` if it is no longer this holder's."""
+        if self._mutex is None:
+            self._mutex = threading.Lock()
+        with self._mutex:
+            if self.lost:
+                raise LeaseLostError(self.lost)
+            if time.monotonic() - self.renewed_at > self.lease_s:
+                # expired by this holder's own clock: another run may hold it now even if the
+                # renewal below would still be accepted (nobody took it over yet)
+                self.lost = (f"the lease on {self.storage.uri_root} expired "
+                             f"({time.monotonic() - self.renewed_at:.0f} s since its last renewal, "
+                             f"lease {self.lease_s:.0f} s): this run was paused or cut off")
+            else:
+                body = {**(self._body or {}), "expires": time.time() + self.lease_s}
+                try:
+                    self.etag = self.storage.put(self.path, _dump(body), if_match=self.etag)
+                    self._body = body
+                    self.renewed_at = time.monotonic()
+                    return
+                except Conflict:
+                    self.lost = (f"the lease on {self.storage.uri_root} was taken over by another "
+                                 "run after it expired")
+            raise LeaseLostError(f"dataset at {self.storage.uri_root}: {self.lost}; this run "
+                                 "stops before changing any commit record")
+
+    def _start_heartbeat(self) -> None:
+        self._stop = threading.Event()
+        stop = self._stop
+
+        def beat() -> None:
+            while not stop.wait(self.lease_s / 4):
+                try:
+                    self.renew()
+                except LeaseLostError:
+                    return
+                except Exception:  # noqa: BLE001 - a failed request: the next beat retries
+                    continue
+
+        self._beat = threading.Thread(target=beat, name="dedup-lease", daemon=True)
+        self._beat.start()
+
+    def _stop_heartbeat(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        if self._beat is not None and self._beat is not threading.current_thread():
+            self._beat.join(timeout=5)
+        self._beat = self._stop = None
 
     def _read(self) -> dict | None:
         try:
@@ -220,6 +347,18 @@ class Lock:
         started = held.get("started")
         now = _process_start(pid)
         return isinstance(started, int) and now is not None and now != started
+
+
+def _dump(body: dict) -> bytes:
+    return json.dumps(body, sort_keys=True).encode()
+
+
+def _parse(data: bytes) -> dict | None:
+    try:
+        held = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return held if isinstance(held, dict) else None
 
 
 def _process_start(pid: int) -> int | None:

@@ -8,12 +8,20 @@ root's own back, so what Spark is given always names the same file system the ro
 Atomicity (design.md L3): on a local Linux file system a partition is swapped in with
 ``renameat2(RENAME_EXCHANGE)``, so a reader sees the old complete directory or the new one, never
 neither. Elsewhere it is two renames (old aside, new in): readers may briefly see no partition, never
-a mix (HDFS renames a directory atomically). On object stores a "rename" is copy+delete and is not
-atomic at all (see deploy/README.md, "Where data lives").
+a mix (HDFS renames a directory atomically).
+
+What each write needs is stated here, and local disk and object stores differ only in this module
+(design.md S1-S3): `put` writes one object whole, plainly, only if absent (``If-None-Match: *``) or
+only over the version it read (``If-Match`` on its ETag); `get` returns the content with that ETag;
+`delete` may be conditional on it. An object store has no rename: a directory `move` there is
+copy, then delete, journaled in ``_moves/`` first so that the next holder of the dataset lock rolls
+an interrupted one forward (`finish_moves`); files whose names start with ``_`` (manifests) are
+copied last, so a directory's manifest never vouches for files not yet there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -26,10 +34,12 @@ import uuid
 from typing import Any
 
 import fsspec
+import fsspec.asyn
 import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
+from dedup_pipeline.objectstore import S3Settings, is_s3
 from dedup_pipeline.uris import normalize_uri
 
 _RENAME_EXCHANGE = 2
@@ -39,6 +49,16 @@ _AT_FDCWD = -100
 ROWS_PER_FILE = 1_000_000
 
 TMP = "_tmp"  # below the output root: what a load or a migration writes before moving it in
+MOVES = "_moves"  # below the output root: the journal of directory moves on an object store
+
+
+class Conflict(Exception):
+    """A conditional write or delete was refused: the object exists (`put(if_absent=True)`), or it
+    changed (or went) since the ETag the writer names was read."""
+
+
+class UnsafeStoreError(RuntimeError):
+    """The object store accepted a write it was told to refuse (it ignores conditional headers)."""
 
 
 def _libc() -> Any | None:
@@ -67,6 +87,32 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+_PROBED: set[str] = set()  # buckets whose conditional writes were checked in this process
+
+
+def _etag(data: bytes) -> str:
+    """An ETag for content written outside S3 (S3's own for a single-part PUT is its MD5 too)."""
+    return '"' + hashlib.md5(data, usedforsecurity=False).hexdigest() + '"'
+
+
+def _precondition_failed(e: BaseException) -> bool:
+    """Whether s3fs's error `e` is the store's 412 PreconditionFailed (or 409 for a conditional
+    write racing another: S3 answers ConditionalRequestConflict)."""
+    cause = e.__cause__ or e.__context__
+    resp = getattr(cause, "response", None) or {}
+    code = (resp.get("Error") or {}).get("Code")
+    status = (resp.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412) \
+        or isinstance(e, FileExistsError)
+
+
+async def _s3_get(fs: Any, bucket: str, key: str) -> tuple[bytes, str]:
+    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key)  # noqa: SLF001 - s3fs's client
+    async with resp["Body"] as body:
+        data = await body.read()
+    return data, str(resp["ETag"])
+
+
 _GLOB_CHARS = re.compile(r"([\\\[\]*?{}])")
 
 
@@ -84,11 +130,135 @@ class Storage:
 
     def __init__(self, root: str):
         root = normalize_uri(root)
-        fs, self.root = fsspec.core.url_to_fs(root)
+        fs, self.root = fsspec.core.url_to_fs(
+            root, **(S3Settings.from_env().fsspec_options() if is_s3(root) else {}))
         self.root = self.root.rstrip("/")
         self.local = isinstance(fs, LocalFileSystem)
         self.fs = fs
         self.uri_root = root.rstrip("/")
+        self.s3 = type(fs).__module__.startswith("s3fs")
+
+    # -- single objects: what each write needs (design.md S1) ------------------------------------
+    def put(self, path: str, data: bytes, *, if_absent: bool = False,
+            if_match: str | None = None) -> str:
+        """Write the object `path` whole and return its new ETag. `if_absent`: only if there is
+        none (`Conflict` otherwise); `if_match`: only over the version with that ETag.
+
+        S3: one PUT with ``If-None-Match: *`` / ``If-Match``, decided by the store. Local: a
+        fsynced temp file linked (absent) or renamed (otherwise) into place; the ETag is the
+        content's MD5, and `if_match` is compared here (one writer per dataset holds the OS lock).
+        """
+        if self.s3:
+            bucket, key, _ = self.fs.split_path(path)
+            extra: dict[str, str] = {}
+            if if_absent:
+                extra["IfNoneMatch"] = "*"
+            if if_match is not None:
+                extra["IfMatch"] = if_match
+            try:
+                out = self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **extra)
+            except OSError as e:
+                if _precondition_failed(e):
+                    raise Conflict(f"{self.to_uri(path)}: {'exists' if if_absent else 'changed'}"
+                                   ) from None
+                raise
+            self.fs.invalidate_cache(path)
+            return str(out["ETag"])
+        parent = path.rsplit("/", 1)[0]
+        self.makedirs(parent)
+        if not self.local:  # another fsspec store: no conditional writes (design.md S3)
+            if if_absent and self.exists(path):
+                raise Conflict(f"{self.to_uri(path)}: exists")
+            if if_match is not None and (self.get(path) or (b"", ""))[1] != if_match:
+                raise Conflict(f"{self.to_uri(path)}: changed")
+            self.fs.pipe_file(path, data)
+            return _etag(data)
+        if if_match is not None and (self.get(path) or (b"", ""))[1] != if_match:
+            raise Conflict(f"{path}: changed")
+        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if if_absent:
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    raise Conflict(f"{path}: exists") from None
+            else:
+                os.replace(tmp, path)
+            fsync_dir(parent)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+        return _etag(data)
+
+    def get(self, path: str) -> tuple[bytes, str] | None:
+        """The object's content and its ETag, from one read; None if there is none."""
+        if self.s3:
+            bucket, key, _ = self.fs.split_path(path)
+            try:
+                return fsspec.asyn.sync(self.fs.loop, _s3_get, self.fs, bucket, key)
+            except FileNotFoundError:
+                return None
+        try:
+            with self.fs.open(path, "rb") as f:
+                data = f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return data, _etag(data)
+
+    def delete(self, path: str, *, if_match: str | None = None) -> None:
+        """Delete the object `path` (nothing if absent); with `if_match`, only the version with
+        that ETag (`Conflict` if it changed)."""
+        if self.s3 and if_match is not None:
+            bucket, key, _ = self.fs.split_path(path)
+            try:
+                self.fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=if_match)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                if _precondition_failed(e):
+                    raise Conflict(f"{self.to_uri(path)}: changed") from None
+                raise
+            self.fs.invalidate_cache(path)
+            return
+        if if_match is not None:
+            got = self.get(path)
+            if got is None:
+                return
+            if got[1] != if_match:
+                raise Conflict(f"{self.to_uri(path)}: changed")
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(path)
+        if self.local:
+            fsync_dir(path.rsplit("/", 1)[0])
+
+    def check_conditional_writes(self) -> None:
+        """Refuse a store that ignores conditional writes (design.md S3): the same probe key is
+        written twice with ``If-None-Match: *``; the second must be refused. Once per process and
+        store (S3 only: the OS's own link() is the local check)."""
+        if not self.s3:
+            return
+        bucket = self.fs.split_path(self.root)[0]
+        if bucket in _PROBED:
+            return
+        probe = self.path(MOVES, f".probe-{uuid.uuid4().hex}")
+        self.put(probe, b"1", if_absent=True)
+        try:
+            self.put(probe, b"2", if_absent=True)
+        except Conflict:
+            _PROBED.add(bucket)
+            return
+        finally:
+            self.delete(probe)
+        raise UnsafeStoreError(
+            f"the object store of {self.uri_root} ignores conditional writes (a second PUT with "
+            "If-None-Match: * of one key was accepted): the dataset lock and the commit records "
+            "cannot be made safe there. Use a store that honours If-None-Match and If-Match (AWS "
+            "S3, MinIO, SeaweedFS >= 4.18, Ceph RGW >= 18, Cloudflare R2), or a local file system")
 
     # -- paths ---------------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -247,9 +417,9 @@ class Storage:
         empty file under the new name). Elsewhere the store's own write semantics apply.
         """
         parent = path.rsplit("/", 1)[0]
-        self.makedirs(parent)
-        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
         if self.local:
+            self.makedirs(parent)
+            tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
             fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             with os.fdopen(fd, "w") as f:
                 f.write(text)
@@ -258,9 +428,7 @@ class Storage:
             os.replace(tmp, path)
             fsync_dir(parent)
             return
-        with self.fs.open(tmp, "w") as f:
-            f.write(text)
-        self.fs.mv(tmp, path)
+        self.put(path, text.encode())  # an object store writes an object whole: no temp file
 
     def sync_tree(self, path: str) -> None:
         """fsync every file and directory below `path` and `path`'s parent (local only).
@@ -292,14 +460,80 @@ class Storage:
         self.write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True))
 
     def move(self, src: str, dst: str) -> None:
-        """Rename src to dst (dst must not exist)."""
-        self.makedirs(dst.rsplit("/", 1)[0])
+        """Rename src to dst (dst must not exist).
+
+        On an object store a file is copied, then deleted (a crash leaves both: the caller's own
+        clean-up owns `src`); a directory's moves are journaled first (`_move_dirs`)."""
         if self.local:
+            self.makedirs(dst.rsplit("/", 1)[0])
             os.rename(src, dst)
             fsync_dir(dst.rsplit("/", 1)[0])  # the rename itself survives a power loss
             fsync_dir(src.rsplit("/", 1)[0])
+        elif self.fs.isdir(src):
+            self._move_dirs([(src, dst)])
         else:
-            self.fs.mv(src, dst, recursive=True)
+            self.fs.mv(src, dst)
+
+    # -- directory moves on object stores: journaled, rolled forward (design.md S2) ---------------
+    def _move_dirs(self, moves: list[tuple[str, str]]) -> None:
+        """Move directories in order as one journaled step: the journal entry is written first,
+        then each move copies every file (``_``-named ones last) and deletes the source; the entry
+        goes last. A crash in between leaves the entry, which `finish_moves` completes."""
+        entry = self.path(MOVES, f"{time.time_ns()}-{uuid.uuid4().hex}.json")
+        rel = [(self._rel(a), self._rel(b)) for a, b in moves]
+        self.put(entry, json.dumps({"moves": rel}).encode())
+        self._do_moves(moves)
+        self.delete(entry)
+
+    def _rel(self, path: str) -> str:
+        if not (path == self.root or path.startswith(self.root + "/")):
+            raise ValueError(f"{path} is not below {self.root}")
+        return path[len(self.root) + 1:]
+
+    def _do_moves(self, moves: list[tuple[str, str]]) -> None:
+        for src, dst in moves:
+            files = self.list_all(src)
+            if not files:
+                continue  # done before (a rolled-forward entry), or nothing to move
+            have = self.list_all(dst)
+            order = sorted(files, key=lambda f: (os.path.basename(f).startswith("_"), f))
+            for f in order:
+                target = dst + f[len(src):]
+                if have.get(target) != files[f]:  # copied before a crash: same size
+                    self.fs.copy(f, target)
+            self.fs.rm(list(files))
+            self.fs.invalidate_cache(src)
+            self.fs.invalidate_cache(dst)
+
+    def list_all(self, path: str) -> dict[str, int]:
+        """Every object below `path` (hidden and ``_`` ones too) with its size; {} if none."""
+        try:
+            found = self.fs.find(path, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {f: int(i.get("size") or 0) for f, i in found.items() if i.get("type") != "directory"}
+
+    def finish_moves(self) -> int:
+        """Complete the directory moves a crash cut short (object stores; the dataset lock's new
+        holder calls it first). Returns how many journal entries were completed."""
+        if self.local:
+            return 0
+        done = 0
+        for name in sorted(self.list_names(self.path(MOVES))):
+            if not name.endswith(".json"):
+                continue
+            entry = self.path(MOVES, name)
+            got = self.get(entry)
+            if got is None:
+                continue
+            try:
+                moves = [(self.path(a), self.path(b)) for a, b in json.loads(got[0])["moves"]]
+            except (ValueError, KeyError, TypeError):
+                moves = []  # a damaged entry names nothing to finish
+            self._do_moves(moves)
+            self.delete(entry)
+            done += 1
+        return done
 
     def replace_dir(self, new: str, target: str) -> None:
         """Make directory `new` become `target`, replacing any old `target` (design.md L3).
@@ -320,6 +554,10 @@ class Storage:
             err = ctypes.get_errno()
             if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                 raise OSError(err, os.strerror(err), target)
+        if not self.local:
+            moves = [(target, parked)] if self.exists(target) else []
+            self._move_dirs([*moves, (new, target)])
+            return
         if self.exists(target):
             self.move(target, parked)
         self.move(new, target)

@@ -280,3 +280,27 @@ NOTHING: dict[str, Any] = {
     "check_figures": {}, "committed_at": "2026-11-01T00:00:00Z", "index_checksum": {},
     "inputs": (), "index_files": (), "index_format": 1, "output_files": {}, "contract_version": 1,
 }
+
+
+# -- the S3 tier: a real S3 server (SeaweedFS) per test session ---------------------------------------
+
+@pytest.fixture(scope="session")
+def s3_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """SeaweedFS on 127.0.0.1 (dedup_pipeline_tests/s3_store.py), its conditional writes checked."""
+    from dedup_pipeline_tests.s3_store import running_store
+
+    with running_store(tmp_path_factory.mktemp("s3store")) as store:
+        store.lake = store.bucket("lake")  # type: ignore[attr-defined]
+        yield store
+
+
+@pytest.fixture
+def s3(s3_store: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """This test's S3: the standard AWS variables set for the store (as a user would), and a
+    prefix of its own, `s3.root` = ``s3://lake-…/<test>-<uuid>``."""
+    import uuid
+
+    for k, v in s3_store.env.items():
+        monkeypatch.setenv(k, v)
+    s3_store.root = f"s3://{s3_store.lake}/{uuid.uuid4().hex[:10]}"
+    return s3_store

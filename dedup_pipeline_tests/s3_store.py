@@ -29,9 +29,20 @@ from botocore.exceptions import ClientError
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port P whose P + 10000 is free too: SeaweedFS serves gRPC on P + 10000 of
+    each of its HTTP ports (a P above 55535 makes `weed` exit: "invalid port")."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
 
 
 def weed_binary() -> str:
@@ -116,11 +127,17 @@ def running_store(base: Path) -> Iterator[S3Store]:
         "name": "admin", "credentials": [{"accessKey": key, "secretKey": secret}],
         "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
     creds.chmod(0o600)
-    ports = {name: free_port() for name in ("s3", "master", "volume", "filer")}
+    # every port explicit: weed's default gRPC port is the HTTP one + 10000, past 65535 for a high one
+    ports = {name: free_port() for name in ("s3", "master", "volume", "filer", "s3.grpc",
+                                             "master.grpc", "volume.grpc", "filer.grpc")}
     cmd = [weed_binary(), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
            "-s3", f"-s3.port={ports['s3']}", f"-s3.config={creds}",
            f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
-           f"-filer.port={ports['filer']}", "-master.volumeSizeLimitMB=64", "-volume.max=20",
+           f"-filer.port={ports['filer']}", f"-s3.port.grpc={ports['s3.grpc']}",
+           f"-master.port.grpc={ports['master.grpc']}", f"-volume.port.grpc={ports['volume.grpc']}",
+           f"-filer.port.grpc={ports['filer.grpc']}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+           # many small objects: small volumes, room for a bucket per test file (7 volumes each)
+           "-master.volumeSizeLimitMB=32", "-volume.max=200",
            "-master.telemetry=false"]
     log = open(base / "weed.log", "wb")  # noqa: SIM115 - open for the server's lifetime
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

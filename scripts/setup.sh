@@ -35,3 +35,6 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install --quiet -e ".[dev]"
   echo "$want" > "$stamp"
 fi
+# Spark's S3 connector (hadoop-aws, the AWS SDK v2 modules, spark-hadoop-cloud) from Maven Central,
+# matched to the installed pyspark and cached (a second run finds the cache and does nothing)
+./scripts/fetch_jars.sh .venv/bin/python >/dev/null

@@ -22,7 +22,13 @@ from hypothesis import strategies as st
 
 import dedup_pipeline
 from dedup_pipeline.cli.demo import DEFINITIONS_PY, PROJECT_TOML
-from dedup_pipeline.config import ConfigError, PipelineConfig, load_config, parse_config
+from dedup_pipeline.config import (
+    ConfigError,
+    DatasetConfig,
+    PipelineConfig,
+    load_config,
+    parse_config,
+)
 from dedup_pipeline.config.models import Where
 from dedup_pipeline.orchestration.component import DedupDataset, DedupDatasetScaffolder
 from dedup_pipeline.orchestration.names import SPARK_RESOURCE, WRITTEN
@@ -91,7 +97,7 @@ def test_the_package_exports_the_component_dg_discovers() -> None:
     # the config's own fields (config/models.py DatasetConfig) and the Spark section, nothing else
     assert set(schema["properties"]) == {
         "name", "start", "source", "key", "fingerprint", "order_by", "expiry", "output", "index",
-        "landing", "checks", "on_damaged_index", "output_format", "spark"}
+        "landing", "checks", "on_damaged_index", "output_format", "spark", "sensors", "group_name"}
     assert set(schema["required"]) == {"name", "start", "source", "key", "output"}
     assert schema["additionalProperties"] is False
 
@@ -379,7 +385,135 @@ def test_the_ui_documents_every_field_and_its_example_is_a_dataset() -> None:
     attrs = example["attributes"]
     del attrs["spark"]["remote"]  # master or remote
     del attrs["expiry"]["categories"]  # a categorical expiry needs a string column
-    cfg = PipelineConfig.model_validate(
-        {"datasets": [{k: v for k, v in attrs.items() if k != "spark"}], "spark": attrs["spark"]},
-        context=Where("defs.yaml", Path("/tmp")))
+    from dedup_pipeline.config.loading import COMPONENT_ONLY, component_document
+    from dedup_pipeline.orchestration.component import ComponentOptions
+
+    assert set(schema["properties"]) - set(DatasetConfig.model_fields) == set(COMPONENT_ONLY)
+    ComponentOptions.model_validate(attrs)  # the component's own attributes: valid too
+    cfg = PipelineConfig.model_validate(component_document(attrs, "defs.yaml"),
+                                        context=Where("defs.yaml", Path("/tmp")))
     assert cfg.datasets[0].name == "clicks" and cfg.spark.master == "local[*]"
+
+
+TEAM_SPARK_PY = """\
+import dagster as dg
+
+
+@dg.definitions
+def team() -> dg.Definitions:
+    return dg.Definitions(resources={"spark": dg.ResourceDefinition.hardcoded_resource("team's")})
+"""
+
+
+def test_a_team_spark_resource_sits_beside_the_component(project) -> None:
+    """The component's Spark resource is `dedup_spark`: a team's own `spark` resource in the same
+    code location is left alone (Dagster refused two different resources under one key)."""
+    root, defs_dir = project
+    (defs_dir / "team.py").write_text(TEAM_SPARK_PY)
+    defs = _load(root)
+    assert {"spark", SPARK_RESOURCE} <= set(defs.resources)
+    assert defs.resources[SPARK_RESOURCE].__class__.__name__ == "SparkResource"
+    dg.Definitions.validate_loadable(defs)
+
+
+def test_sensors_stopped_and_a_group_name_are_the_components_own_attributes(project) -> None:
+    root, defs_dir = project
+    orders = defs_dir / "orders" / "defs.yaml"
+    _edit(orders, "  # sensors: stopped", "  sensors: stopped\n  group_name: sales")
+    repo = _load(root).get_repository_def()
+    status = {s.name: s.default_status for s in repo.sensor_defs}
+    assert status["orders_landing_sensor"] == dg.DefaultSensorStatus.STOPPED
+    assert status["orders_index_recovery_sensor"] == dg.DefaultSensorStatus.STOPPED
+    assert status["clicks_landing_sensor"] == dg.DefaultSensorStatus.RUNNING
+    groups = {k.to_user_string(): g for k, g in repo.asset_graph.get_all_group_names().items()} \
+        if hasattr(repo.asset_graph, "get_all_group_names") else {
+            k.to_user_string(): repo.asset_graph.get(k).group_name
+            for k in repo.asset_graph.get_all_asset_keys()}
+    assert groups["orders/unique"] == "sales" and groups["clicks/unique"] == "clicks"
+    # the command line reads the defs.yaml as ever: those two are not the dataset's
+    assert load_config(orders).datasets[0].name == "orders"
+    _edit(orders, "sensors: stopped", "sensors: paused")
+    line = next(i for i, t in enumerate(orders.read_text().splitlines(), 1) if "sensors:" in t)
+    assert str(_config_error(root)) == (f"config error in {orders}:{line}: dataset 'orders', field "
+                                        "'sensors': must be running or stopped, got 'paused'")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Dagster 1.13 rebuilds a yaml component's sensors (owners=[]) and converts a multi-asset's "
+    "check specs (execution_type) after build_defs, outside the catch_warnings() that drops the "
+    "filters build_defs installs: 4 BetaWarnings per dataset remain (docs/notes.md, open items)"))
+def test_loading_the_definitions_prints_no_beta_or_preview_warning_of_ours(project) -> None:
+    """What `dg launch` / `dg dev` load: the defs folder, the repository, its jobs, sensors and
+    checks resolved. Dagster's beta warnings about parameters it passes itself on rebuilt
+    definitions are filtered by module; pytest's own filters are set aside here."""
+    import warnings
+
+    root, _ = project
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()
+        warnings.simplefilter("always")
+        repo = _load(root).get_repository_def()
+        repo.get_all_jobs()
+        repo.sensor_defs  # noqa: B018 - resolved as the daemon resolves them
+        repo.asset_checks_defs_by_key  # noqa: B018
+    ours = [f"{w.category.__name__}: {w.message}" for w in caught
+            if issubclass(w.category, (dg.BetaWarning, dg.PreviewWarning))]
+    assert ours == []
+
+
+def test_dataset_assets_gives_downstream_code_the_keys_partitions_and_a_loaded_guard(project
+                                                                                    ) -> None:
+    root, defs_dir = project
+    handle = dedup_pipeline.dataset_assets(defs_dir / "clicks" / "defs.yaml")
+    repo = _load(root).get_repository_def()
+    assert handle.asset_key() == dg.AssetKey(["clicks", "unique"])
+    assert handle.asset_key("rejected") == dg.AssetKey(["clicks", "rejected"])
+    assert handle.partitions_def == repo.asset_graph.get(handle.asset_key()).partitions_def
+    assert handle.table_path() == str(root / "data" / "warehouse" / "clicks" / "unique")
+    start = handle.partitions_def.get_first_partition_key()
+    with pytest.raises(dg.Failure, match=f"clicks hour {start} is not loaded"):
+        handle.require_loaded(start)
+    with pytest.raises(ValueError, match="no output 'uniqe'"):
+        handle.asset_key("uniqe")
+
+
+@pytest.mark.parametrize(("fmt", "key"), [("jsonl", []), ("csv", ["event_id", "user_id"]),
+                                          ("parquet", ["event_id"])])
+def test_each_format_scaffolds_its_template_and_its_commands_run_as_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, key: list[str]) -> None:
+    """`dg scaffold defs dedup_pipeline.DedupDataset orders --source-format csv --key event_id
+    --key user_id`: that format's template, that key; the sample-data command in its comments
+    writes that dataset's landing files, in its format, where the defs.yaml reads them."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from dedup_pipeline.cli import main
+    from dedup_pipeline.orchestration.component import ScaffoldParams
+
+    root = tmp_path / "teamproj"
+    defs = write_project(root, "teamproj")
+    DedupDatasetScaffolder().scaffold(ScaffoldRequest(
+        type_name="dedup_pipeline.DedupDataset", target_path=defs / "orders",
+        scaffold_format="yaml", project_root=root,
+        params=ScaffoldParams(source_format=fmt, key=key)))
+    path = defs / "orders" / "defs.yaml"
+    text = path.read_text()
+    ds = load_config(path).datasets[0]
+    assert (ds.name, ds.source.format, list(ds.key)) == ("orders", fmt, key or ["event_id"])
+    commands = [line.split("#", 1)[1].strip() for line in text.splitlines()
+                if line.lstrip("# ").startswith(("dedup-pipeline ", "dg "))]
+    assert any(c.startswith("dg check defs") for c in commands)
+    assert f'dg launch --assets "key:orders/*" --partition {ds.start}' in commands
+    generate = [c for c in commands if c.startswith("dedup-pipeline generate")]
+    if fmt == "parquet":
+        assert generate == []  # the generator writes JSONL and CSV only: the comment says so
+        return
+    [command] = generate
+    args = shlex.split(command)[1:]
+    args[args.index("--rows-per-hour") + 1] = "20"  # the command as written, smaller
+    monkeypatch.chdir(root)  # the comment's commands run from the project root
+    out = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    files = sorted(Path(ds.source.path).rglob(f"part-*.{fmt}"))
+    assert len(files) == 48 and not (root / "data" / "dedup.yaml").exists()

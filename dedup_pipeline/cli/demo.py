@@ -12,11 +12,11 @@ from pathlib import Path
 
 import click
 
-from dedup_pipeline.cli.common import load
+from dedup_pipeline.cli.common import fail, load
 from dedup_pipeline.cli.runs import DEMO_INSTANCE_YAML, run_hours
 from dedup_pipeline.config.loading import COMPONENT_TYPE
 from dedup_pipeline.hours import HOUR, format_hour, parse_hour
-from dedup_pipeline.orchestration.component import SCAFFOLD
+from dedup_pipeline.orchestration.component import scaffold_text
 from dedup_pipeline.orchestration.names import WRITTEN
 from dedup_pipeline.sample.demo import DEMO_DEFS, DEMO_PROJECT
 from dedup_pipeline.sample.generate import default_start, generate_landing
@@ -33,11 +33,17 @@ from dedup_pipeline.sample.generate import default_start, generate_landing
               type=click.Choice(["jsonl", "csv"]))
 @click.option("--no-config", is_flag=True, help="write no dedup.yaml (for a DedupDataset "
               "component, whose defs.yaml is the dataset's config)")
+@click.option("--dataset", "name", default="clicks", show_default=True,
+              help="the dataset's name: the files land under {out}/landing/<name>/")
 def generate(out: str, hours: int, rows_per_hour: int, seed: int, start: str | None,
-             fmt: str, no_config: bool) -> None:
+             fmt: str, no_config: bool, name: str) -> None:
     """Write a sample landing zone (duplicates, conflicts, late and malformed records) + config."""
-    stats = generate_landing(out, hours=hours, rows_per_hour=rows_per_hour, seed=seed,
-                             start=start, fmt=fmt, progress=lambda m: click.echo(f"  {m}"))
+    try:
+        stats = generate_landing(out, hours=hours, rows_per_hour=rows_per_hour, seed=seed,
+                                 start=start, fmt=fmt, name=name,
+                                 progress=lambda m: click.echo(f"  {m}"))
+    except ValueError as e:
+        fail(str(e))
     click.echo(f"wrote {stats.rows} rows in {stats.files} files over {stats.hours} hours to "
                f"{stats.landing} in {stats.seconds:.1f}s")
     if no_config:
@@ -83,7 +89,7 @@ def write_project(root: Path, start: str) -> Path:
     (pkg / "defs" / "__init__.py").write_text("")
     (pkg / "definitions.py").write_text(DEFINITIONS_PY)
     defs_yaml = root / DEMO_DEFS
-    defs_yaml.write_text(SCAFFOLD.format(type=COMPONENT_TYPE, name="clicks", start=start))
+    defs_yaml.write_text(scaffold_text(COMPONENT_TYPE, "clicks", start))
     return defs_yaml
 
 

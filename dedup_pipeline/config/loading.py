@@ -21,13 +21,17 @@ PROJECT_FILE = "pyproject.toml"  # marks a dg project's root, `{{ context.projec
 _TEMPLATE = re.compile(r"\{\{\s*(.*?)\s*\}\}")
 
 
+# a component's attributes that are not the dataset's: how Dagster shows and runs it
+COMPONENT_ONLY = ("spark", "sensors", "group_name")
+
+
 def component_document(attributes: Any, source: str) -> dict[str, Any]:
     """A component's attributes as a config document of its one dataset: the dataset, and its
-    `spark:` section (C3)."""
+    `spark:` section (C3); `sensors:` and `group_name:` are the component's own."""
     if not isinstance(attributes, dict):
         raise config_error(source, None, "attributes",
                            f"expected a mapping, got {type(attributes).__name__}")
-    return {"datasets": [{k: v for k, v in attributes.items() if k != "spark"}],
+    return {"datasets": [{k: v for k, v in attributes.items() if k not in COMPONENT_ONLY}],
             "spark": attributes.get("spark")}
 
 

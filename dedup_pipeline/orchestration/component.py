@@ -11,20 +11,27 @@ the same builder as the standalone code location (`definitions.build_dataset_def
 from __future__ import annotations
 
 import re
-import textwrap
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import dagster as dg
 from dagster.components.core.component_tree import TestComponentTree
 from dagster.components.resolved.scopes import LoadContextScope
-from pydantic import Field, RootModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from dedup_pipeline.config import DatasetConfig, PipelineConfig, SparkConfig
 from dedup_pipeline.config.errors import config_error, to_config_error
-from dedup_pipeline.config.loading import component_document, error_path
+from dedup_pipeline.config.loading import component_document, error_path, load_config
 from dedup_pipeline.config.models import Where, clash
+from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.storage import Storage
+from dedup_pipeline.hours import format_hour, parse_hour, to_tag
+from dedup_pipeline.orchestration import names
 from dedup_pipeline.orchestration.definitions import build_dataset_definitions, spark_resource
+from dedup_pipeline.orchestration.names import WRITTEN
+from dedup_pipeline.orchestration.partitions import hourly_partitions
+from dedup_pipeline.sample.demo import SCHEMA
 from dedup_pipeline.sample.generate import default_start
 
 PYTHON_SOURCE = "<DedupDataset attributes>"
@@ -38,6 +45,20 @@ class DedupDatasetAttributes(DatasetConfig):
     spark: SparkConfig | None = Field(None, description=(
         "Spark for every dataset of the code location (one session per run): give it in one "
         "defs.yaml, or the same in each; SPARK_REMOTE, SPARK_MASTER_URL and DEDUP_SPARK_CONF_* win"))
+    sensors: Literal["running", "stopped"] = Field("running", description=(
+        "whether the dataset's sensors (landing, index recovery, run-end) and its table upkeep "
+        "schedule start running, or ship stopped for a person to turn on"), examples=["running"])
+    group_name: str | None = Field(None, pattern=r"^[A-Za-z0-9_]+$", description=(
+        "the Dagster asset group of the dataset's assets (default: its name)"),
+        examples=["clicks"])
+
+
+class ComponentOptions(BaseModel):
+    """The attributes that are the component's, not the dataset's (`COMPONENT_ONLY`)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    sensors: Literal["running", "stopped"] = "running"
+    group_name: str | None = Field(None, pattern=r"^[A-Za-z0-9_]+$")
 
 
 class _Attributes(RootModel[dict[str, Any]]):
@@ -58,6 +79,18 @@ def _line(source: str, tree: Any, path: list[Any]) -> str:
     return f"{source}:{position.start.line}"
 
 
+def parse_options(data: Any, source: str, tree: Any = None) -> ComponentOptions:
+    """The component's own attributes (`sensors:`, `group_name:`), an error at the field's line."""
+    try:
+        return ComponentOptions.model_validate(data if isinstance(data, dict) else {})
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        fld = str(err["loc"][0])
+        raise config_error(_line(source, tree, [fld]), data.get("name"), fld, (
+            f"must be running or stopped, got {err.get('input')!r}" if fld == "sensors" else
+            f"letters, digits and _ only, got {err.get('input')!r}")) from None
+
+
 def parse_attributes(data: Any, source: str, base: Path | None,
                      tree: Any = None) -> tuple[DatasetConfig, SparkConfig]:
     """A `defs.yaml`'s attributes as the config's models: the dataset and the Spark settings.
@@ -70,43 +103,98 @@ def parse_attributes(data: Any, source: str, base: Path | None,
     return cfg.datasets[0], cfg.spark
 
 
-class DedupDatasetScaffolder(dg.Scaffolder):
-    """`dg scaffold defs dedup_pipeline.DedupDataset <name>`: a `defs.yaml` whose example loads
-    the sample data of `dedup-pipeline generate` (the demo's dataset) under the project's `data/`."""
+class ScaffoldParams(BaseModel):
+    """What `dg scaffold defs dedup_pipeline.DedupDataset <name>` takes besides the name:
+    `--source-format csv --key event_id --key user_id`, or `--json-params '{"source_format":
+    "csv", "key": ["event_id", "user_id"]}'` (`--format` is dg's own: yaml or python)."""
 
-    def scaffold(self, request: dg.ScaffoldRequest) -> None:
+    source_format: Literal["jsonl", "csv", "parquet"] = Field(
+        "jsonl", description="the landing files' format: jsonl, csv or parquet")
+    key: list[str] = Field(default_factory=list, description=(
+        "the dedup key's columns (repeat --key), from the template's schema: "
+        + ", ".join(SCHEMA) + "; default event_id"))
+
+
+class DedupDatasetScaffolder(dg.Scaffolder[ScaffoldParams]):
+    """A `defs.yaml` whose example loads the sample data of `dedup-pipeline generate` for this
+    dataset (its name, format and landing path) under the project's `data/`: a template per
+    format, every command in its comments runnable as written from the project root."""
+
+    @classmethod
+    def get_scaffold_params(cls) -> type[ScaffoldParams]:
+        return ScaffoldParams
+
+    def scaffold(self, request: dg.ScaffoldRequest[ScaffoldParams]) -> None:
+        params = request.params if isinstance(request.params, ScaffoldParams) else (
+            ScaffoldParams.model_validate(request.params or {}))
+        unknown = [k for k in params.key if k not in SCHEMA]
+        if unknown:
+            raise ValueError(f"--key {', '.join(unknown)}: not a column of the template's schema "
+                             f"({', '.join(SCHEMA)}); scaffold with one of them, then edit "
+                             "source.schema and key in the defs.yaml together")
         name = re.sub(r"[^a-z0-9_]", "_", request.target_path.name.lower()) or "clicks"
-        start = default_start(24)
         request.target_path.mkdir(parents=True, exist_ok=True)
-        (request.target_path / "defs.yaml").write_text(SCAFFOLD.format(
-            type=request.type_name, name=name, start=start))
+        (request.target_path / "defs.yaml").write_text(scaffold_text(
+            request.type_name, name, default_start(24), params.source_format,
+            params.key or ["event_id"]))
 
 
-SCAFFOLD = textwrap.dedent("""\
-    # One deduplicated dataset (dedup_pipeline): assets {name}/unique, duplicates, expired, rejected,
-    # index and raw_batch, hourly partitions, checks, a landing sensor (on) and jobs, all named {name}_*.
-    # Every field, described: `dg utils inspect-component {type}`, the UI's Components
-    # tab and dedup_pipeline's docs/operations.md.
-    # Relative paths resolve against this file's directory; the example keeps the data under the
-    # project's data/. Sample data for it, from the project root:
-    #   dedup-pipeline generate --out data --hours 24 --rows-per-hour 2000 --start {start} --no-config
-    type: {type}
-    attributes:
-      name: {name}                          # asset key prefix, [a-z0-9_]+
-      start: "{start}"             # first hourly partition (UTC)
-      source:
-        path: "{{{{ context.project_root }}}}/data/landing/{name}"   # hour H: date=YYYY-MM-DD/hour=HH/
-        format: jsonl                       # jsonl | csv | parquet
-        schema: {{event_id: string, user_id: string, event_time: timestamp, url: string, amount: double}}
-      key: [event_id]                       # dedup key: one or more columns
-      fingerprint: [user_id, url]           # same key, other fingerprint: a conflict (optional)
-      order_by: event_time                  # tie-break inside a batch, earliest wins (optional)
-      expiry: {{column: event_time, period: 24h, basis: event}}   # optional: older records expire
-      output: "{{{{ context.project_root }}}}/data/warehouse/{name}"  # root of every output
-      output_format: delta                  # each output a Delta table (default) | parquet
-      # landing: {{marker: _SUCCESS, grace: 15m}}   # when an hour is complete (the landing sensor)
-      # spark: {{master: "local[*]"}}                # or SPARK_REMOTE / SPARK_MASTER_URL (they win)
-    """)
+def scaffold_text(type_name: str, name: str, start: str, fmt: str = "jsonl",
+                  key: list[str] | None = None) -> str:
+    """The scaffolded `defs.yaml` of dataset `name` reading `fmt` files (the template of that
+    format), keyed on `key`."""
+    key = key or ["event_id"]
+    fingerprint = [c for c in ("user_id", "url") if c not in key] or ["amount"]
+    sample = (SAMPLE.format(name=name, start=start, fmt=fmt) if fmt in GENERATED_FORMATS
+              else NO_SAMPLE.format(name=name))
+    return SCAFFOLD.format(type=type_name, name=name, start=start, fmt=fmt, sample=sample,
+                           key=", ".join(key), fingerprint=", ".join(fingerprint),
+                           format_options=FORMAT_OPTIONS[fmt])
+
+
+GENERATED_FORMATS = ("jsonl", "csv")  # what `dedup-pipeline generate` writes
+SAMPLE = ("# Sample data for it (24 hours, from the project root):\n"
+          "#   dedup-pipeline generate --out data --dataset {name} --format {fmt} --hours 24 "
+          "--rows-per-hour 2000 --start {start} --no-config\n")
+NO_SAMPLE = """\
+# Land Parquet files under data/landing/{name}/date=YYYY-MM-DD/hour=HH/, columns typed as
+# source.schema says (dedup-pipeline generate writes JSONL and CSV only).
+"""
+FORMAT_OPTIONS = {
+    "jsonl": "",
+    "csv": '    csv: {header: true, delimiter: ","}   # the files\' first line names the columns\n',
+    "parquet": "",
+}
+SCAFFOLD = """\
+# One deduplicated dataset (dedup_pipeline): assets {name}/unique, duplicates, expired, rejected,
+# index and raw_batch, hourly partitions, checks, a landing sensor (on) and jobs, all named {name}_*.
+# Every field, described: `dg utils inspect-component {type}`, the UI's Components
+# tab and dedup_pipeline's docs/operations.md. Relative paths resolve against this file's
+# directory; the example keeps the data under the project's data/.
+# Check every dataset of the project (each field at its line, the datasets against each other):
+#   dg check defs        (dg check yaml checks one defs.yaml per component type)
+{sample}\
+# Load its first hour, recorded where dg dev shows it (DAGSTER_HOME: the same for both):
+#   dg launch --assets "key:{name}/*" --partition {start}
+type: {type}
+attributes:
+  name: {name}                          # asset key prefix, [a-z0-9_]+
+  start: "{start}"             # first hourly partition (UTC)
+  source:
+    path: "{{{{ context.project_root }}}}/data/landing/{name}"   # hour H: date=YYYY-MM-DD/hour=HH/
+    format: {fmt}                       # jsonl | csv | parquet
+{format_options}\
+    schema: {{event_id: string, user_id: string, event_time: timestamp, url: string, amount: double}}
+  key: [{key}]                       # dedup key: one or more columns
+  fingerprint: [{fingerprint}]           # same key, other fingerprint: a conflict (optional)
+  order_by: event_time                  # tie-break inside a batch, earliest wins (optional)
+  expiry: {{column: event_time, period: 24h, basis: event}}   # optional: older records expire
+  output: "{{{{ context.project_root }}}}/data/warehouse/{name}"  # root of every output
+  output_format: delta                  # each output a Delta table (default) | parquet
+  # landing: {{marker: _SUCCESS, grace: 15m}}   # when an hour is complete (the landing sensor)
+  # sensors: stopped                            # ship its sensors stopped (default: running)
+  # spark: {{master: "local[*]"}}                # or SPARK_REMOTE / SPARK_MASTER_URL (they win)
+"""
 
 
 @dg.scaffold_with(DedupDatasetScaffolder)
@@ -117,13 +205,15 @@ class DedupDataset(dg.Component):
     index; loads can be rerun, backfilled and recovered after a crash without losing or doubling a
     record. The attributes are one dataset of dedup_pipeline's config (docs/operations.md,
     "Configuration"); the component adds the dataset's assets (`<name>/unique`, ...), asset checks,
-    jobs, sensors, schedules and the `spark` resource. Dagster instance: a pool limit of 1 per
+    jobs, sensors, schedules and the `dedup_spark` resource. Dagster instance: a pool limit of 1 per
     dataset (`concurrency.pools: {default_limit: 1, granularity: run}`).
     """
 
     def __init__(self, dataset: DatasetConfig, spark: SparkConfig | None = None,
-                 source: str = PYTHON_SOURCE, tree: Any = None) -> None:
+                 source: str = PYTHON_SOURCE, tree: Any = None,
+                 options: ComponentOptions | None = None) -> None:
         self.dataset = dataset
+        self.options = options or ComponentOptions()
         self.spark = spark or SparkConfig()
         self.source, self._tree = source, tree
 
@@ -155,14 +245,16 @@ class DedupDataset(dg.Component):
         else:  # built in Python (`from_attributes_dict`): paths against the working directory
             source, base = PYTHON_SOURCE, None
         dataset, spark = parse_attributes(data, source, base, tree)
-        return cls(dataset, spark, source, tree)
+        return cls(dataset, spark, source, tree, parse_options(data, source, tree))
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         """This dataset's definitions, once it is checked against every other DedupDataset of
         the code location as a config file checks its datasets (C2), and given the one `spark`
         resource they share."""
         peers = _peers(self, context)
-        return build_dataset_definitions(self.dataset, spark_resource(_shared_spark(peers)))
+        return build_dataset_definitions(self.dataset, spark_resource(_shared_spark(peers)),
+                                         running=self.options.sensors == "running",
+                                         group=self.options.group_name)
 
 
 def _peers(component: DedupDataset, context: dg.ComponentLoadContext) -> list[DedupDataset]:
@@ -194,3 +286,46 @@ def _shared_spark(peers: list[DedupDataset]) -> SparkConfig:
                 "a code location runs one Spark session: give the same settings, or give them in "
                 "one defs.yaml only (the others take them)"))
     return given[0].spark if given else SparkConfig()
+
+
+@dataclass(frozen=True)
+class DatasetAssets:
+    """What code downstream of a `DedupDataset` needs, read from its `defs.yaml` (as
+    dagster-dbt's `get_asset_key_for_model`): the dataset's partitions definition, its output
+    asset keys and tables, and a guard that an hour is loaded before it is read."""
+
+    dataset: DatasetConfig
+    partitions_def: dg.HourlyPartitionsDefinition
+
+    def asset_key(self, output: str = "unique") -> dg.AssetKey:
+        """The asset key of an output (unique, duplicates, expired, rejected) or the index."""
+        if output not in WRITTEN:
+            raise ValueError(f"no output {output!r} (have: {', '.join(WRITTEN)})")
+        return names.asset_key(self.dataset.name, output)
+
+    def table_path(self, output: str = "unique") -> str:
+        """Where the output's table is (a Delta table unless `output_format: parquet`)."""
+        self.asset_key(output)  # a known output
+        return f"{self.dataset.output}/{output}"
+
+    def require_loaded(self, partition_key: str) -> str:
+        """The hour's `load_hour` value (2026-11-01-05) if the hour is loaded (its commit record
+        exists); else a `dg.Failure` saying so and how to load it, so a downstream asset never
+        materializes an hour that holds no rows yet as if it were empty."""
+        hour = parse_hour(partition_key)
+        tag = to_tag(hour)
+        if CommitLog(Storage(self.dataset.output)).read(tag) is None:
+            name = self.dataset.name
+            raise dg.Failure(description=(
+                f"{name} hour {format_hour(hour)} is not loaded (no commit record in "
+                f"{self.dataset.output}/_commits), so there is nothing to read yet. Load it "
+                f'first: dg launch --assets "key:{name}/*" --partition {format_hour(hour)} (or '
+                "the landing sensor, once the hour's files are complete); then run this again."))
+        return tag
+
+
+def dataset_assets(defs_yaml: str | Path) -> DatasetAssets:
+    """The `DatasetAssets` of the dataset a `defs.yaml` declares (templates rendered as the
+    command line renders them: `{{ context.project_root }}`, `{{ env.NAME }}`)."""
+    ds = load_config(defs_yaml).datasets[0]
+    return DatasetAssets(ds, hourly_partitions(ds))

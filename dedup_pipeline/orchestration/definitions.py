@@ -53,17 +53,20 @@ def quiet_dagster_rebuilds() -> None:
 quiet_dagster_rebuilds()
 
 
-def build_dataset_definitions(ds: DatasetConfig, spark: SparkResource) -> dg.Definitions:
+def build_dataset_definitions(ds: DatasetConfig, spark: SparkResource, running: bool = True,
+                              group: str | None = None) -> dg.Definitions:
     """Everything of one dataset: its assets and input check, its load, rebuild, migrate and
     explain jobs, its landing, recovery and run-end sensors, its hourly and reconcile schedules,
     its table upkeep job (and for Delta outputs its schedule), and the Spark resource its steps
     use, under the key `dedup_spark` (`names.SPARK_RESOURCE`: a team's own `spark` resource beside
     it is left alone). Every name carries the dataset's name, so datasets never collide; `spark`
-    must be the same object for every dataset of a code location (`spark_resource`)."""
+    must be the same object for every dataset of a code location (`spark_resource`).
+    `running`: whether its sensors and upkeep schedule start running (a component's `sensors:`);
+    `group`: its asset group (a component's `group_name:`, default the dataset's name)."""
     quiet_dagster_rebuilds()
-    d = build_dataset_defs(ds)
+    d = build_dataset_defs(ds, group)
     rebuild = build_rebuild_job(ds)
-    upkeep, upkeep_schedule = build_upkeep(ds)
+    upkeep, upkeep_schedule = build_upkeep(ds, running)
     jobs = [d.job, rebuild, build_migrate_job(ds), build_explain_job(ds), upkeep]
     schedules = [build_hourly_schedule(ds, d.job), build_reconcile_schedule(ds, d.job.name)]
     if ds.output_format == "delta":
@@ -72,8 +75,9 @@ def build_dataset_definitions(ds: DatasetConfig, spark: SparkResource) -> dg.Def
         assets=[d.raw, d.load],
         asset_checks=[build_input_check(ds)],
         jobs=jobs,
-        sensors=[build_recovery_sensor(ds, rebuild), build_landing_sensor(ds, d.job),
-                 *build_run_end_sensors(ds)],
+        sensors=[build_recovery_sensor(ds, rebuild, running),
+                 build_landing_sensor(ds, d.job, running=running),
+                 *build_run_end_sensors(ds, running)],
         schedules=schedules,
         resources={names.SPARK_RESOURCE: spark},
     )

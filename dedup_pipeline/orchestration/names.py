@@ -26,6 +26,11 @@ def asset_key(dataset: str, name: str) -> dg.AssetKey:
     return dg.AssetKey([dataset, name])
 
 
+def sensor_status(running: bool) -> dg.DefaultSensorStatus:
+    """A dataset's sensors start running unless its component says `sensors: stopped`."""
+    return dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
+
+
 def group_name(dataset: str) -> str:
     """One asset group per dataset, named like it."""
     return dataset

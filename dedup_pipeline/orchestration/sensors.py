@@ -59,7 +59,13 @@ from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import compress_ranges, format_hour, format_tag, hour_range, parse_hour, to_tag
 from dedup_pipeline.orchestration import hour_events, runs
 from dedup_pipeline.orchestration.landing_checks import build_input_check, build_input_check_job
-from dedup_pipeline.orchestration.names import PARTITION, TRIGGER_TAG, landing_sensor_name, range_tags
+from dedup_pipeline.orchestration.names import (
+    PARTITION,
+    TRIGGER_TAG,
+    landing_sensor_name,
+    range_tags,
+    sensor_status,
+)
 
 INPUT_STATE_TAG = "dedup_pipeline/input_state"  # on a check run: "changed" or "reprocessed"
 T = TypeVar("T")
@@ -184,7 +190,8 @@ def _stalled(instance: dg.DagsterInstance, ds: DatasetConfig, frontier: str, thr
 
 
 def build_landing_sensor(ds: DatasetConfig, job: Any,
-                         clock: Callable[[], datetime] | None = None) -> dg.SensorDefinition:
+                         clock: Callable[[], datetime] | None = None, running: bool = True
+                         ) -> dg.SensorDefinition:
     """The landing sensor of one dataset; `job` is its load job (the unresolved asset job). It also
     targets the dataset's input-check job. `clock` returns the current UTC time (tests pin it)."""
     now_fn = clock or (lambda: datetime.now(UTC))
@@ -196,7 +203,7 @@ def build_landing_sensor(ds: DatasetConfig, job: Any,
         name=landing_sensor_name(ds.name),
         jobs=[job, check_job],
         minimum_interval_seconds=round(ds.landing.check_every_s),
-        default_status=dg.DefaultSensorStatus.RUNNING,
+        default_status=sensor_status(running),
         description=f"Loads each hour of {ds.name!r} once its input is complete ({marker}), in "
                     "ascending order, never skipping an hour; one ranged run per tick. Files that "
                     "land after their hour was loaded turn the hour's check "

@@ -24,7 +24,8 @@ class UpkeepConfig(dg.Config):
     repair: bool = False  # verify --repair: compare every hour's files, rewrite lost key digests
 
 
-def build_upkeep(ds: DatasetConfig) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
+def build_upkeep(ds: DatasetConfig, running: bool = True
+                 ) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
     @dg.op(name=names.upkeep_op_name(ds.name), tags={names.DATASET_TAG: ds.name},
            pool=names.pool_name(ds.name))
     def vacuum_tables(context: dg.OpExecutionContext, config: UpkeepConfig) -> None:
@@ -46,6 +47,7 @@ def build_upkeep(ds: DatasetConfig) -> tuple[dg.JobDefinition, dg.ScheduleDefini
 
     schedule = dg.ScheduleDefinition(
         name=names.upkeep_schedule_name(ds.name), job=job, cron_schedule=UPKEEP_CRON,
-        execution_timezone="UTC", default_status=dg.DefaultScheduleStatus.RUNNING,
+        execution_timezone="UTC", default_status=(dg.DefaultScheduleStatus.RUNNING if running
+                        else dg.DefaultScheduleStatus.STOPPED),
         description=f"Daily upkeep of {ds.name!r}'s output tables.")
     return job, schedule

@@ -138,7 +138,10 @@ def running_store(base: Path) -> Iterator[S3Store]:
            f"-filer.port.grpc={ports['filer.grpc']}", "-s3.port.iceberg=0", "-s3.port.lance=0",
            # many small objects: small volumes, room for a bucket per test file (7 volumes each)
            "-master.volumeSizeLimitMB=32", "-volume.max=200",
-           "-master.telemetry=false"]
+           "-master.telemetry=false",
+           # no Iceberg catalog nor Lance namespace: their fixed default ports (8181, 9101) are
+           # taken by any other SeaweedFS on the machine, and the tests need neither
+           "-s3.port.iceberg=0", "-s3.port.lance=0"]
     log = open(base / "weed.log", "wb")  # noqa: SIM115 - open for the server's lifetime
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             cwd=base)

@@ -35,7 +35,8 @@ OPERATIONS = REPO / "docs" / "operations.md"
 NOT_RUN = {
     "./scripts/demo.sh": "the demo: this test's fixture runs `dedup-pipeline demo`, what it runs",
     ".venv/bin/dedup-pipeline spark-server": "servers: test_warm_server.py, test_ui_server.py",
-    "pip install dedup_pipeline dagster-dg-cli": "the component in a fresh dg project: test_install.py",
+    "pip wheel --no-deps -w dist /path/to/dedup_pipeline":
+        "the component in a fresh dg project, installed from the wheel: test_install.py",
 }
 
 

@@ -504,7 +504,7 @@ def test_each_format_scaffolds_its_template_and_its_commands_run_as_written(
     commands = [line.split("#", 1)[1].strip() for line in text.splitlines()
                 if line.lstrip("# ").startswith(("dedup-pipeline ", "dg "))]
     assert any(c.startswith("dg check defs") for c in commands)
-    assert f'dg launch --assets "key:orders/*" --partition {ds.start}' in commands
+    assert f"dg launch --job orders_hourly_load --partition {ds.start}" in commands
     generate = [c for c in commands if c.startswith("dedup-pipeline generate")]
     if fmt == "parquet":
         assert generate == []  # the generator writes JSONL and CSV only: the comment says so

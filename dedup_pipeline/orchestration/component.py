@@ -175,7 +175,7 @@ SCAFFOLD = """\
 #   dg check defs        (dg check yaml checks one defs.yaml per component type)
 {sample}\
 # Load its first hour, recorded where dg dev shows it (DAGSTER_HOME: the same for both):
-#   dg launch --assets "key:{name}/*" --partition {start}
+#   dg launch --job {name}_hourly_load --partition {start}
 type: {type}
 attributes:
   name: {name}                          # asset key prefix, [a-z0-9_]+
@@ -319,7 +319,7 @@ class DatasetAssets:
             raise dg.Failure(description=(
                 f"{name} hour {format_hour(hour)} is not loaded (no commit record in "
                 f"{self.dataset.output}/_commits), so there is nothing to read yet. Load it "
-                f'first: dg launch --assets "key:{name}/*" --partition {format_hour(hour)} (or '
+                f"first: dg launch --job {name}_hourly_load --partition {format_hour(hour)} (or "
                 "the landing sensor, once the hour's files are complete); then run this again."))
         return tag
 

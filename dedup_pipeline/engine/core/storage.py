@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
+from dedup_pipeline.engine.core import hooks
 from dedup_pipeline.objectstore import S3Settings, is_s3
 from dedup_pipeline.uris import normalize_uri
 
@@ -87,7 +88,9 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-_PROBED: set[str] = set()  # buckets whose conditional writes were checked in this process
+# (endpoint, bucket) whose conditional writes were checked in this process: one bucket name may
+# name buckets of two stores (AWS and an S3-compatible one), and only the one probed is known safe
+_PROBED: set[tuple[str | None, str]] = set()
 
 
 def _etag(data: bytes) -> str:
@@ -242,15 +245,15 @@ class Storage:
         store (S3 only: the OS's own link() is the local check)."""
         if not self.s3:
             return
-        bucket = self.fs.split_path(self.root)[0]
-        if bucket in _PROBED:
+        store = (getattr(self.fs, "endpoint_url", None), self.fs.split_path(self.root)[0])
+        if store in _PROBED:
             return
         probe = self.path(MOVES, f".probe-{uuid.uuid4().hex}")
         self.put(probe, b"1", if_absent=True)
         try:
             self.put(probe, b"2", if_absent=True)
         except Conflict:
-            _PROBED.add(bucket)
+            _PROBED.add(store)
             return
         finally:
             self.delete(probe)
@@ -497,10 +500,12 @@ class Storage:
                 continue  # done before (a rolled-forward entry), or nothing to move
             have = self.list_all(dst)
             order = sorted(files, key=lambda f: (os.path.basename(f).startswith("_"), f))
-            for f in order:
+            for i, f in enumerate(order):
                 target = dst + f[len(src):]
                 if have.get(target) != files[f]:  # copied before a crash: same size
                     self.fs.copy(f, target)
+                if i == 0:
+                    hooks.at("move_copied")  # a move cut short: the journal entry finishes it
             self.fs.rm(list(files))
             self.fs.invalidate_cache(src)
             self.fs.invalidate_cache(dst)

@@ -246,6 +246,7 @@ class Lock:
                     return held
             prev = held.get("generation") if held else None
             gen = max(int(prev) + 1 if isinstance(prev, int) else 0, time.time_ns() // 1000)
+            sent = time.monotonic()  # the lease runs from before the request, as `expires` does
             body = {**me, "generation": gen, "lease_seconds": self.lease_s,
                     "expires": time.time() + self.lease_s}
             try:
@@ -255,7 +256,7 @@ class Lock:
                     self.etag = st.put(self.path, _dump(body), if_match=got[1])
             except Conflict:
                 continue
-            self.generation, self.renewed_at, self.lost = gen, time.monotonic(), ""
+            self.generation, self.renewed_at, self.lost = gen, sent, ""
             self._body = body
             _HELD[st.uri_root] = self
             st.finish_moves()  # a previous holder's directory moves a crash cut short
@@ -287,11 +288,12 @@ class Lock:
                              f"({time.monotonic() - self.renewed_at:.0f} s since its last renewal, "
                              f"lease {self.lease_s:.0f} s): this run was paused or cut off")
             else:
+                sent = time.monotonic()  # a slow answer must not lengthen the lease by this clock
                 body = {**(self._body or {}), "expires": time.time() + self.lease_s}
                 try:
                     self.etag = self.storage.put(self.path, _dump(body), if_match=self.etag)
                     self._body = body
-                    self.renewed_at = time.monotonic()
+                    self.renewed_at = sent
                     return
                 except Conflict:
                     self.lost = (f"the lease on {self.storage.uri_root} was taken over by another "
@@ -342,6 +344,8 @@ class Lock:
             return True
         except PermissionError:
             pass
+        if _is_zombie(pid):  # killed, not yet reaped by its parent: it never runs again
+            return True
         # the pid runs, but is it still the owner? A pid reused by another process (after a
         # reboot or wrap-around) has another start time than the one the lock recorded
         started = held.get("started")
@@ -359,6 +363,15 @@ def _parse(data: bytes) -> dict | None:
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
     return held if isinstance(held, dict) else None
+
+
+def _is_zombie(pid: int) -> bool:
+    """Whether process `pid` has exited and waits for its parent to reap it (state Z; Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _process_start(pid: int) -> int | None:

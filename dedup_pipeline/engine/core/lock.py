@@ -259,8 +259,12 @@ class Lock:
             self.generation, self.renewed_at, self.lost = gen, sent, ""
             self._body = body
             _HELD[st.uri_root] = self
-            st.finish_moves()  # a previous holder's directory moves a crash cut short
-            self._start_heartbeat()
+            self._start_heartbeat()  # renewed while the moves below run, however long they take
+            try:
+                st.finish_moves()  # a previous holder's directory moves a crash cut short
+            except BaseException:
+                self.release()  # this run did nothing yet: its lease goes back at once
+                raise
             return None
         got = st.get(self.path)
         return (_parse(got[0]) if got else None) or {}

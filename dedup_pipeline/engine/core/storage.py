@@ -223,9 +223,10 @@ class Storage:
             except FileNotFoundError:
                 pass
             except OSError as e:
-                if _precondition_failed(e):
+                if not _precondition_failed(e):
+                    raise
+                if self.get(path) is not None:  # absent: nothing to delete (as on local disk)
                     raise Conflict(f"{self.to_uri(path)}: changed") from None
-                raise
             self.fs.invalidate_cache(path)
             return
         if if_match is not None:

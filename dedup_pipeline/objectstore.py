@@ -80,12 +80,14 @@ class S3Settings:
             session_token=env.get("AWS_SESSION_TOKEN") or None,
         )
 
-    def spark_conf(self) -> dict[str, str]:
-        """S3A's settings (``spark.hadoop.fs.s3a.*``) and the magic committer. Credentials are
-        passed explicitly when set, so executors on other hosts (a standalone cluster) get them
-        too; Spark redacts them in its UI and logs (`spark.redaction.regex` matches
-        ``secret``/``token``/``access.key``). Without them S3A's own chain finds the instance
-        profile or web identity. An endpoint means an S3-compatible store: path-style addressing."""
+    def spark_conf(self, credentials: bool = False) -> dict[str, str]:
+        """S3A's settings (``spark.hadoop.fs.s3a.*``) and the magic committer. With
+        `credentials` (executors on other hosts: a standalone cluster) the keys are passed as
+        settings, which Spark redacts in its UI and logs (`spark.redaction.regex` matches
+        ``secret``/``token``/``access.key``); otherwise S3A's own chain reads them from this
+        process's environment, or finds the instance profile or web identity, and no key is
+        ever a setting (nor on a command line). An endpoint means an S3-compatible store:
+        path-style addressing."""
         conf = dict(COMMITTER_CONF)
         h = "spark.hadoop.fs.s3a."
         if self.endpoint:
@@ -96,7 +98,7 @@ class S3Settings:
             conf[h + "endpoint.region"] = self.region
         elif self.endpoint:
             conf[h + "endpoint.region"] = "us-east-1"  # S3-compatible stores ignore it; S3A asks
-        if self.access_key and self.secret_key:
+        if credentials and self.access_key and self.secret_key:
             conf[h + "access.key"] = self.access_key
             conf[h + "secret.key"] = self.secret_key
             if self.session_token:

@@ -171,12 +171,18 @@ def s3_jars_dir() -> Path:
     return Path(base) / f"spark-{spark}-hadoop-{hadoop}"
 
 
-def s3_conf(conf: Mapping[str, str]) -> dict[str, str]:
+def s3_jars_cached() -> bool:
+    return (s3_jars_dir() / ".complete").exists()
+
+
+def s3_conf(conf: Mapping[str, str], master: str | None = None) -> dict[str, str]:
     """What a session or the Connect server needs to read and write ``s3a://``: S3A's settings
-    from the environment (objectstore.py), then `conf` (the user's win), with the cached
-    connector jars added to `spark.jars`. `S3ConnectorError` when neither the cache nor the
-    user's own settings bring the connector."""
-    out = {**S3Settings.from_env().spark_conf(), **conf}
+    from the environment (objectstore.py; the keys as settings only for executors on other hosts:
+    a `master` that is not local), then `conf` (the user's win), with the cached connector jars
+    added to `spark.jars`. `S3ConnectorError` when neither the cache nor the user's own settings
+    bring the connector."""
+    remote_executors = master is not None and not master.startswith("local")
+    out = {**S3Settings.from_env().spark_conf(credentials=remote_executors), **conf}
     jars_dir = s3_jars_dir()
     cached = sorted(str(p) for p in jars_dir.glob("*.jar")) if (jars_dir / ".complete").exists() \
         else []
@@ -225,7 +231,7 @@ def get_session(settings: SparkSettings, roots: Iterable[str] = ()) -> SparkSess
         check_server(s.remote)
     conf = session_conf(s)
     if s3 and not s.remote:
-        conf = s3_conf(conf)
+        conf = s3_conf(conf, s.master)
     builder = SparkSession.builder.appName(s.app_name)
     builder = builder.remote(s.remote) if s.remote else builder.master(s.master or DEFAULT_MASTER)
     for k, v in conf.items():
@@ -261,7 +267,10 @@ def server_conf(host: str, port: int, conf: Mapping[str, str] | None = None) -> 
     DEDUP_SPARK_CONF_* from the environment (same precedence as a run's own settings)."""
     mine = {**SERVER_CONF, "spark.connect.grpc.binding.address": host,
             "spark.connect.grpc.binding.port": str(port), **(conf or {})}
-    return SparkSettings(conf=mine).resolved().conf
+    out = SparkSettings(conf=mine).resolved().conf
+    # with the S3A jars fetched, a server serves s3:// datasets too (its credentials: its own
+    # environment or instance profile, never a setting on its command line)
+    return s3_conf(out) if s3_jars_cached() else out
 
 
 def spark_home() -> Path:

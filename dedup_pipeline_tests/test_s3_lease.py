@@ -150,6 +150,8 @@ def test_lease_race_has_one_holder_per_trial(s3: Any) -> None:
     finally:
         for p in procs:
             p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
     elapsed = time.perf_counter() - t0
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
     winners = [sum(got[t * workers:(t + 1) * workers]) for t in range(rounds)]
@@ -214,11 +216,12 @@ def test_holder_paused_past_its_lease_cannot_commit(s3: Any) -> None:
         b = Lock(st, owner="run b", lease_s=30)
         refused = 0
         while True:
+            tried = time.time()
             try:
                 b.acquire()
                 break
             except DatasetLockedError as e:
-                assert time.time() <= expires + 1  # refused only while A's lease ran
+                assert tried <= expires  # refused only while A's lease ran
                 assert f"locked by holder {a.pid} (pid {a.pid}" in str(e)
                 refused += 1
                 time.sleep(0.1)

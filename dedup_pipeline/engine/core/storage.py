@@ -11,7 +11,7 @@ neither. Elsewhere it is two renames (old aside, new in): readers may briefly se
 a mix (HDFS renames a directory atomically).
 
 What each write needs is stated here, and local disk and object stores differ only in this module
-(design.md S1-S3): `put` writes one object whole, plainly, only if absent (``If-None-Match: *``) or
+(design.md L5, L5a, L5b): `put` writes one object whole, plainly, only if absent (``If-None-Match: *``) or
 only over the version it read (``If-Match`` on its ETag); `get` returns the content with that ETag;
 `delete` may be conditional on it. An object store has no rename: a directory `move` there is
 copy, then delete, journaled in ``_moves/`` first so that the next holder of the dataset lock rolls
@@ -133,15 +133,19 @@ class Storage:
 
     def __init__(self, root: str):
         root = normalize_uri(root)
+        # no listings cache on S3: fsspec shares one s3fs instance per process, and its cached
+        # listings and ETags would hide what other processes (runs, Spark) wrote since, so that a
+        # later Storage missed new records and read a rewritten one as "no longer exists"
         fs, self.root = fsspec.core.url_to_fs(
-            root, **(S3Settings.from_env().fsspec_options() if is_s3(root) else {}))
+            root, **({**S3Settings.from_env().fsspec_options(), "use_listings_cache": False}
+                     if is_s3(root) else {}))
         self.root = self.root.rstrip("/")
         self.local = isinstance(fs, LocalFileSystem)
         self.fs = fs
         self.uri_root = root.rstrip("/")
         self.s3 = type(fs).__module__.startswith("s3fs")
 
-    # -- single objects: what each write needs (design.md S1) ------------------------------------
+    # -- single objects: what each write needs (design.md L5) ------------------------------------
     def put(self, path: str, data: bytes, *, if_absent: bool = False,
             if_match: str | None = None) -> str:
         """Write the object `path` whole and return its new ETag. `if_absent`: only if there is
@@ -169,7 +173,7 @@ class Storage:
             return str(out["ETag"])
         parent = path.rsplit("/", 1)[0]
         self.makedirs(parent)
-        if not self.local:  # another fsspec store: no conditional writes (design.md S3)
+        if not self.local:  # another fsspec store: no conditional writes (design.md L5b)
             if if_absent and self.exists(path):
                 raise Conflict(f"{self.to_uri(path)}: exists")
             if if_match is not None and (self.get(path) or (b"", ""))[1] != if_match:
@@ -241,7 +245,7 @@ class Storage:
             fsync_dir(path.rsplit("/", 1)[0])
 
     def check_conditional_writes(self) -> None:
-        """Refuse a store that ignores conditional writes (design.md S3): the same probe key is
+        """Refuse a store that ignores conditional writes (design.md L5b): the same probe key is
         written twice with ``If-None-Match: *``; the second must be refused. Once per process and
         store (S3 only: the OS's own link() is the local check)."""
         if not self.s3:
@@ -478,7 +482,7 @@ class Storage:
         else:
             self.fs.mv(src, dst)
 
-    # -- directory moves on object stores: journaled, rolled forward (design.md S2) ---------------
+    # -- directory moves on object stores: journaled, rolled forward (design.md L5a) ---------------
     def _move_dirs(self, moves: list[tuple[str, str]]) -> None:
         """Move directories in order as one journaled step: the journal entry is written first,
         then each move copies every file (``_``-named ones last) and deletes the source; the entry

@@ -1,5 +1,5 @@
 """S3 and S3-compatible stores: where credentials and the endpoint come from, and the one place
-that maps them into each client's settings (design.md S5).
+that maps them into each client's settings (design.md C4).
 
 A user sets the variables every AWS tool reads, once: ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``),
@@ -108,8 +108,10 @@ class S3Settings:
         return conf
 
     def fsspec_options(self) -> dict[str, object]:
-        """s3fs's options (botocore reads the credentials and the endpoint itself as well)."""
-        opts: dict[str, object] = {}
+        """s3fs's options (botocore reads the credentials and the endpoint itself as well). No
+        listings cache: a long-lived process (the code server's sensors, a run loading many
+        hours) must see files another process wrote or deleted since its last listing."""
+        opts: dict[str, object] = {"use_listings_cache": False}
         client: dict[str, object] = {}
         if self.endpoint:
             opts["endpoint_url"] = self.endpoint

@@ -143,7 +143,7 @@ def connect_session_exists() -> bool:
 
 
 class S3ConnectorError(UserError, RuntimeError):
-    """Spark cannot reach S3: its S3A connector is not on the classpath (design.md S5)."""
+    """Spark cannot reach S3: its S3A connector is not on the classpath (design.md C4)."""
 
     stage = "Spark's S3 connector (hadoop-aws)"
     fix = "run scripts/fetch_jars.sh, or give Spark the jars yourself (spark.jars.packages)"

@@ -191,7 +191,7 @@ class CommitLog:
     def write(self, record: CommitRecord, *, new: bool = False) -> CommitRecord:
         """Write (or atomically replace) the record of `record.load_hour`: H is committed. The
         record carries the generation of the dataset lease (object stores), renewed first: a
-        holder that lost its lease raises `LeaseLostError` and writes nothing (design.md S4). A
+        holder that lost its lease raises `LeaseLostError` and writes nothing (design.md R10b). A
         `new` record (a load's: it forgot the hour first) is created only if still absent, one
         this holder wrote is replaced only over its own version: another writer's record is never
         overwritten. Returns the record as written."""

@@ -175,7 +175,7 @@ class CommitRecord(Record):
     # epoch at commit, so a later load of the hour has a larger one; None: loaded with
     # output_format: parquet
     publish_token: Count | None = optional()
-    # the generation of the dataset lease the load held (object stores, design.md S4)
+    # the generation of the dataset lease the load held (object stores, design.md R10b)
     lock_generation: Count | None = optional()
 
     @field_validator("load_hour")
@@ -281,7 +281,7 @@ def write_commit(st: Storage, record: CommitRecord, *, if_absent: bool = False,
                  if_match: str | None = None) -> str:
     """Write (or atomically replace) the record of `record.load_hour`; its ETag. `if_absent`: a
     new record (a load's, after it forgot the hour); `if_match`: over the version this writer
-    wrote (design.md S1): a record another run wrote meanwhile is never overwritten."""
+    wrote (design.md L5): a record another run wrote meanwhile is never overwritten."""
     text = json.dumps(record.to_json(), indent=2, sort_keys=True)
     return st.put(commit_path(st, record.load_hour), text.encode(), if_absent=if_absent,
                   if_match=if_match)

@@ -2,7 +2,7 @@
 
 A lock file in the dataset's storage (`_lock`), so runs from any process never interleave. On a
 local file system it is held for as long as its process lives (`flock` guard, take-over of a dead
-pid's lock). On an object store it is a lease (design.md S4): taken by a conditional create
+pid's lock). On an object store it is a lease (design.md R10b): taken by a conditional create
 (``If-None-Match: *``), renewed by a heartbeat and taken over after its expiry by a write
 conditional on the ETag read (``If-Match``), released by a conditional delete. Every lease carries
 a generation above the one it replaced, written into the commit records; a holder that lost its
@@ -36,7 +36,7 @@ class DatasetLockedError(UserError, RuntimeError):
 
 
 class LeaseLostError(UserError, RuntimeError):
-    """The run's lease on the dataset expired and another run took it over (design.md S4)."""
+    """The run's lease on the dataset expired and another run took it over (design.md R10b)."""
 
     stage = "the dataset lease (this run lost it: paused or cut off past its expiry)"
     fix = ("nothing more was committed by this run; the run that took the lease over goes on. "

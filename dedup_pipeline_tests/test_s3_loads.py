@@ -42,7 +42,7 @@ CLI = str(Path(sys.executable).parent / "dedup-pipeline")
 
 
 def cli(env: dict[str, str], *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run([CLI, *args], env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([CLI, *args], env=env, capture_output=True, text=True, timeout=1500)
     if ok:
         assert r.returncode == 0, f"{args}: {r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return r

@@ -899,7 +899,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long", action="store_true",
                     help="the long run for T2: history up to 720 h, (a) every hour, (b) and (e) "
                          "at 24, 168 and 720 h (about 2 h; its own section of RESULTS.md)")
+    ap.add_argument("--s3", action="store_true",
+                    help="the S3 point only (benchmarks/s3.py): load time per hour on S3 against "
+                         "local disk, and object-store requests per load at 24 and 720 h of "
+                         "history (--points, --rows-per-hour and --s3-hours apply; ~15 min)")
+    ap.add_argument("--s3-hours", type=int, help="hours each system loads in the S3 point")
     args = ap.parse_args(argv)
+    if args.s3:
+        from benchmarks import s3
+        return s3.main(quick=args.quick, work=Path(args.work).resolve(),
+                       results=Path(args.results).resolve(), hours=args.s3_hours,
+                       rows=args.rows_per_hour, sizes=args.points)
     plan = QUICK if args.quick else FULL
     if args.long:
         plan = replace(plan, every_hour=LONG.every_hour, sampled=LONG.sampled, long=True,

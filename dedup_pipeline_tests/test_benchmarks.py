@@ -285,3 +285,89 @@ def test_the_run_floor_has_the_loads_shape_and_runs_in_an_instance(tmp_path: Pat
         assert run.status == dg.DagsterRunStatus.SUCCESS
         assert run.tags["dagster/partition"] == "2026-11-01-05:00"
         assert len(instance.all_logs(run.run_id)) == report["events"]
+
+
+def test_s3_requests_are_classified_by_kind() -> None:
+    """The S3 point's request kinds (benchmarks/s3.py), from the method, query and headers of
+    path-style requests as S3A, s3fs and delta-rs send them."""
+    from benchmarks.s3 import classify, client_of
+
+    no: dict[str, str] = {}
+    assert classify("GET", "/b/lake/_commits/2026-01-01-00.json", no) == "GET"
+    assert classify("GET", "/b?list-type=2&prefix=lake%2F_commits%2F&delimiter=%2F", no) == "LIST"
+    assert classify("GET", "/b/?prefix=lake/&max-keys=1", no) == "LIST"  # v1 listing
+    assert classify("GET", "/b", no) == "LIST"
+    assert classify("GET", "/b?uploads&prefix=x", no) == "LIST"
+    assert classify("HEAD", "/b/lake/_lock", no) == "HEAD"
+    assert classify("PUT", "/b/lake/_lock", {"If-None-Match": "*"}) == "PUT"
+    assert classify("PUT", "/b/lake/new", {"X-Amz-Copy-Source": "/b/lake/old"}) == "COPY"
+    assert classify("PUT", "/b/k?partNumber=1&uploadId=u", no) == "PUT"
+    assert classify("DELETE", "/b/lake/_lock", {"If-Match": '"e"'}) == "DELETE"
+    assert classify("POST", "/b?delete", no) == "DELETE"  # a bulk delete
+    assert classify("POST", "/b/k?uploads", no) == "POST"
+    assert classify("POST", "/b/k?uploadId=u", no) == "POST"
+    assert client_of("Hadoop 3.4.1, aws-sdk-java/2.35.4 Linux/6") == "spark"
+    assert client_of("aiobotocore/2.15 md/Botocore#1.35") == "s3fs"
+    assert client_of("object_store/0.12.3") == "delta-rs"
+
+
+def test_counting_proxy_forwards_as_is_and_counts(tmp_path: Path) -> None:
+    """The counting proxy in front of a plain HTTP server: bodies, status and the Host header
+    reach the server as the client sent them (so an S3 signature over Host stays valid), and
+    only the requests inside `counting()` are counted."""
+    import http.client
+    import http.server
+    import threading
+
+    from benchmarks.s3 import CountingProxy
+
+    seen: list[tuple[str, str, str, bytes]] = []
+
+    class Upstream(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(n) if n else b""
+            seen.append((self.command, self.path, self.headers["Host"], body))
+            out = b"" if self.command == "HEAD" else b"ok:" + body
+            self.send_response(404 if self.path.endswith("/absent") else 200)
+            self.send_header("Content-Length", str(len(out) if self.command != "HEAD" else 7))
+            self.end_headers()
+            self.wfile.write(out)
+
+        do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    up = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    threading.Thread(target=up.serve_forever, daemon=True).start()
+    proxy = CountingProxy(f"http://127.0.0.1:{up.server_address[1]}")
+    try:
+        port = int(proxy.endpoint.rsplit(":", 1)[1])
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("GET", "/b/not-counted")
+        c.getresponse().read()
+        with proxy.counting() as counted:
+            for method, path, body, headers in (
+                    ("PUT", "/b/k", b"data", {}), ("GET", "/b/k", None, {}),
+                    ("HEAD", "/b/k", None, {}), ("GET", "/b/absent", None, {}),
+                    ("GET", "/b?list-type=2&prefix=k", None, {}),
+                    ("PUT", "/b/k2", b"", {"x-amz-copy-source": "/b/k"}),
+                    ("DELETE", "/b/k", None, {})):
+                c.request(method, path, body=body, headers=headers)
+                r = c.getresponse()
+                data = r.read()
+                if method == "PUT" and body:
+                    assert data == b"ok:data"
+                if path.endswith("/absent"):
+                    assert r.status == 404
+        assert counted["kinds"] == {"PUT": 1, "GET": 2, "HEAD": 1, "LIST": 1, "COPY": 1,
+                                    "DELETE": 1}
+        assert all(host == f"127.0.0.1:{port}" for _, _, host, _ in seen)
+        assert ("PUT", "/b/k", f"127.0.0.1:{port}", b"data") in seen
+    finally:
+        proxy.close()
+        up.shutdown()
+        up.server_close()

@@ -7,7 +7,6 @@ of a `DEDUP_CONFIG` file, plus the in-process executor for the whole location)."
 from __future__ import annotations
 
 import functools
-import warnings
 
 import dagster as dg
 
@@ -27,31 +26,6 @@ from dedup_pipeline.orchestration.schedules import build_hourly_schedule, build_
 from dedup_pipeline.orchestration.sensors import build_landing_sensor
 from dedup_pipeline.orchestration.upkeep import build_upkeep
 
-# Dagster 1.13 warns about two beta parameters that it passes itself, on definitions it rebuilds:
-# `owners` when a yaml component's sensors are copied with the component's metadata or bound to
-# resources (`SensorDefinition.with_attributes` passes the sensor's empty owners list), and
-# `execution_type` when a multi-asset's check specs are turned into an `AssetChecksDefinition`
-# (`repository_data`). Neither is set by this package, nor by a user: a user who passes `owners`
-# is warned at their own line, which these filters leave alone. Each filter matches the warning's
-# text and the Dagster module that issues it, so nothing else is silenced. Installed when the
-# definitions are built (each time: a filter installed at import is dropped when the import ran
-# inside Dagster's `warnings.catch_warnings()`), so `dg launch`, `dg dev` and the daemon print none.
-_DAGSTER_OWN_BETA = (
-    (r"Parameter `owners` of initializer `SensorDefinition\.__init__`",
-     r"dagster\._core\.definitions\.sensor_definition\Z"),
-    (r"Parameter `execution_type` of function `AssetsDefinition\.__init__`",
-     r"dagster\._core\.definitions\.repository_definition\.repository_data\Z"),
-)
-
-
-def quiet_dagster_rebuilds() -> None:
-    """Ignore the beta warnings Dagster issues on definitions it rebuilds (above); idempotent."""
-    for message, module in _DAGSTER_OWN_BETA:
-        warnings.filterwarnings("ignore", message=message, category=dg.BetaWarning, module=module)
-
-
-quiet_dagster_rebuilds()
-
 
 def build_dataset_definitions(ds: DatasetConfig, spark: SparkResource, running: bool = True,
                               group: str | None = None) -> dg.Definitions:
@@ -63,7 +37,6 @@ def build_dataset_definitions(ds: DatasetConfig, spark: SparkResource, running: 
     must be the same object for every dataset of a code location (`spark_resource`).
     `running`: whether its sensors and upkeep schedule start running (a component's `sensors:`);
     `group`: its asset group (a component's `group_name:`, default the dataset's name)."""
-    quiet_dagster_rebuilds()
     d = build_dataset_defs(ds, group)
     rebuild = build_rebuild_job(ds)
     upkeep, upkeep_schedule = build_upkeep(ds, running)

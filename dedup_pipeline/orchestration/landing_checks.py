@@ -127,6 +127,25 @@ def _latest(ds: DatasetConfig) -> str | None:
     return format_tag(newest) if newest else None
 
 
+class InputCheckDefinition(dg.AssetChecksDefinition):
+    """The input check's definition: an `AssetChecksDefinition` whose copies stay one.
+
+    Why: Dagster 1.13 copies every definition of a yaml component to add the component's metadata
+    (`Definitions.with_definition_metadata_update`), and `with_attributes` returns a plain
+    `AssetsDefinition` for a check-only definition. The repository then converts it back with
+    `AssetChecksDefinition(**attributes)`, passing the beta `execution_type` itself, which prints a
+    BetaWarning on every code load (`dg dev`, the daemon). A copy that keeps this class is never
+    converted. `AssetChecksDefinition` adds no state to `AssetsDefinition`, so the class of the
+    copy is all that changes."""
+
+    def with_attributes(self, **kwargs: Any) -> dg.AssetsDefinition:
+        copy = super().with_attributes(**kwargs)
+        if isinstance(copy, dg.AssetsDefinition) and not copy.keys and not isinstance(
+                copy, InputCheckDefinition):
+            copy.__class__ = InputCheckDefinition
+        return copy
+
+
 def build_input_check(ds: DatasetConfig) -> dg.AssetChecksDefinition:
     """The check for one dataset. With a partition selected it evaluates that hour; a range, each
     hour of it; none (the UI's Execute without a partition), every loaded hour the landing sensor
@@ -157,6 +176,7 @@ def build_input_check(ds: DatasetConfig) -> dg.AssetChecksDefinition:
             scope = (f"loaded hours {compress_ranges(hours)}" if hours else "every hour")
             return _many_result(ds, scope, [hour_state(ds, h) for h in hours], _UnpartitionedResult)
 
+    input_unchanged_since_load.__class__ = InputCheckDefinition  # (above) no state of its own
     return input_unchanged_since_load
 
 

@@ -97,7 +97,9 @@ def build_migrate_job(ds: DatasetConfig) -> dg.JobDefinition:
 
 def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition, running: bool = True
                           ) -> dg.SensorDefinition:
-    @dg.sensor(name=names.recovery_sensor_name(ds.name), job=job,
+    # targeted by name, not by the job object: Dagster binds resources to a sensor's job object by
+    # copying the sensor with `owners=[]`, a beta parameter, which warns on every code load
+    @dg.sensor(name=names.recovery_sensor_name(ds.name), job_name=job.name,
                minimum_interval_seconds=RECOVERY_INTERVAL_S,
                default_status=names.sensor_status(running),
                description="Detects a missing or damaged key index (files vs commit records) and "
@@ -119,7 +121,7 @@ def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition, running: boo
         fingerprint = hashlib.sha256(repr((damage.missing, damage.unexpected, damage.corrupt,
                                            damage.other_format)).encode()).hexdigest()
         return dg.SensorResult(run_requests=[dg.RunRequest(
-            run_key=f"{ds.name}:rebuild:{fingerprint[:16]}",
+            run_key=f"{ds.name}:rebuild:{fingerprint[:16]}", job_name=job.name,
             run_config={"ops": {names.rebuild_op_name(ds.name): {"config": {"hours": hours}}}},
             tags={names.DATASET_TAG: ds.name, names.REASON_TAG: "damaged index"},
         )])

@@ -3,6 +3,7 @@
     ./scripts/bench.sh            # the full run (1-1.75 h on 2 cores; writes RESULTS.md)
     ./scripts/bench.sh --quick    # tiny data, every part once, a few minutes: the test suite's
     ./scripts/bench.sh --long     # T2 at 720 h: (a) every hour, (b) and (e) sampled (~45 min)
+    ./scripts/bench.sh --s3       # the S3 point (benchmarks/s3.py): S3 vs local disk, requests
 
 Hours in order, one system computing at a time. (a) this pipeline and (d) Structured Streaming
 each run in a process and Spark session of their own (benchmarks/worker.py: so each has its own
@@ -902,14 +903,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--s3", action="store_true",
                     help="the S3 point only (benchmarks/s3.py): load time per hour on S3 against "
                          "local disk, and object-store requests per load at 24 and 720 h of "
-                         "history (--points, --rows-per-hour and --s3-hours apply; ~15 min)")
+                         "history (--points, --rows-per-hour and --s3-hours apply; `--skip times` or "
+                         "`--skip requests`: one part only)")
     ap.add_argument("--s3-hours", type=int, help="hours each system loads in the S3 point")
     args = ap.parse_args(argv)
     if args.s3:
         from benchmarks import s3
         return s3.main(quick=args.quick, work=Path(args.work).resolve(),
                        results=Path(args.results).resolve(), hours=args.s3_hours,
-                       rows=args.rows_per_hour, sizes=args.points)
+                       rows=args.rows_per_hour, sizes=args.points,
+                       skip_times="times" in args.skip.split(","),
+                       skip_requests="requests" in args.skip.split(","))
     plan = QUICK if args.quick else FULL
     if args.long:
         plan = replace(plan, every_hour=LONG.every_hour, sampled=LONG.sampled, long=True,

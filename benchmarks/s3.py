@@ -479,7 +479,7 @@ def report(times: dict[str, Any] | None, counts: dict[int, dict[str, Any]]) -> s
 
 def main(quick: bool = False, work: Path | None = None, results: Path | None = None,
          hours: int | None = None, rows: int | None = None, sizes: str | None = None,
-         skip_times: bool = False) -> int:
+         skip_times: bool = False, skip_requests: bool = False) -> int:
     from dedup_pipeline_tests.s3_store import running_store
 
     here = Path(__file__).resolve().parent
@@ -504,7 +504,8 @@ def main(quick: bool = False, work: Path | None = None, results: Path | None = N
         with running_store(store_dir) as store:
             bucket = store.bucket("bench")
             times = None if skip_times else load_times(store, bucket, work, hours, rows, last, say)
-            counts = count_requests(store, bucket, work, size_list, 10 if quick else 1000, say)
+            counts = {} if skip_requests else count_requests(
+                store, bucket, work, size_list, 10 if quick else 1000, say)
     finally:
         shutil.rmtree(store_dir, ignore_errors=True)
     with open("/proc/loadavg") as f:

@@ -3,6 +3,7 @@
 # Streaming and a plain copy, side by side in one run. `--quick`: every part once on tiny data, a few minutes.
 # The full run (--backfill-hours 24) takes 1-1.75 h on 2 cores and ~15 GB in benchmarks/work/;
 # --long (T2 at 720 h) ~45 min and ~15 GB more in benchmarks/work/long/.
+# --s3: the S3 point (benchmarks/s3.py, SeaweedFS on 127.0.0.1): S3 vs local disk, requests per load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh

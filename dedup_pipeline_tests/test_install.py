@@ -14,6 +14,7 @@ import ast
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -107,24 +108,42 @@ def test_the_wheel_with_no_extras_runs_the_demo_in_a_clean_venv(clean_venv: Path
     assert v.returncode == 0 and "OK" in v.stdout, v.stdout + v.stderr
 
 
-# The team's asset after clicks/unique, and the automation sensor that runs it (on from the start,
-# as code declares it; Dagster's default sensor starts off). `eager()` alone requests only the
-# latest hour; a history loaded hour by hour wants every hour, hence without
+# The team's asset after clicks/unique, built with `dedup_pipeline.dataset_assets` (keys, partitions
+# and the loaded-hour guard from the dataset's defs.yaml), and the automation sensor that runs it
+# (on from the start, as code declares it; Dagster's default sensor starts off). `eager()` alone
+# requests only the latest hour; a history loaded hour by hour wants every hour, hence without
 # `in_latest_time_window` (docs/operations.md).
 TEAM_ASSET = """\
-import dagster as dg
+from pathlib import Path
 
-@dg.asset(deps=[dg.AssetKey(["clicks", "unique"])],
-          partitions_def=dg.HourlyPartitionsDefinition(start_date="{start}"),
+import dagster as dg
+import dedup_pipeline
+
+clicks = dedup_pipeline.dataset_assets(Path(__file__).parent / "clicks" / "defs.yaml")
+
+
+@dg.asset(deps=[clicks.asset_key("unique")], partitions_def=clicks.partitions_def,
           automation_condition=dg.AutomationCondition.eager().without(
               dg.AutomationCondition.in_latest_time_window()))
-def clicks_report() -> None:
-    pass
+def clicks_report(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    loaded = clicks.require_loaded(context.partition_key)
+    return dg.MaterializeResult(metadata={"load_hour": loaded, "table": clicks.table_path()})
+
 
 team_automation = dg.AutomationConditionSensorDefinition(
     "team_automation", target=dg.AssetSelection.assets(clicks_report),
     default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=5)
 """
+# The team's own `spark` resource, beside the component's `dedup_spark`
+TEAM_SPARK = """\
+import dagster as dg
+
+
+@dg.definitions
+def team() -> dg.Definitions:
+    return dg.Definitions(resources={"spark": dg.ResourceDefinition.hardcoded_resource("team's")})
+"""
+WARNING_LINE = re.compile(r"\b\w*Warning: ")  # how Python prints a warning (not the JVM's WARNING:)
 
 
 def _materialized_by(instance: Any, key: Any, partition: str) -> dict[str, str] | None:
@@ -140,9 +159,21 @@ def _materialized_by(instance: Any, key: Any, partition: str) -> dict[str, str] 
 
 
 def _run(args: list[str], env: dict[str, str], cwd: Path, timeout: int = 900) -> str:
+    return _run_all(args, env, cwd, timeout)[0]
+
+
+def _run_all(args: list[str], env: dict[str, str], cwd: Path, timeout: int = 900
+             ) -> tuple[str, str]:
     out = subprocess.run(args, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
     assert out.returncode == 0, f"{args}: " + out.stdout[-4000:] + out.stderr[-4000:]
-    return out.stdout
+    return out.stdout, out.stderr
+
+
+def _launch(dg_cmd: str, job: str, partition: str, env: dict[str, str], root: Path) -> None:
+    """`dg launch` of one hour, as the scaffold's comment spells it: no warning printed."""
+    out, err = _run_all([dg_cmd, "launch", "--job", job, "--partition", partition], env, root)
+    warned = [t for t in (out + err).splitlines() if WARNING_LINE.search(t)]
+    assert warned == [], "\n".join(warned)
 
 
 @pytest.mark.slow
@@ -180,20 +211,31 @@ def test_a_dg_project_adds_datasets_with_the_component_and_loads_an_hour(clean_v
     entries = {e["key"]: e for e in json.loads(line)["items"]}
     assert entries["dedup_pipeline.DedupDataset"]["summary"].startswith(
         "A deduplicated hourly dataset on Spark")
-    for name in ("clicks", "orders"):
-        _run([dg_cmd, "scaffold", "defs", "dedup_pipeline.DedupDataset", name], env, root)
+    _run([dg_cmd, "scaffold", "defs", "dedup_pipeline.DedupDataset", "clicks"], env, root)
+    # a second dataset of another format with a composite key, as a team scaffolds it
+    _run([dg_cmd, "scaffold", "defs", "dedup_pipeline.DedupDataset", "orders", "--source-format",
+          "csv", "--key", "event_id", "--key", "user_id"], env, root)
     defs_yaml = defs_dir / "clicks" / "defs.yaml"
+    orders_yaml = defs_dir / "orders" / "defs.yaml"
     start = yaml.safe_load(defs_yaml.read_text())["attributes"]["start"]
-    (defs_dir / "report.py").write_text(TEAM_ASSET.format(start=start))
+    orders_start = yaml.safe_load(orders_yaml.read_text())["attributes"]["start"]
+    (defs_dir / "report.py").write_text(TEAM_ASSET)
+    (defs_dir / "team.py").write_text(TEAM_SPARK)
     _run([dg_cmd, "check", "yaml"], env, root)
     _run([dg_cmd, "check", "defs"], env, root)
 
-    # sample data where the scaffolded example reads it, without its markers: the dataset's
-    # landing sensor, on in the daemon, would load complete hours itself (this test loads with
-    # `dg launch`; a load beside it is refused by the dataset's lock); it now waits for them
-    _run([str(venv / "bin" / "dedup-pipeline"), "generate", "--out", "data", "--hours", "2",
-          "--rows-per-hour", "300", "--start", start, "--no-config"], env, root)
+    # sample data where the scaffolded examples read it, by the commands their comments give
+    # (fewer hours), without markers: the datasets' landing sensors, on in the daemon, would load
+    # complete hours themselves (this test loads with `dg launch`; a load beside it is refused by
+    # the dataset's lock); they now wait for them
+    for path in (defs_yaml, orders_yaml):
+        [line] = [t for t in path.read_text().splitlines() if "dedup-pipeline generate" in t]
+        args = shlex.split(line.lstrip("# "))
+        args[args.index("--hours") + 1], args[args.index("--rows-per-hour") + 1] = "2", "300"
+        _run([str(venv / "bin" / args[0]), *args[1:]], env, root)
     assert not (root / "data" / "dedup.yaml").exists()  # the defs.yaml is the one config
+    assert sorted(p.name for p in (root / "data" / "landing").iterdir()) == ["clicks", "orders"]
+    assert list((root / "data" / "landing" / "orders").rglob("*.csv"))
     for marker in (root / "data" / "landing").rglob("_SUCCESS"):
         marker.unlink()
     # the team's automation sensor running in a real daemon, its first tick before the hour loads
@@ -205,7 +247,10 @@ def test_a_dg_project_adds_datasets_with_the_component_and_loads_an_hour(clean_v
             wait_until("the automation sensor's first finished tick", lambda: any(
                 t.status != TickStatus.STARTED
                 for t in instigator_ticks(instance, "team_automation", limit=5)), 180, [daemon])
-            _run([dg_cmd, "launch", "--assets", "group:clicks", "--partition", start], env, root)
+            _launch(dg_cmd, "clicks_hourly_load", start, env, root)
+            # launched, then seen: the hour is materialized in the instance the UI reads
+            loaded = _materialized_by(instance, dg.AssetKey(["clicks", "unique"]), start)
+            assert loaded is not None and loaded["dagster/partition"] == start, loaded
             # the team's asset downstream: the daemon materializes it for the loaded hour
             report = dg.AssetKey("clicks_report")
             tags = wait_until("the daemon to materialize clicks_report",
@@ -215,20 +260,25 @@ def test_a_dg_project_adds_datasets_with_the_component_and_loads_an_hour(clean_v
             assert _materialized_by(instance, report, other) is None  # not loaded: not requested
     finally:
         daemon.stop()
-
-    # the commit record and the Delta tables, against the reference model
-    attrs = yaml.safe_load(defs_yaml.read_text().replace("{{ context.project_root }}", str(root)))
-    ds, _ = parse_attributes(attrs["attributes"], str(defs_yaml), defs_yaml.parent)
-    tag = start[:13]
-    expected = Reference(ds).run(parse_hour(start), 1)[tag]
-    record = commits.read_commit(Storage(ds.output), tag)
-    assert record is not None
-    assert (record.rows_in, record.unique) == (expected.rows_in, sum(expected.rows["unique"].values()))
-    key_at = list(ds.source.schema).index("event_id")
-    for output in ("unique", "duplicates", "expired"):
-        got = DeltaTable(str(root / "data" / "warehouse" / "clicks" / output)).to_pyarrow_table()
-        assert set(got.column("load_hour").to_pylist()) <= {tag}, output
-        assert sorted(got.column("event_id").to_pylist()) == sorted(
-            row[key_at] for row in expected.rows[output].elements()), output
     assert not (root / "data" / "warehouse" / "orders").exists()  # the other dataset untouched
+    _launch(dg_cmd, "orders_hourly_load", orders_start, env, root)
+    with dg.DagsterInstance.from_config(str(tmp_path / "dh")) as instance:
+        assert _materialized_by(instance, dg.AssetKey(["orders", "unique"]), orders_start)
 
+    # the commit records and the Delta tables, against the reference model
+    for path, first in ((defs_yaml, start), (orders_yaml, orders_start)):
+        tag = first[:13]
+        attrs = yaml.safe_load(path.read_text().replace("{{ context.project_root }}", str(root)))
+        ds, _ = parse_attributes(attrs["attributes"], str(path), path.parent)
+        expected = Reference(ds).run(parse_hour(first), 1)[tag]
+        record = commits.read_commit(Storage(ds.output), tag)
+        assert record is not None, ds.name
+        assert (record.rows_in, record.unique) == (
+            expected.rows_in, sum(expected.rows["unique"].values())), ds.name
+        key_at = [list(ds.source.schema).index(k) for k in ds.key]
+        for output in ("unique", "duplicates", "expired"):
+            got = DeltaTable(str(root / "data" / "warehouse" / ds.name / output)).to_pyarrow_table()
+            assert set(got.column("load_hour").to_pylist()) <= {tag}, (ds.name, output)
+            assert sorted(zip(*(got.column(k).to_pylist() for k in ds.key), strict=True)) == sorted(
+                tuple(row[i] for i in key_at) for row in expected.rows[output].elements()), (
+                ds.name, output)

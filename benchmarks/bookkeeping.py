@@ -75,6 +75,37 @@ def _index_file_bytes(tag: str, first_v: int) -> bytes:
     return buf.getvalue()
 
 
+def index_entry(st: Storage, tag: str, v0: int, live: bool) -> IndexFileEntry:
+    """Hour `tag`'s one index file (10 entries from expiry value `v0`), written in its slice when
+    `live` (retention deleted the others), and its record entry."""
+    n_slice = v0 // HOUR_US
+    data = _index_file_bytes(tag, v0)
+    entry = IndexFileEntry(slice=n_slice, name="part-00000.snappy.parquet", size=len(data),
+                           rows=10, sha256=hashlib.sha256(data).hexdigest())
+    if live:
+        d = Path(st.path(layout.INDEX, layout.load_rel(n_slice, tag)))
+        d.mkdir(parents=True, exist_ok=True)
+        (d / entry.name).write_bytes(data)
+    return entry
+
+
+def hour_record(st: Storage, ds: DatasetConfig, i: int, first_live: int,
+                **fields: Any) -> CommitRecord:
+    """Hour i's record (and its index file, written when i >= first_live), the latest point at
+    the hour's end (X_{i+1} = the start of hour i+1-LIVE); `fields` add counts, files, token."""
+    hour = parse_hour(START) + i * HOUR
+    tag = to_tag(hour)
+    v0 = int(hour.timestamp()) * 1_000_000
+    n_slice = v0 // HOUR_US
+    entry = index_entry(st, tag, v0, live=i >= first_live)
+    latest = v0 + HOUR_US
+    return CommitRecord(**{
+        **NOTHING, "latest_point": float(latest), "expiry_point": float(latest - LIVE * HOUR_US),
+        "index_rows_written": 10, "index_slices_written": (n_slice,),
+        "committed_at": "2026-01-01T00:00:00Z", "index_files": (entry,), **fields},
+        dataset=ds.name, partition_key=format_hour(hour), load_hour=tag)
+
+
 def synthesize(root: Path, n: int) -> DatasetConfig:
     """N committed hours from START: records written directly (the writer's JSON), index files
     for the last LIVE hours only, the retention state, and the summary loads maintain."""
@@ -84,24 +115,9 @@ def synthesize(root: Path, n: int) -> DatasetConfig:
     start = parse_hour(START)
     first_live = max(0, n - LIVE)
     for i in range(n):
-        hour = start + i * HOUR
-        tag = to_tag(hour)
-        v0 = int(hour.timestamp()) * 1_000_000
-        n_slice = v0 // HOUR_US
-        data = _index_file_bytes(tag, v0)
-        entry = IndexFileEntry(slice=n_slice, name="part-00000.snappy.parquet", size=len(data),
-                               rows=10, sha256=hashlib.sha256(data).hexdigest())
-        if i >= first_live:
-            d = Path(st.path(layout.INDEX, layout.load_rel(n_slice, tag)))
-            d.mkdir(parents=True, exist_ok=True)
-            (d / entry.name).write_bytes(data)
-        latest = v0 + HOUR_US  # the hour's end: X_{i+1} = the start of hour i+1-LIVE
-        rec = CommitRecord(**{
-            **NOTHING, "latest_point": float(latest), "expiry_point": float(latest - LIVE * HOUR_US),
-            "index_rows_written": 10, "index_slices_written": (n_slice,),
-            "committed_at": "2026-01-01T00:00:00Z", "index_files": (entry,)},
-            dataset=ds.name, partition_key=format_hour(hour), load_hour=tag, rows_in=10, unique=10,
-            duplicates=0, expired=0, rejected=0)
+        rec = hour_record(st, ds, i, first_live, rows_in=10, unique=10, duplicates=0, expired=0,
+                          rejected=0)
+        tag = rec.load_hour
         with open(commits.commit_path(st, tag), "w") as f:
             json.dump(rec.to_json(), f)
     if first_live:

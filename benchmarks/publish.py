@@ -22,6 +22,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -49,10 +50,10 @@ def _dataset(root: Path) -> DatasetConfig:
     return parse_config(raw, "benchmark", root).datasets[0]
 
 
-def _hour(st: Storage, ds: DatasetConfig, i: int) -> CommitRecord:
-    """Hour i's files (one small file per output, of the output's schema) and its record."""
-    tag = to_tag(parse_hour(START) + i * HOUR)
-    files = {}
+def output_files(st: Storage, ds: DatasetConfig, i: int, tag: str) -> dict[str, tuple[Any, ...]]:
+    """Hour `tag`'s files, one small file per output of the output's schema (numbered `i`), as
+    record entries."""
+    files: dict[str, tuple[Any, ...]] = {}
     for name in OUTPUTS:
         schema = lake.arrow_schema(ds, name)
         table = pa.table({f.name: pa.nulls(10, f.type) for f in schema if f.name != lake.PART})
@@ -61,6 +62,13 @@ def _hour(st: Storage, ds: DatasetConfig, i: int) -> CommitRecord:
         p = d / f"part-00000-{i:06d}-c000.snappy.parquet"
         pq.write_table(table, p)
         files[name] = (OutputFileEntry(name=p.name, size=p.stat().st_size),)
+    return files
+
+
+def _hour(st: Storage, ds: DatasetConfig, i: int) -> CommitRecord:
+    """Hour i's files (one small file per output, of the output's schema) and its record."""
+    tag = to_tag(parse_hour(START) + i * HOUR)
+    files = output_files(st, ds, i, tag)
     rec = CommitRecord(**{**NOTHING, "output_files": files},
                        dataset=ds.name, partition_key=format_hour(parse_hour(tag)), load_hour=tag,
                        rows_in=40, unique=10, duplicates=10, expired=10, rejected=10,

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import hashlib
 import http.client
 import http.server
 import json
@@ -222,20 +221,13 @@ def synthesize_history(out: Path, n: int) -> Path:
     """N committed hours on local disk under `out` (reused if built before with the same N):
     records, live index files and retention state as `benchmarks.bookkeeping.synthesize` writes
     them, each hour also with one small file per output published to the four Delta tables."""
-    import io
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from benchmarks.bookkeeping import HOUR_US, LIVE, START, _index_file_bytes
+    from benchmarks.bookkeeping import LIVE, START, hour_record
+    from benchmarks.publish import output_files
     from dedup_pipeline.engine import contract, lake
     from dedup_pipeline.engine.core import commits
-    from dedup_pipeline.engine.core.commits import CommitRecord, IndexFileEntry, OutputFileEntry
     from dedup_pipeline.engine.core.index import layout
-    from dedup_pipeline.engine.core.outputs import OUTPUTS, partition
     from dedup_pipeline.engine.core.storage import Storage
-    from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag
-    from dedup_pipeline_tests.conftest import NOTHING
+    from dedup_pipeline.hours import HOUR, parse_hour, to_tag
 
     stamp = out / ".built"
     if stamp.exists() and stamp.read_text() == f"v2 {n}":
@@ -249,36 +241,10 @@ def synthesize_history(out: Path, n: int) -> Path:
     contract.record(st, contract.check(st, ds, START, None))
     first_live = max(0, n - LIVE)
     for i in range(n):
-        hour = start + i * HOUR
-        tag = to_tag(hour)
-        v0 = int(hour.timestamp()) * 1_000_000
-        n_slice = v0 // HOUR_US
-        data = _index_file_bytes(tag, v0)
-        entry = IndexFileEntry(slice=n_slice, name="part-00000.snappy.parquet", size=len(data),
-                               rows=10, sha256=hashlib.sha256(data).hexdigest())
-        if i >= first_live:
-            d = Path(st.path(layout.INDEX, layout.load_rel(n_slice, tag)))
-            d.mkdir(parents=True, exist_ok=True)
-            (d / entry.name).write_bytes(data)
-        files = {}
-        for name in OUTPUTS:
-            schema = lake.arrow_schema(ds, name)
-            table = pa.table({f.name: pa.nulls(10, f.type) for f in schema if f.name != lake.PART})
-            d = Path(st.path(*partition(name, tag)))
-            d.mkdir(parents=True, exist_ok=True)
-            buf = io.BytesIO()
-            pq.write_table(table, buf)
-            p = d / f"part-00000-{i:06d}-c000.snappy.parquet"
-            p.write_bytes(buf.getvalue())
-            files[name] = (OutputFileEntry(name=p.name, size=p.stat().st_size),)
-        latest = v0 + HOUR_US
-        rec = CommitRecord(**{
-            **NOTHING, "latest_point": float(latest), "expiry_point": float(latest - LIVE * HOUR_US),
-            "index_rows_written": 10, "index_slices_written": (n_slice,),
-            "committed_at": "2026-01-01T00:00:00Z", "index_files": (entry,),
-            "output_files": files},
-            dataset=ds.name, partition_key=format_hour(hour), load_hour=tag, rows_in=40,
-            unique=10, duplicates=10, expired=10, rejected=10, publish_token=lake.new_token())
+        tag = to_tag(start + i * HOUR)
+        rec = hour_record(st, ds, i, first_live, output_files=output_files(st, ds, i, tag),
+                          rows_in=40, unique=10, duplicates=10, expired=10, rejected=10,
+                          publish_token=lake.new_token())
         commits.write_commit(st, rec)
         lake.publish_load(st, ds, rec)
     if first_live:

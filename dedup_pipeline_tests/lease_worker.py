@@ -17,8 +17,9 @@ from typing import Any
 
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.commits import CommitRecord
-from dedup_pipeline.engine.core.lock import DatasetLockedError, LeaseLostError, Lock
+from dedup_pipeline.engine.core.lock import LeaseLostError, Lock
 from dedup_pipeline.engine.core.storage import Storage
+from dedup_pipeline_tests.lock_worker import try_acquire
 
 
 def race(env: Mapping[str, str], root: str, wid: int, trials: int, barrier: Any, got: Any,
@@ -30,12 +31,7 @@ def race(env: Mapping[str, str], root: str, wid: int, trials: int, barrier: Any,
     st = Storage(root)
     for t in range(trials):
         barrier.wait()  # the parent has planted the trial's lease (or removed it)
-        lock = Lock(st, owner=f"worker {wid}")
-        try:
-            lock.acquire()
-            mine = True
-        except DatasetLockedError:
-            mine = False
+        lock, mine = try_acquire(st, wid)
         got[t * workers + wid] = 1 if mine else 0
         if mine:
             held = st.get(lock.path)

@@ -8,17 +8,22 @@ from dedup_pipeline.engine.core.lock import DatasetLockedError, Lock
 from dedup_pipeline.engine.core.storage import Storage
 
 
+def try_acquire(st: Storage, wid: int) -> tuple[Lock, bool]:
+    """One attempt of worker `wid` at the dataset's lock: the lock and whether it was taken."""
+    lock = Lock(st, owner=f"worker {wid}")
+    try:
+        lock.acquire()
+    except DatasetLockedError:
+        return lock, False
+    return lock, True
+
+
 def race(root: str, wid: int, trials: int, barrier: Any, got: Any, workers: int) -> None:
     """Per trial: wait for the parent's stale lock, try to acquire, report, release when all tried."""
     st = Storage(root)
     for t in range(trials):
         barrier.wait()  # the parent has planted a stale lock
-        lock = Lock(st, owner=f"worker {wid}")
-        try:
-            lock.acquire()
-            mine = True
-        except DatasetLockedError:
-            mine = False
+        lock, mine = try_acquire(st, wid)
         got[t * workers + wid] = 1 if mine else 0
         barrier.wait()  # everyone has tried while the winner still holds it
         if mine:

@@ -166,8 +166,9 @@ def entries(st: Storage) -> Counter:
 def test_readers_see_committed_hours_only_during_a_rerun_and_vacuum_changes_no_row(
         loaded: dict[str, Any]) -> None:
     """While `run` reloads the last two hours (same landing files: the same rows), every read of
-    every table through deltalake sees exactly the committed rows: no hour missing, none
-    doubled, no half-written file; then `vacuum` deletes replaced files and changes no row."""
+    every table through deltalake, and of unique through DuckDB and Polars, sees exactly the
+    committed rows: no hour missing, none doubled, no half-written file; then `vacuum` deletes
+    replaced files and changes no row."""
     cfg, env, ds = str(loaded["cfg"]), loaded["env"], loaded["ds"]
 
     def rows(name: str) -> Counter:
@@ -178,11 +179,20 @@ def test_readers_see_committed_hours_only_during_a_rerun_and_vacuum_changes_no_r
     versions = {n: table(ds.output, n).version() for n in OUTPUTS}
     proc = subprocess.Popen([CLI, "run", "--config", cfg, "--from", f"{TAGS[2]}:00", "--to", LAST],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    import duckdb
+    import polars as pl
+
+    opts = S3Settings.from_env().delta_options()
+    ids = Counter(json.loads(r)["event_id"] for r in before["unique"])
     reads = 0
     while proc.poll() is None:
         for n in OUTPUTS:
             assert rows(n) == before[n], f"a reader of {n} saw other rows during the rerun"
             reads += 1
+        dataset = table(ds.output, "unique").to_pyarrow_dataset()  # noqa: F841 - DuckDB reads it
+        assert Counter(r[0] for r in duckdb.sql("SELECT event_id FROM dataset").fetchall()) == ids
+        assert Counter(pl.scan_delta(f"{ds.output}/unique", storage_options=opts, use_pyarrow=True)
+                       .select("event_id").collect()["event_id"].to_list()) == ids
     out = proc.communicate()[0]
     assert proc.returncode == 0, out[-3000:]
     assert reads >= 8, reads

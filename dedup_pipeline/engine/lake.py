@@ -523,12 +523,22 @@ def hour_files(st: Storage, name: str, tag: str) -> tuple[int, int] | None:
 
 
 def hour_version(dt: DeltaTable, tag: str, limit: int = 1000) -> int:
-    """The newest version of `dt` whose commit published hour `tag` (see `hour_files`)."""
+    """The newest version of `dt` whose commit published hour `tag` (see `hour_files`).
+
+    The history is read newest first in growing windows (16, 128, then `limit` commits): each
+    commit read is a request on an object store, and the hour's commit is usually among the
+    newest (a load's own events), so a long table history is not read for it."""
     key = format_tag(tag)
-    for h in dt.history(limit):  # newest first; usually the hour's commit is among the first
-        if h.get("dedup_pipeline.load_hour") == key and "version" in h:
-            return int(h["version"])
-    return dt.version()
+    n = 16
+    while True:
+        n = min(n, limit)
+        hist = dt.history(n)
+        for h in hist:
+            if h.get("dedup_pipeline.load_hour") == key and "version" in h:
+                return int(h["version"])
+        if n >= limit or len(hist) < n:
+            return dt.version()
+        n *= 8
 
 
 # -- drift and upkeep ------------------------------------------------------------------------------

@@ -62,11 +62,6 @@ def _history(s3: Any, tmp: Path, n: int) -> Path:
     return cfg
 
 
-@pytest.mark.skip(reason=(
-    "open (docs/notes.md, Open items, S3): measured 2026-12-02, a tick's requests at 24 h / 72 h "
-    "of fabricated history were HEAD 18/19, LIST 23/27, GET 8/154; the landing sensor's report of "
-    "hours the instance never saw failed with 'OSError: Generic S3 error' at 72 h, so each tick "
-    "read those hours' records again"))
 def test_landing_sensor_on_s3_requests_the_next_hour_at_a_flat_request_count(
         s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     proxy = CountingProxy(s3.endpoint)
@@ -91,6 +86,7 @@ def test_landing_sensor_on_s3_requests_the_next_hour_at_a_flat_request_count(
                 _tick(defs, inst, sensor)  # its first requests: connections, the store probe
                 with proxy.counting() as c:
                     res = _tick(defs, inst, sensor)
+            monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)  # the next history: direct
             assert res.skip_reason is None and len(res.run_requests) == 1, res
             assert res.run_requests[0].partition_key == format_hour(nxt)
             counted[n] = dict(c["kinds"])

@@ -424,19 +424,7 @@ class Storage:
         returns the new content survives a power loss (a rename of an unsynced file can leave an
         empty file under the new name). Elsewhere the store's own write semantics apply.
         """
-        parent = path.rsplit("/", 1)[0]
-        if self.local:
-            self.makedirs(parent)
-            tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
-            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            fsync_dir(parent)
-            return
-        self.put(path, text.encode())  # an object store writes an object whole: no temp file
+        self.put(path, text.encode())  # one home for "written whole" on disk and on a store
 
     def sync_tree(self, path: str) -> None:
         """fsync every file and directory below `path` and `path`'s parent (local only).

@@ -47,6 +47,8 @@ def main(hour: str) -> dict[str, Any]:
     remote = os.environ.get("SPARK_REMOTE")
     if remote:
         from pyspark.sql.connect.session import SparkSession
+
+        from dedup_pipeline.engine.connect_auth import client_url
         mark("import_connect")
     # (no `from __future__ import annotations` here: Dagster resolves the body's annotations,
     # and `dg` is local to this function)
@@ -60,7 +62,7 @@ def main(hour: str) -> dict[str, Any]:
         partitions_def=pdef)
     def load(context: dg.AssetExecutionContext) -> Iterator[Any]:
         if remote:
-            spark = SparkSession.builder.remote(remote).getOrCreate()
+            spark = SparkSession.builder.remote(client_url(remote)).getOrCreate()
             spark.range(1).count()
             mark("session_and_query")
         for o in OUTPUTS:

@@ -62,6 +62,16 @@ from dedup_pipeline.engine.session import SparkSettings, get_session
 # through Dagster, sensor runs, CLI loads, servers, clusters, benchmarks) runs in the whole suite,
 # `./scripts/test.sh`, which CI runs.
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite's own config directory: the Spark Connect token file of `spark-server`
+    (engine/connect_auth.py) lands there, never in the home directory of whoever runs the suite."""
+    import tempfile
+
+    if "DEDUP_TEST_CONFIG_HOME" not in os.environ:
+        os.environ["DEDUP_TEST_CONFIG_HOME"] = tempfile.mkdtemp(prefix="dedup-tests-config-")
+    os.environ["XDG_CONFIG_HOME"] = os.environ["DEDUP_TEST_CONFIG_HOME"]
+
+
 # Markers that keep a test out of the automatic fast tier (the `spark` fixture does too).
 NEEDS_MORE = ("spark", "slow")
 _AUTO_FAST = pytest.StashKey[bool]()

@@ -388,10 +388,20 @@ def spark_daemon_env(root: Path) -> dict[str, str]:
 
 
 def start_cluster(root: Path, workers: int = 2, cores: int = 1, memory: str = "1g",
-                  wait_workers: bool = True) -> StandaloneCluster:
-    """Start a master, wait for it, then start `workers` workers (each `cores` cores)."""
+                  wait_workers: bool = True, secret: str | None = None) -> StandaloneCluster:
+    """Start a master, wait for it, then start `workers` workers (each `cores` cores). With
+    `secret`, as deploy/ runs it: `spark.authenticate` on, the shared secret in the daemons'
+    spark-defaults.conf (owner-only), so only drivers holding it can use the cluster."""
     spark_class = str(PYSPARK_HOME / "bin" / "spark-class")
     env = spark_daemon_env(root)
+    if secret is not None:
+        conf_dir = root / "conf"
+        conf_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        defaults = conf_dir / "spark-defaults.conf"
+        fd = os.open(defaults, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"spark.authenticate true\nspark.authenticate.secret {secret}\n")
+        env["SPARK_CONF_DIR"] = str(conf_dir)
     port, ui = free_port(), free_port()
     master = start("spark-master", [spark_class, "org.apache.spark.deploy.master.Master",
                                     "--host", LOOPBACK, "--port", str(port), "--webui-port", str(ui)],

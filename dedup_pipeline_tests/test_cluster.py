@@ -51,6 +51,9 @@ HOURS = 3
 ROWS_PER_HOUR = 300
 # A setting of the remote loads' Spark, passed the way a deployment passes them (C3).
 COMMON_CONF = {"DEDUP_SPARK_CONF_spark__sql__shuffle__partitions": "4"}
+# The cluster runs with spark.authenticate, as deploy/ does; a driver holds the shared secret in
+# its environment (design.md N6), never in a config file or on a command line.
+CLUSTER_SECRET = uuid.uuid4().hex
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +66,8 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     cluster: StandaloneCluster | None = None
     try:
         connect = start_connect_server(root / "connect", master="local[2]")
-        cluster = start_cluster(root / "cluster", workers=2, cores=1, memory="1g", wait_workers=False)
+        cluster = start_cluster(root / "cluster", workers=2, cores=1, memory="1g",
+                                wait_workers=False, secret=CLUSTER_SECRET)
         yield {"cluster": cluster, "connect": connect, "t0": t0}
     finally:
         if cluster is not None:
@@ -125,9 +129,13 @@ def test_standalone_cluster_load_equals_local_mode(landing: Path, services: dict
         DEDUP_SPARK_CONF_spark__ui__enabled="false",
         DEDUP_SPARK_CONF_spark__driver__extraJavaOptions=FAST_JVM,
         DEDUP_SPARK_CONF_spark__executor__extraJavaOptions=FAST_JVM,
+        DEDUP_SPARK_CONF_spark__authenticate="true",
+        DEDUP_SPARK_CONF_spark__authenticate__secret=CLUSTER_SECRET,
         **COMMON_CONF,
     )
     config, wall = run_cli(landing, "cluster", env)
+    log = (landing / "cluster.log").read_text(errors="replace")
+    assert CLUSTER_SECRET not in log
     print(f"cluster load of {HOURS} hours: {wall:.1f}s")
 
     assert_same_loads(snapshot(load_config(config).datasets[0].output), reference,

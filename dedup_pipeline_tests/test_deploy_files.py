@@ -20,9 +20,11 @@ from dagster._core.storage.config import pg_config
 from dagster._core.workspace.config_schema import process_workspace_config
 
 from dedup_pipeline.cli.runs import DEMO_INSTANCE_YAML
+from dedup_pipeline.redaction import is_secret_setting
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
+PROXY_CONF = DEPLOY / "tls" / "spark-connect-proxy.conf"
 PG_VARS = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_PG_PASSWORD",
            "DAGSTER_PG_DB")
 CODE_SERVER_VARS = ("DAGSTER_CODE_SERVER_HOST", "DAGSTER_CODE_SERVER_PORT")
@@ -95,8 +97,11 @@ def test_compose_has_every_service_and_builds_images_from_this_repo(compose: dic
             assert dockerfile.is_file(), f"{name}: {dockerfile} does not exist"
             assert REPO in dockerfile.parents, f"{name}: builds from outside the repo"
             built[str(svc["image"]).split(":")[0]] = dockerfile
+    # the Connect server's TLS proxy: stock nginx with deploy/tls/'s configuration
+    proxies = [n for n, s in services.items() if str(s.get("image", "")).startswith("nginx:")]
+    assert len(proxies) == 1 and not services[proxies[0]].get("ports")
     for name, svc in services.items():
-        if name in postgres or name in stores:
+        if name in postgres or name in stores or name in proxies:
             continue
         image = str(svc.get("image", "")).split(":")[0]
         assert image in built, f"{name}: image {image!r} is not built from a Dockerfile in this repo"
@@ -155,7 +160,8 @@ def test_compose_runs_are_clients_of_the_warm_spark_connect_server(compose: dict
     mcmd = _command(services[master])
     assert cmd[cmd.index("--master") + 1] == \
         f"spark://{mcmd[mcmd.index('--host') + 1]}:{mcmd[mcmd.index('--port') + 1]}"
-    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"  # reachable from the other containers
+    # the server on its loopback; the TLS proxy in its network namespace is the only way in
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
     port = cmd[cmd.index("--port") + 1]
     hostname = services[connect].get("hostname", connect)
     conf = _confs(cmd)
@@ -164,14 +170,56 @@ def test_compose_runs_are_clients_of_the_warm_spark_connect_server(compose: dict
     # the start-up settings come from engine/session.py through the command, not copied here
     from dedup_pipeline.engine.session import BASE_CONF
     assert not set(conf) & set(BASE_CONF), set(conf) & set(BASE_CONF)
+    assert not [k for k in conf if is_secret_setting(k)], "a secret on a command line"
+    proxy = next(n for n, s in services.items() if str(s.get("image", "")).startswith("nginx:"))
+    assert services[proxy]["network_mode"] == f"service:{connect}"
+    listen, upstream = _proxy_ports()
+    assert upstream == f"127.0.0.1:{port}"
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in services[proxy]["volumes"]}
+    assert (DEPLOY / mounts["/etc/nginx/conf.d/default.conf"]).resolve() == PROXY_CONF
 
     uc = _env(services[user_code])
-    assert uc["SPARK_REMOTE"] == f"sc://{hostname}:{port}"
+    assert uc["SPARK_REMOTE"] == f"sc://{hostname}:{listen}/;use_ssl=true"
+    ca = uc["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"]
+    assert any(v.endswith(f":{ca}:ro") and "tls/certs/ca.pem" in v
+               for v in services[user_code]["volumes"])
+    # the token: the same ${...} secret for the server and its clients, never a literal
+    token = _env(services[connect])["SPARK_CONNECT_AUTHENTICATE_TOKEN"]
+    assert VAR_RE.fullmatch(token) and uc["SPARK_CONNECT_AUTHENTICATE_TOKEN"] == token
     # one topology at a time: no client-mode driver settings on a Connect client
     assert not [k for k in uc if k == "SPARK_MASTER_URL" or k.startswith("DEDUP_SPARK_CONF_")]
     assert services[user_code]["depends_on"][connect]["condition"] == "service_healthy"
-    assert "15002" in " ".join(_command({"command": services[connect]["healthcheck"]["test"]}))
-    assert not services[connect].get("ports"), "the Connect port has no authentication"
+    assert port in " ".join(_command({"command": services[connect]["healthcheck"]["test"]}))
+    assert not services[connect].get("ports"), "the Connect port is reached through TLS only"
+
+
+def _proxy_ports() -> tuple[str, str]:
+    """The TLS proxy's listening port and the address it passes gRPC calls on to."""
+    text = PROXY_CONF.read_text()
+    listen = re.search(r"^\s*listen\s+(\d+)\s+ssl", text, re.M)
+    upstream = re.search(r"^\s*grpc_pass\s+grpc://([^;]+);", text, re.M)
+    assert listen and upstream, text
+    return listen.group(1), upstream.group(1)
+
+
+def test_compose_spark_daemons_and_driver_share_the_authenticate_secret(
+        compose: dict[str, Any]) -> None:
+    """spark.authenticate on the master, every worker and the Connect server's driver, from one
+    ${...} secret; the daemons get it in a spark-defaults.conf written at start, the driver in its
+    environment (a properties file, not its command line: engine/session.server_command)."""
+    services = compose["services"]
+    refs = set()
+    for name in (_one(services, "org.apache.spark.deploy.master.Master"),
+                 *_role(services, "org.apache.spark.deploy.worker.Worker")):
+        svc = services[name]
+        script = " ".join(svc["entrypoint"])
+        assert "spark.authenticate true" in script and "SPARK_CONF_DIR=" in script, name
+        assert "umask 077" in script, name
+        refs.add(VAR_RE.fullmatch(_env(svc)["SPARK_AUTH_SECRET"]).group(1))
+    env = _env(services[_one(services, "spark-server")])
+    assert env["DEDUP_SPARK_CONF_spark__authenticate"] == "true"
+    refs.add(VAR_RE.fullmatch(env["DEDUP_SPARK_CONF_spark__authenticate__secret"]).group(1))
+    assert refs == {"DEDUP_SPARK_AUTH_SECRET"}
 
 
 def test_helm_runs_use_the_warm_spark_connect_server() -> None:
@@ -179,19 +227,29 @@ def test_helm_runs_use_the_warm_spark_connect_server() -> None:
     docs = list(yaml.safe_load_all((DEPLOY / "helm" / "spark-connect.yaml").read_text()))
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     service = next(d for d in docs if d["kind"] == "Service")
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    container, tls = deployment["spec"]["template"]["spec"]["containers"]
     args = [str(a) for a in container["args"]]
     assert args[:2] == ["dedup-pipeline", "spark-server"]
-    port = int(args[args.index("--port") + 1])
+    assert args[args.index("--host") + 1] == "127.0.0.1"
+    listen, upstream = _proxy_ports()
+    assert upstream == f"127.0.0.1:{args[args.index('--port') + 1]}"
+    assert tls["image"].startswith("nginx:")
+    assert [p["containerPort"] for p in tls["ports"]] == [int(listen)]
     assert service["spec"]["type"] == "ClusterIP"
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
-    assert port in [p["targetPort"] for p in service["spec"]["ports"]]
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == [int(listen)]
     (dep,) = values["dagster-user-deployments"]["deployments"]
     env = {e["name"]: e.get("value") for e in dep["env"]}
     name = service["metadata"]["name"]
-    assert re.fullmatch(rf"sc://{name}(\.[a-z0-9-]+)*:{port}", env["SPARK_REMOTE"]), env
+    assert re.fullmatch(rf"sc://{name}(\.[a-z0-9-]+)*:{listen}/;use_ssl=true",
+                        env["SPARK_REMOTE"]), env
+    assert env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"].startswith(
+        next(m["mountPath"] for m in dep["volumeMounts"] if m["name"] == "spark-connect-ca"))
     assert container["image"].split(":")[0] == dep["image"]["repository"]
     assert _confs(args)["spark.driver.host"] == "$(POD_IP)"
+    cenv = {e["name"]: e for e in container["env"]}
+    assert cenv["SPARK_CONNECT_AUTHENTICATE_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"
+    assert "secretKeyRef" in cenv["DEDUP_SPARK_CONF_spark__authenticate__secret"]["valueFrom"]
 
 
 def test_compose_shares_storage_and_publishes_only_on_loopback(compose: dict[str, Any]) -> None:

@@ -15,7 +15,8 @@ PKG = Path(__file__).resolve().parents[1] / "dedup_pipeline"
 # lowest first: a module may import its own layer and the ones below
 LAYERS = (
     ("base", ("dedup_pipeline.errors", "dedup_pipeline.units", "dedup_pipeline.hours",
-              "dedup_pipeline.uris", "dedup_pipeline.objectstore")),
+              "dedup_pipeline.uris", "dedup_pipeline.objectstore",
+              "dedup_pipeline.redaction")),
     ("config", ("dedup_pipeline.config",)),
     ("core", ("dedup_pipeline.engine.core",)),
     ("wings", ("dedup_pipeline.engine",)),

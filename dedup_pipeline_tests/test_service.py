@@ -15,11 +15,7 @@ through a DagsterInstance built from the same dagster.yaml).
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import shutil
-import subprocess
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -33,8 +29,8 @@ import pytest
 from dedup_pipeline.hours import format_hour, hour_range, parse_hour, to_tag
 from dedup_pipeline.orchestration.names import RANGE_END, RANGE_START, pool_name
 from dedup_pipeline.sample.generate import generate_landing
-from dedup_pipeline_tests.apt import apt_install
 from dedup_pipeline_tests.conftest import generated_config
+from dedup_pipeline_tests.postgres_service import running_postgres
 from dedup_pipeline_tests.spark_services import (
     FAST_JVM,
     LOOPBACK,
@@ -67,70 +63,10 @@ PG_USER, PG_DB = "dagster", "dagster_service_test"
 # ---------------------------------------------------------------- PostgreSQL
 
 
-def _pg_bin() -> Path | None:
-    """The directory of initdb/postgres: Debian's versioned dir, else PATH."""
-    for d in sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name)
-                    if p.parent.name.isdigit() else 0, reverse=True):
-        if (d / "initdb").exists() and (d / "postgres").exists():
-            return d
-    initdb = shutil.which("initdb")
-    return Path(initdb).resolve().parent if initdb else None
-
-
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[dict[str, str]]:
-    """A fresh PostgreSQL cluster on 127.0.0.1 with password authentication; yields the
-    DAGSTER_PG_* settings. PostgreSQL refuses to run as root: as root it runs as `postgres`."""
-    bindir = _pg_bin()
-    if bindir is None:
-        why = apt_install("postgresql")
-        bindir = _pg_bin()
-        if bindir is None:
-            pytest.skip(f"PostgreSQL server binaries not found and could not be installed ({why})")
-    user = None
-    if os.geteuid() == 0:
-        user = "postgres"
-        if subprocess.run(["id", user], capture_output=True).returncode != 0:
-            pytest.fail("PostgreSQL refuses to run as root and there is no 'postgres' OS user "
-                        "(Debian's postgresql package creates it)")
-    # pytest's tmp dirs are private to root; the server's user must own its data directory
-    base = Path(tempfile.mkdtemp(prefix="dedup-pg-"))
-    data, pwfile = base / "data", base / "pw"
-    password = secrets.token_hex(12)
-    pwfile.write_text(password + "\n")
-    if user is not None:
-        shutil.chown(base, user)
-        shutil.chown(pwfile, user)
-    run_as = ["runuser", "-u", user, "--"] if user else []
-    svc: Service | None = None
-    try:
-        t0 = time.monotonic()
-        subprocess.run([*run_as, str(bindir / "initdb"), "-D", str(data), "-U", PG_USER,
-                        f"--pwfile={pwfile}", "--auth=scram-sha-256", "-E", "UTF8", "--no-sync"],
-                       check=True, capture_output=True, text=True, timeout=120)
-        port = free_port()
-        svc = start("postgres", [str(bindir / "postgres"), "-D", str(data), "-h", LOOPBACK,
-                                 "-p", str(port), "-k", "", "-c", "fsync=off",
-                                 "-c", "synchronous_commit=off"],
-                    base / "postgres.log", user=user)
-        import psycopg2
-
-        def connect(db: str = "postgres") -> Any:
-            return psycopg2.connect(host=LOOPBACK, port=port, user=PG_USER, password=password,
-                                    dbname=db, connect_timeout=3)
-
-        conn = wait_until("PostgreSQL to accept connections", connect, 60, [svc])
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {PG_DB}")
-        conn.close()
-        print(f"PostgreSQL up in {time.monotonic() - t0:.1f}s")
-        yield {"DAGSTER_PG_HOST": LOOPBACK, "DAGSTER_PG_PORT": str(port),
-               "DAGSTER_PG_USER": PG_USER, "DAGSTER_PG_PASSWORD": password,
-               "DAGSTER_PG_DB": PG_DB}
-    finally:
-        stop_all([svc])
-        shutil.rmtree(base, ignore_errors=True)
+    with running_postgres(PG_DB) as settings:
+        yield settings
 
 
 # ---------------------------------------------------------------- Dagster services

@@ -94,8 +94,10 @@ class WarmServer:
     def client(self, code: str) -> str:
         """`code` in a new client process with `s`, its Connect session to this server; its
         stdout."""
-        script = ("from pyspark.sql import SparkSession\n"
-                  f"s = SparkSession.builder.remote({self.url!r}).getOrCreate()\n{code}")
+        script = ("from pyspark.sql import SparkSession\n"  # the token: connect_auth.client_url
+                  "from dedup_pipeline.engine.connect_auth import client_url\n"
+                  f"s = SparkSession.builder.remote(client_url({self.url!r})).getOrCreate()\n"
+                  f"{code}")
         out = subprocess.run([str(VENV_BIN / "python"), "-c", script], env=clean_env(),
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-3000:]
@@ -339,7 +341,9 @@ def test_whatever_a_restarted_server_raised_names_the_server(server: WarmServer)
         "except SparkServerError as e:\n"
         "    print('replaced:', e, flush=True)\n")
     script = ("from pyspark.sql import SparkSession\n"
-              f"s = SparkSession.builder.remote({server.url!r}).getOrCreate()\n{code}")
+              "from dedup_pipeline.engine.connect_auth import client_url\n"
+              f"s = SparkSession.builder.remote(client_url({server.url!r})).getOrCreate()\n"
+              f"{code}")
     proc = subprocess.Popen([str(VENV_BIN / "python"), "-c", script], env=clean_env(),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +17,14 @@ import click
 
 from dedup_pipeline.cli.common import fail
 from dedup_pipeline.config import PipelineConfig
+from dedup_pipeline.engine.connect_auth import (
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    ConnectTokenError,
+    default_token_file,
+    redact,
+    server_token,
+)
 from dedup_pipeline.engine.connect_host import LOG4J2, LOG_LEVEL_ENV, die_with_parent
 from dedup_pipeline.engine.session import (
     CONNECT_PORT,
@@ -35,7 +44,7 @@ def spark_note(cfg: PipelineConfig | None) -> str:
                       dict(sp.conf) if sp else {}).resolved()
     if s.remote:
         src = "SPARK_REMOTE" if os.environ.get("SPARK_REMOTE") else "spark.remote of the config"
-        return f"Spark: the Connect server at {s.remote} ({src})"
+        return f"Spark: the Connect server at {redact(s.remote)} ({src})"
     return (f"{SPARK_NOISE} (local Spark; with `dedup-pipeline spark-server` running, export "
             "SPARK_REMOTE=sc://127.0.0.1:15002 to use its warm Spark instead)")
 
@@ -44,8 +53,12 @@ def spark_note(cfg: PipelineConfig | None) -> str:
 @click.option("--port", default=None, type=click.IntRange(1, 65535),
               help="gRPC port  [default: 15002]")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="address to listen on (0.0.0.0: every interface; Spark Connect has no "
-              "authentication, keep it private)")
+              help="address to listen on (0.0.0.0: every interface; clients elsewhere send the "
+              "token over TLS only: put a TLS proxy in front, docs/operations.md \"Security\")")
+@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=f"the file holding the token clients must send (owner-only; created with a "
+              f"new token if missing)  [default: {TOKEN_ENV}, else the file {TOKEN_FILE_ENV} "
+              f"names, else {default_token_file()}]")
 @click.option("--master", default=None, help="where the server's jobs run: local[*], "
               "spark://host:7077, k8s://…  [default: SPARK_MASTER_URL, else local[*]]")
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE",
@@ -54,10 +67,11 @@ def spark_note(cfg: PipelineConfig | None) -> str:
               type=click.Choice(["ERROR", "WARN", "INFO", "DEBUG"], case_sensitive=False),
               help="Spark's log level; a line per client session started or ended is printed "
                    "at any level")
-def spark_server(port: int | None, host: str, master: str | None,
+def spark_server(port: int | None, host: str, token_file: Path | None, master: str | None,
                  confs: tuple[str, ...], log_level: str) -> None:
     """Run a warm Spark Connect server in the foreground, with this package's start-up settings;
-    point runs at it with SPARK_REMOTE (printed when it is ready). Ctrl-C stops it."""
+    point runs at it with SPARK_REMOTE (printed when it is ready). Every client must send its
+    token (design.md N6). Ctrl-C stops it."""
     port = port or CONNECT_PORT
     conf = {}
     for c in confs:
@@ -76,13 +90,22 @@ def spark_server(port: int | None, host: str, master: str | None,
     if listening():
         fail(f"{probe}:{port} is already in use (another Spark Connect server?); "
               f"pick another --port")
-    cmd = server_command(master, host, port, conf)
+    if any(k.lower() == "spark.connect.authenticate.token" for k in conf):
+        fail(f"--conf spark.connect.authenticate.token would show the token to every user of "
+             f"this host (`ps`): use --token-file or {TOKEN_ENV}")
+    try:
+        token, source = server_token(token_file)
+    except ConnectTokenError as e:
+        fail(str(e))
+    log_dir = Path(tempfile.mkdtemp(prefix="dedup-spark-server-"))  # 0700
+    cmd = server_command(master, host, port, conf, secrets_dir=log_dir)
     env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE")}
     env["SPARK_CONNECT_MODE"] = "0"  # start a classic JVM server, not a client of one
+    env[TOKEN_ENV] = token  # the server reads it here: never on a command line
     # spark-submit runs the server's driver program (engine/connect_host.py) with this Python
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # the server's driver is spark-submit's own JVM (client mode): SPARK_SUBMIT_OPTS reach it
-    log_conf = Path(tempfile.mkdtemp(prefix="dedup-spark-server-")) / "log4j2.properties"
+    log_conf = log_dir / "log4j2.properties"
     log_conf.write_text(LOG4J2.format(level=log_level.lower()))
     env["SPARK_SUBMIT_OPTS"] = (env.get("SPARK_SUBMIT_OPTS", "") +
                                 f" -Dlog4j2.configurationFile=file:{log_conf}").strip()
@@ -98,7 +121,15 @@ def spark_server(port: int | None, host: str, master: str | None,
 
     signal.signal(signal.SIGINT, stop)  # also when started with SIGINT ignored (`cmd &`)
     signal.signal(signal.SIGTERM, stop)
+    loopback = probe in ("127.0.0.1", "::1", "localhost")
     url = f"sc://{probe}:{port}"
+    click.echo(f"clients must send the token from {source}" + (
+        f"; clients on this host read {default_token_file()}" if token_file is None
+        and source.startswith(str(default_token_file())) else
+        f"; give it to clients as {TOKEN_ENV} or a file named by {TOKEN_FILE_ENV}"))
+    if not loopback:
+        click.echo(f"listening on {host}: clients on other hosts send the token over TLS only; "
+                   "reach this server through a TLS proxy (docs/operations.md, \"Security\")")
     try:
         while proc.poll() is None and not listening():
             time.sleep(0.5)
@@ -116,6 +147,8 @@ def spark_server(port: int | None, host: str, master: str | None,
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        shutil.rmtree(log_dir, ignore_errors=True)
         click.echo("stopped")
         return
+    shutil.rmtree(log_dir, ignore_errors=True)
     fail(f"the Spark Connect server {url} exited with code {rc} (its log is above)")

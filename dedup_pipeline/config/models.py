@@ -29,6 +29,7 @@ from pydantic import (
 
 from dedup_pipeline.config.errors import ConfigError, problem
 from dedup_pipeline.hours import PARTITION_FMT
+from dedup_pipeline.redaction import is_secret_setting, redact_url
 from dedup_pipeline.units import (
     DURATION_RE,
     ExpiryKind,
@@ -443,6 +444,27 @@ class SparkConfig(_Model):
     conf: Annotated[dict[str, str], BeforeValidator(
         _spark_conf, json_schema_input_type=dict[str, str | int | float | bool] | None)] = Field(
         default_factory=dict, description="Spark settings, e.g. spark.driver.memory: 4g")
+
+    @field_validator("remote")
+    @classmethod
+    def _no_token_in_remote(cls, v: str | None) -> str | None:
+        if v is not None and redact_url(v) != v:
+            raise problem("a Spark Connect token does not belong in a config file (the UI and "
+                          "every run's config show it): drop ;token= and set "
+                          "SPARK_CONNECT_AUTHENTICATE_TOKEN or DEDUP_SPARK_CONNECT_TOKEN_FILE "
+                          "where runs start (docs/operations.md, \"Security\")")
+        return v
+
+    @field_validator("conf")
+    @classmethod
+    def _no_secret_settings(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if is_secret_setting(k):
+                raise problem(f"{k} holds a secret, which does not belong in a config file (the "
+                              "UI and every run's config show it): set it in the environment "
+                              f"where runs start, as DEDUP_SPARK_CONF_{k.replace('.', '__')} "
+                              "(docs/operations.md, \"Security\")", key=k)
+        return v
 
     @model_validator(mode="after")
     def _master_or_remote(self) -> SparkConfig:

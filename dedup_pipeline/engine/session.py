@@ -22,9 +22,20 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from dedup_pipeline.engine.connect_auth import (
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    ConnectTokenError,
+    check_tls,
+    client_url,
+    default_token_file,
+    is_auth_refusal,
+    uses_tls,
+)
 from dedup_pipeline.engine.connect_host import CONNECT_PLUGIN, HOST_CONF, SCRIPT
 from dedup_pipeline.errors import UserError
 from dedup_pipeline.objectstore import COMMITTER_CLASS, S3A_CLASS, S3Settings, any_s3
+from dedup_pipeline.redaction import is_secret_setting, redact_url
 
 DEFAULT_MASTER = "local[*]"
 PARALLEL_GC = "-XX:+UseParallelGC"
@@ -124,12 +135,15 @@ def check_server(remote: str, timeout: float = 5.0) -> None:
     host, port = connect_address(remote)
     try:
         with socket.create_connection((host, port), timeout=timeout):
-            return
+            pass
     except OSError as e:
         raise SparkServerError(
-            f"no Spark Connect server answers at {remote} (SPARK_REMOTE): {e.strerror or e}; "
+            f"no Spark Connect server answers at {redact_url(remote)} (SPARK_REMOTE): "
+            f"{e.strerror or e}; "
             "start one with `dedup-pipeline spark-server`, or unset SPARK_REMOTE to run on local "
             "Spark") from None
+    if uses_tls(client_url(remote)):
+        check_tls(remote, host, port, timeout)
 
 
 def connect_session_exists() -> bool:
@@ -233,18 +247,40 @@ def get_session(settings: SparkSettings, roots: Iterable[str] = ()) -> SparkSess
     if s3 and not s.remote:
         conf = s3_conf(conf, s.master)
     builder = SparkSession.builder.appName(s.app_name)
-    builder = builder.remote(s.remote) if s.remote else builder.master(s.master or DEFAULT_MASTER)
+    builder = builder.remote(client_url(s.remote)) if s.remote else \
+        builder.master(s.master or DEFAULT_MASTER)
     for k, v in conf.items():
         builder = builder.config(k, v)
-    spark = builder.getOrCreate()
-    if s3:
-        check_s3_classes(spark)
-    if s.remote:
-        limit_connect_retries(spark)
-    for k in ("spark.sql.session.timeZone", "spark.sql.parquet.outputTimestampType",
-              "spark.sql.legacy.parquet.nanosAsLong"):
-        spark.conf.set(k, s.conf[k])  # runtime settings also apply to a reused session
+    try:
+        spark = builder.getOrCreate()  # a Connect client's first request: its token checked
+        if s3:
+            check_s3_classes(spark)
+        if s.remote:
+            limit_connect_retries(spark)
+        for k in ("spark.sql.session.timeZone", "spark.sql.parquet.outputTimestampType",
+                  "spark.sql.legacy.parquet.nanosAsLong"):
+            spark.conf.set(k, s.conf[k])  # runtime settings also apply to a reused session
+    except Exception as e:
+        if s.remote and is_auth_refusal(e):
+            raise ConnectTokenError(
+                f"the Spark Connect server at {redact_url(s.remote)} refused this client: "
+                f"{token_state(s.remote)}") from None
+        raise
     return spark
+
+
+def token_state(remote: str) -> str:
+    """Which token a client of `remote` sends, named without its value."""
+    if ";token=" in remote.replace(" ", "").lower():
+        return "a wrong token in SPARK_REMOTE's URL"
+    if os.environ.get(TOKEN_ENV):
+        return f"a wrong token in {TOKEN_ENV}"
+    if os.environ.get(TOKEN_FILE_ENV):
+        return f"a wrong token in {os.environ[TOKEN_FILE_ENV]} ({TOKEN_FILE_ENV})"
+    if client_url(remote) != remote:
+        return f"a wrong token in {default_token_file()} (another server's?)"
+    return (f"no token sent ({TOKEN_ENV}, {TOKEN_FILE_ENV} and {default_token_file()} are "
+            "unset or absent)")
 
 
 # How often a run's Connect client retries a server it cannot reach. The client's default (15
@@ -281,19 +317,39 @@ def spark_home() -> Path:
 
 
 def server_command(master: str, host: str, port: int,
-                   conf: Mapping[str, str] | None = None) -> list[str]:
+                   conf: Mapping[str, str] | None = None,
+                   secrets_dir: Path | None = None) -> list[str]:
     """`spark-submit` of the Connect server in the foreground: `connect_host.py` as a classic
     application with Spark's Connect plugin and per-session artifact isolation off (why: that
-    module's docstring), not the SparkConnectServer class that sbin/start-connect-server.sh runs."""
+    module's docstring), not the SparkConnectServer class that sbin/start-connect-server.sh runs.
+
+    Secret settings (`spark.authenticate.secret`, S3A keys, …: redaction.py) go into a properties
+    file in `secrets_dir` (owner-only) instead of the command line, which `ps` shows to all."""
 
     settings = {**HOST_CONF, **server_conf(host, port, conf)}  # a user may turn isolation on
     plugins = [p for p in settings["spark.plugins"].split(",") if p.strip()]
     settings["spark.plugins"] = ",".join(dict.fromkeys([*plugins, CONNECT_PLUGIN]))
     cmd = [str(spark_home() / "bin" / "spark-submit"),
            "--name", "Spark Connect server (dedup_pipeline)", "--master", master]
+    hidden = {k: v for k, v in settings.items() if is_secret_setting(k)}
+    if hidden:
+        if secrets_dir is None:
+            raise ValueError("secret settings need a secrets_dir")
+        props = secrets_dir / "secret.properties"
+        fd = os.open(props, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.writelines(f"{k}={_escape_property(v)}\n" for k, v in hidden.items())
+        cmd += ["--properties-file", str(props), "--load-spark-defaults"]
     for k, v in settings.items():
-        cmd += ["--conf", f"{k}={v}"]
+        if k not in hidden:
+            cmd += ["--conf", f"{k}={v}"]
     return [*cmd, str(SCRIPT)]
+
+
+def _escape_property(value: str) -> str:
+    """`value` as a Java properties file reads it back."""
+    out = value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return ("\\" + out) if out[:1] in (" ", "\t") else out
 
 
 class SparkServerError(UserError, RuntimeError):
@@ -378,5 +434,6 @@ def connect_errors(remote: str | None, spark: SparkSession | None = None) -> Ite
         if spark is not None and hasattr(spark, "client"):
             with contextlib.suppress(Exception):
                 spark.client.close()
-        raise SparkServerError(f"Spark Connect server {remote} {why} during the run; rerun the "
-                               "hours that did not commit (loads are idempotent, R10)") from e
+        raise SparkServerError(f"Spark Connect server {redact_url(remote)} {why} during the run; "
+                               "rerun the hours that did not commit (loads are idempotent, R10)"
+                               ) from e

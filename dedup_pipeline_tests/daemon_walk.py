@@ -26,7 +26,6 @@ from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 from dedup_pipeline.hours import format_hour
 from dedup_pipeline.orchestration.landing_checks import CHECK_NAME
 from dedup_pipeline.orchestration.names import (
-    asset_key,
     input_check_job_name,
     landing_sensor_name,
     load_job_name,
@@ -166,7 +165,7 @@ class Walk:
         oldest first."""
         from dagster._core.event_api import PartitionKeyFilter  # no public API
 
-        key = dg.AssetCheckKey(asset_key(DATASET, "raw_batch"), CHECK_NAME)
+        key = dg.AssetCheckKey(dg.AssetKey([DATASET, "raw_batch"]), CHECK_NAME)
         recs = inst.event_log_storage.get_asset_check_execution_history(
             key, limit=100, partition_filter=PartitionKeyFilter(key=partition))
         return [(r.run_id, r.status.value) for r in reversed(recs)]

@@ -13,7 +13,6 @@ from click.testing import CliRunner
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.config import load_config
-from dedup_pipeline.orchestration.names import asset_key
 from dedup_pipeline_tests.conftest import dataset_raw, source_raw, write_config, write_hour
 
 ORDERS_SCHEMA = {"order_id": "long", "shop": "string", "ts": "timestamp", "amount": "double"}
@@ -64,7 +63,7 @@ def test_run_loads_in_order_and_records_in_dagster_home(spark, orders: Path) -> 
     # again because its unique record (00:01) is older than X
     assert rows[3][1:7] == ["2", "1", "0", "0", "1", "0"]
     with dg.DagsterInstance.get() as inst:
-        parts = inst.get_materialized_partitions(asset_key("orders", "unique"))
+        parts = inst.get_materialized_partitions(dg.AssetKey(["orders", "unique"]))
         assert parts == {f"2026-11-01-0{h}:00" for h in range(4)}
 
 

@@ -30,8 +30,10 @@ from dedup_pipeline.config import (
     parse_config,
 )
 from dedup_pipeline.config.models import Where
+from dedup_pipeline.orchestration import runs
 from dedup_pipeline.orchestration.component import DedupDataset, DedupDatasetScaffolder
 from dedup_pipeline.orchestration.names import SPARK_RESOURCE, WRITTEN
+from dedup_pipeline.sample.generate import generate_landing
 
 # the team's own asset: hourly, after each loaded hour of clicks/unique (declarative automation)
 REPORT_PY = """\
@@ -97,7 +99,8 @@ def test_the_package_exports_the_component_dg_discovers() -> None:
     # the config's own fields (config/models.py DatasetConfig) and the Spark section, nothing else
     assert set(schema["properties"]) == {
         "name", "start", "source", "key", "fingerprint", "order_by", "expiry", "output", "index",
-        "landing", "checks", "on_damaged_index", "output_format", "spark", "sensors", "group_name"}
+        "landing", "checks", "on_damaged_index", "output_format", "asset_key_prefix", "spark",
+        "sensors", "group_name"}
     assert set(schema["required"]) == {"name", "start", "source", "key", "output"}
     assert schema["additionalProperties"] is False
 
@@ -456,6 +459,37 @@ def test_loading_the_definitions_prints_no_beta_or_preview_warning_of_ours(proje
     ours = [f"{w.category.__name__}: {w.message}" for w in caught
             if issubclass(w.category, (dg.BetaWarning, dg.PreviewWarning))]
     assert ours == []
+
+
+def test_an_asset_key_prefix_puts_every_key_under_it_and_a_run_materializes_them(
+        project, spark) -> None:
+    """`asset_key_prefix:` (the translation a team gives its keys): the graph, the checks, the
+    downstream helper and a real run's materializations all use [*prefix, name, asset]."""
+    root, defs_dir = project
+    orders = defs_dir / "orders" / "defs.yaml"
+    _edit(orders, "  # sensors: stopped", "  asset_key_prefix: [sales, raw]")
+    repo = _load(root).get_repository_def()
+    keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
+    assert {f"sales/raw/orders/{a}" for a in DATASET_ASSETS} <= keys
+    assert not [k for k in keys if k.startswith("orders/")]
+    assert {c.asset_key.to_user_string() for c in repo.asset_graph.asset_check_keys} >= {
+        "sales/raw/orders/unique", "sales/raw/orders/index", "sales/raw/orders/raw_batch"}
+    handle = dedup_pipeline.dataset_assets(orders)
+    assert handle.asset_key() == dg.AssetKey(["sales", "raw", "orders", "unique"])
+    assert handle.partitions_def == repo.asset_graph.get(handle.asset_key()).partitions_def
+    # a run of the load job: its events carry the prefixed keys, and the run is the dataset's
+    ds = load_config(orders).datasets[0]
+    generate_landing(root / "data", hours=1, rows_per_hour=40, start=ds.start,
+                     fmt=ds.source.format, name=ds.name)
+    job = _load(root).resolve_job_def("orders_hourly_load")
+    with dg.instance_for_test() as inst:
+        res = job.execute_in_process(instance=inst, partition_key=ds.start)
+        assert res.success
+        for a in WRITTEN:
+            assert inst.get_materialized_partitions(
+                dg.AssetKey(["sales", "raw", "orders", a])) == {ds.start}, a
+        run = inst.get_run_by_id(res.run_id)
+        assert runs.dataset_of_run(run) == "orders" and runs.is_load(run, "orders")
 
 
 def test_dataset_assets_gives_downstream_code_the_keys_partitions_and_a_loaded_guard(project

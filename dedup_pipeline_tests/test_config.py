@@ -192,8 +192,8 @@ def test_an_unknown_key_names_the_keys_allowed_where_it_stands(tmp_path: Path) -
         f"config error in {f}: dataset 'clicks', field 'source.csv.quote': unknown key (allowed: "
         "delimiter, header)")
     assert _error(tmp_path, _with(("shema",), {})).endswith(
-        "field 'shema': unknown key (allowed: checks, expiry, fingerprint, index, key, landing, name, "
-        "on_damaged_index, order_by, output, output_format, source, start)")
+        "field 'shema': unknown key (allowed: asset_key_prefix, checks, expiry, fingerprint, index, "
+        "key, landing, name, on_damaged_index, order_by, output, output_format, source, start)")
 
 
 def test_a_dataset_without_a_name_is_named_by_its_position(tmp_path: Path) -> None:

@@ -74,6 +74,7 @@ CATEGORIES = base(source=source_raw(schema={**CLICKS_SCHEMA, "tier": "string"}),
 # (field of contract.FIELDS, base config, edit path, new value, expected kind)
 CASES: list[tuple[str, dict[str, Any], str, Any, str]] = [
     ("name", base(), "name", "clicks_v2", "free"),
+    ("asset_key_prefix", base(), "asset_key_prefix", ["team"], "free"),
     ("start", base(), "start", "2026-10-01-00:00", "free"),
     ("source.path", base(), "source.path", "elsewhere", "free"),
     ("source.format", base(), "source.format", "csv", "free"),

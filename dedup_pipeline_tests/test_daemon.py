@@ -25,7 +25,6 @@ from dedup_pipeline.orchestration.names import (
     PARTITION,
     RANGE_END,
     RANGE_START,
-    asset_key,
     landing_sensor_name,
     load_job_name,
 )
@@ -117,7 +116,7 @@ def test_daemon_landing_sensor_launches_and_completes_a_run(tmp_path: Path, monk
             # one complete hour: a single-partition run, as the UI's Materialize of it
             assert run.tags[PARTITION] == key and RANGE_START not in run.tags and RANGE_END not in run.tags
             assert len(inst.get_run_records(dg.RunsFilter(job_name=JOB))) == 1
-            assert inst.get_materialized_partitions(asset_key("clicks", "unique")) == {key}
+            assert inst.get_materialized_partitions(dg.AssetKey(["clicks", "unique"])) == {key}
         record = json.loads((tmp_path / "warehouse" / "_commits" / f"load_hour={tag}.json").read_text())
         assert record["rows_in"] == 5 and record["unique"] == 3
         assert list((tmp_path / "warehouse" / "unique" / f"load_hour={tag}").glob("*.parquet"))

@@ -14,7 +14,7 @@ import pytest
 from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.orchestration import names
 from dedup_pipeline.orchestration.definitions import build_definitions
-from dedup_pipeline.orchestration.names import INDEX, RANGE_END, RANGE_START, RAW, asset_key, load_job_name
+from dedup_pipeline.orchestration.names import INDEX, RANGE_END, RANGE_START, RAW, load_job_name
 from dedup_pipeline.orchestration.runner import run_range
 from dedup_pipeline_tests.conftest import dataset_raw, pipeline_config, read_output, write_hour
 
@@ -95,15 +95,15 @@ def test_bad_config_fails_definitions_with_named_field(tmp_path: Path) -> None:
 def test_asset_graph_shape(landing) -> None:
     defs = build_definitions(landing)
     graph = defs.resolve_asset_graph()
-    index_key = asset_key("clicks", INDEX)
-    raw_key = asset_key("clicks", RAW)
+    index_key = dg.AssetKey(["clicks", INDEX])
+    raw_key = dg.AssetKey(["clicks", RAW])
     node = graph.get(index_key)
     assert index_key in node.parent_keys and raw_key in node.parent_keys
     mapping = graph.get_partition_mapping(index_key, index_key)
     assert isinstance(mapping, dg.TimeWindowPartitionMapping)
     assert (mapping.start_offset, mapping.end_offset) == (-1, -1)
     for name in ("unique", "duplicates", "expired", "rejected"):
-        assert raw_key in graph.get(asset_key("clicks", name)).parent_keys
+        assert raw_key in graph.get(dg.AssetKey(["clicks", name])).parent_keys
     assets_def = graph.get(index_key).assets_def
     assert assets_def.backfill_policy == dg.BackfillPolicy.single_run()
     pdef = assets_def.partitions_def
@@ -145,14 +145,14 @@ def test_single_hour_materialization_metadata(spark, landing) -> None:
         assert res.success
         unique = read_output(spark, landing.datasets[0], "unique", "2026-11-01-00")
         for name in OUTPUT_NAMES:
-            ev = inst.get_latest_materialization_event(asset_key("clicks", name))
+            ev = inst.get_latest_materialization_event(dg.AssetKey(["clicks", name]))
             assert ev is not None and ev.asset_materialization.partition == "2026-11-01-00:00"
             md = ev.asset_materialization.metadata
             for field in ("rows_in", "duplicate_rate", "conflicts", "expiry_point",
                           "latest_point", "seconds_classify", "index_keys_written"):
                 assert isinstance(md[field].value, int | float), field
         md = inst.get_latest_materialization_event(
-            asset_key("clicks", "unique")).asset_materialization.metadata
+            dg.AssetKey(["clicks", "unique"])).asset_materialization.metadata
         assert md["dagster/row_count"].value == len(unique) == 2
         assert md["rows_in"].value == 4 and md["rejected"].value == 1
         # where a downstream asset reads the hour: the Delta table, a version, the hour's files
@@ -173,7 +173,7 @@ def test_ranged_run_is_one_run_in_order_with_per_partition_figures(spark, landin
             instance=inst, tags={RANGE_START: "2026-11-01-00:00", RANGE_END: "2026-11-01-02:00"})
         assert res.success
         assert len(inst.get_run_records()) == 1
-        key = asset_key("clicks", "unique")
+        key = dg.AssetKey(["clicks", "unique"])
         assert inst.get_materialized_partitions(key) == {
             "2026-11-01-00:00", "2026-11-01-01:00", "2026-11-01-02:00"}
         obs = [e for e in res.all_events if e.event_type_value == "ASSET_OBSERVATION"]
@@ -190,7 +190,7 @@ def test_ranged_run_is_one_run_in_order_with_per_partition_figures(spark, landin
             ("e2", "conflict", "2026-11-01-00")]
         raw_obs = [e.event_specific_data.asset_observation for e in obs
                    if e.event_specific_data.asset_observation.asset_key
-                   == asset_key("clicks", RAW)]
+                   == dg.AssetKey(["clicks", RAW])]
         assert {o.partition: o.metadata["rows"].value for o in raw_obs} == {
             "2026-11-01-00:00": 4, "2026-11-01-01:00": 2, "2026-11-01-02:00": 2}
 

@@ -27,7 +27,6 @@ from dedup_pipeline.orchestration.names import (
     RANGE_END,
     RANGE_START,
     SPARK_RESOURCE,
-    asset_key,
     load_job_name,
     rebuild_job_name,
     rebuild_op_name,
@@ -87,7 +86,7 @@ def site(tmp_path: Path):
 
 
 def _downstream(ds_name: str, pdef: dg.PartitionsDefinition) -> dg.AssetsDefinition:
-    @dg.asset(key=["report"], deps=[asset_key(ds_name, "unique")], partitions_def=pdef)
+    @dg.asset(key=["report"], deps=[dg.AssetKey([ds_name, "unique"])], partitions_def=pdef)
     def report() -> dg.MaterializeResult:
         return dg.MaterializeResult()
 
@@ -137,7 +136,7 @@ def test_blocking_check_failure_commits_nothing_and_stops_downstream(
                                  raise_on_error=False)
         assert not res.success
         asset = "index" if check == "index_agrees" else "unique"
-        key = dg.AssetCheckKey(asset_key("clicks", asset), check)
+        key = dg.AssetCheckKey(dg.AssetKey(["clicks", asset]), check)
         failed = [h.event.dagster_event.event_specific_data
                   for h in inst.event_log_storage.get_asset_check_execution_history(key, limit=10)
                   if h.status == AssetCheckExecutionRecordStatus.FAILED]
@@ -363,7 +362,7 @@ def test_failure_summary_of_a_run_that_loads_no_dataset_says_so_plainly() -> Non
     """A check's own run (the UI's Execute of input_unchanged_since_load) or another job: one
     plain line, no guessed dataset, hours or stage."""
     check_run = dg.DagsterRun(job_name="__ASSET_JOB", run_id="r-check", asset_check_selection=frozenset(
-        {dg.AssetCheckKey(asset_key("clicks", "raw_batch"), "input_unchanged_since_load")}))
+        {dg.AssetCheckKey(dg.AssetKey(["clicks", "raw_batch"]), "input_unchanged_since_load")}))
     other = dg.DagsterRun(job_name="nightly_report", run_id="r-other")
     for run in (check_run, other):
         assert runs.dataset_of_run(run) is None
@@ -378,7 +377,7 @@ def test_failure_summary_of_a_load_without_a_partition_asks_for_the_hours() -> N
     own step set-up with an error about partition keys: the summary says what happened and how
     to pick the hours, not an infrastructure failure of every committed hour."""
     run = dg.DagsterRun(job_name="__ASSET_JOB", run_id="r-load", asset_selection=frozenset(
-        asset_key("clicks", o) for o in ("unique", "duplicates", "expired", "rejected", "index")))
+        dg.AssetKey(["clicks", o]) for o in ("unique", "duplicates", "expired", "rejected", "index")))
     err = runs.RootError("DagsterInvariantViolationError",
                          "Cannot access partition_key for a non-partitioned run")
     text = runs.failure_summary(run, err, "", "/etc/dedup.yaml")
@@ -400,7 +399,7 @@ def test_every_column_and_check_is_described_in_plain_words(tmp_path: Path) -> N
     graph = defs.resolve_asset_graph()
     seen = set()
     for name in ("unique", "duplicates", "expired", "rejected", "index"):
-        node = graph.get(asset_key("clicks", name))
+        node = graph.get(dg.AssetKey(["clicks", name]))
         assert node.description and not re.match(r"\(?R\d", node.description), node.description
         schema = node.metadata["dagster/column_schema"]
         for col in schema.columns:

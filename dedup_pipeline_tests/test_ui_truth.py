@@ -29,7 +29,6 @@ from dedup_pipeline.orchestration.names import (
     RANGE_END,
     RANGE_START,
     WRITTEN,
-    asset_key,
     hourly_schedule_name,
     load_job_name,
     rebuild_job_name,
@@ -50,7 +49,7 @@ def check_statuses(inst: dg.DagsterInstance, cfg: PipelineConfig) -> dict[str, d
     """check name -> status -> partitions, as the check's Partitions tab gets them."""
     ds = cfg.datasets[0]
     pdef = hourly_partitions(ds)
-    keys = [dg.AssetCheckKey(asset_key(ds.name, asset), name) for name, (asset, _, _) in CHECKS.items()]
+    keys = [dg.AssetCheckKey(dg.AssetKey([ds.name, asset]), name) for name, (asset, _, _) in CHECKS.items()]
     states = inst.event_log_storage.get_asset_check_state([(k, pdef) for k in keys])
     return {k.name: {s: set(sub.subset_value.get_partition_keys())
                      for s, sub in states[k].subsets.items() if not sub.is_empty}
@@ -59,7 +58,7 @@ def check_statuses(inst: dg.DagsterInstance, cfg: PipelineConfig) -> dict[str, d
 
 def latest_metadata(inst: dg.DagsterInstance, asset: str, pk: str) -> dict[str, object]:
     recs = inst.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=asset_key("clicks", asset), asset_partitions=[pk]),
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(["clicks", asset]), asset_partitions=[pk]),
         limit=1).records
     assert recs, f"no materialization of clicks/{asset} for {pk}"
     return {k: v.value for k, v in recs[0].asset_materialization.metadata.items()}
@@ -158,7 +157,7 @@ def test_a_ui_run_without_our_tags_is_the_datasets_run(tmp_path: Path, monkeypat
     write_hour(ds, H[0], [_ev(1, 0)])
     ui_run = dg.DagsterRun(
         job_name="__ASSET_JOB", run_id="ui-run-1", status=dg.DagsterRunStatus.STARTED,
-        asset_selection=frozenset(asset_key("clicks", o) for o in OUTPUTS),
+        asset_selection=frozenset(dg.AssetKey(["clicks", o]) for o in OUTPUTS),
         tags={PARTITION: H[0]})
     assert runs.dataset_of_run(ui_run) == "clicks"
     with dg.instance_for_test() as inst:

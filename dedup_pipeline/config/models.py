@@ -44,6 +44,7 @@ ColumnType = Literal["string", "long", "double", "boolean", "timestamp", "date"]
 Format = Literal["jsonl", "csv", "parquet"]
 Basis = Literal["event", "processing"]
 NAME_RE = re.compile(r"^[a-z0-9_]+$")
+KEY_PART_RE = re.compile(r"^[A-Za-z0-9_]+$")  # a part of a Dagster asset key
 BUILTIN_DEMO = "<built-in demo>"
 
 
@@ -72,6 +73,16 @@ _names = _unique("column")
 
 def _optional_names(v: Any) -> Any:
     return () if v is None else _names(v)  # absent (null) is none
+
+
+def _key_prefix(v: Any) -> Any:
+    """`asset_key_prefix: team` or `[team, raw]`; absent (null) or `[]` is none."""
+    if v is None:
+        return ()
+    v = [v] if isinstance(v, str) else v
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise problem("expected a list of asset key parts, e.g. [team, raw]")
+    return tuple(v)
 
 
 def _seconds(v: Any) -> Any:
@@ -315,6 +326,19 @@ class DatasetConfig(_FromFile):
     output_format: Literal["delta", "parquet"] = Field(
         "delta", description="delta: each output a Delta table, readers see committed hours only; "
         "parquet: plain Hive-partitioned directories")
+    asset_key_prefix: Annotated[tuple[str, ...], BeforeValidator(
+        _key_prefix, json_schema_input_type=str | list[str] | None)] = Field(
+        (), description="put the dataset's Dagster asset keys under this prefix: "
+        "[*asset_key_prefix, name, output] (default: none, [name, output])",
+        examples=[["team", "raw"]])
+
+    @field_validator("asset_key_prefix")
+    @classmethod
+    def _key_parts(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for part in v:
+            if not KEY_PART_RE.match(part):
+                raise problem(f"each part must match [A-Za-z0-9_]+, got {part!r}")
+        return v
 
     @field_validator("name")
     @classmethod

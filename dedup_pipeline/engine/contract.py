@@ -68,6 +68,7 @@ class Rule:
 # every field of DatasetConfig is here.
 FIELDS: dict[str, Rule] = {
     "name": Rule("free", "names the Dagster assets; the history lives under `output`"),
+    "asset_key_prefix": Rule("free", "names the Dagster assets; the history lives under `output`"),
     "start": Rule("free", "guarded by the load order rule (R11): an earlier start needs the earlier "
                   "hours loaded first; verify reports hours before a later one"),
     "source.path": Rule("free", "where landing files are read; values and digests do not change"),

@@ -163,8 +163,8 @@ def build_dataset_defs(ds: DatasetConfig, group: str | None = None) -> DatasetDe
     name, `names.group_name`)."""
     group = group or names.group_name(ds.name)
     pdef = hourly_partitions(ds)
-    raw_key = names.asset_key(ds.name, RAW)
-    index_key = names.asset_key(ds.name, INDEX)
+    raw_key = names.asset_key(ds, RAW)
+    index_key = names.asset_key(ds, INDEX)
     raw = dg.AssetSpec(
         raw_key,
         description=DESCRIPTIONS[RAW].format(path=ds.source.path),
@@ -175,7 +175,7 @@ def build_dataset_defs(ds: DatasetConfig, group: str | None = None) -> DatasetDe
     )
     specs = [
         dg.AssetSpec(
-            names.asset_key(ds.name, name),
+            names.asset_key(ds, name),
             deps=[raw_key],
             description=DESCRIPTIONS[name].format(output=ds.output, table=_table_kind(ds)),
             partitions_def=pdef,

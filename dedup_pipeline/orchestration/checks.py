@@ -52,7 +52,7 @@ def check_specs(ds: DatasetConfig, partitions_def: dg.PartitionsDefinition) -> l
     with warnings.catch_warnings():  # partitioned checks are a preview feature of Dagster 1.13
         warnings.simplefilter("ignore", dg.PreviewWarning)
         return [
-            dg.AssetCheckSpec(name, asset=asset_key(ds.name, asset), blocking=blocking,
+            dg.AssetCheckSpec(name, asset=asset_key(ds, asset), blocking=blocking,
                               description=desc, partitions_def=partitions_def)
             for name, (asset, blocking, desc) in CHECKS.items()
         ]
@@ -110,7 +110,7 @@ def with_sample_keys(evals: list[Evaluation], sample: Callable[[bool], dict[str,
 
 
 def as_result(ds: DatasetConfig, e: Evaluation) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(asset_key=asset_key(ds.name, e.asset), check_name=e.name,
+    return dg.AssetCheckResult(asset_key=asset_key(ds, e.asset), check_name=e.name,
                                passed=e.passed, severity=e.severity, metadata=e.metadata)
 
 

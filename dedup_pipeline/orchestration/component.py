@@ -193,6 +193,8 @@ attributes:
   output_format: delta                  # each output a Delta table (default) | parquet
   # landing: {{marker: _SUCCESS, grace: 15m}}   # when an hour is complete (the landing sensor)
   # sensors: stopped                            # ship its sensors stopped (default: running)
+  # group_name: {name}                           # its asset group (default: its name)
+  # asset_key_prefix: [team]                     # asset keys team/{name}/unique (default {name}/unique)
   # spark: {{master: "local[*]"}}                # or SPARK_REMOTE / SPARK_MASTER_URL (they win)
 """
 
@@ -301,7 +303,7 @@ class DatasetAssets:
         """The asset key of an output (unique, duplicates, expired, rejected) or the index."""
         if output not in WRITTEN:
             raise ValueError(f"no output {output!r} (have: {', '.join(WRITTEN)})")
-        return names.asset_key(self.dataset.name, output)
+        return names.asset_key(self.dataset, output)
 
     def table_path(self, output: str = "unique") -> str:
         """Where the output's table is (a Delta table unless `output_format: parquet`)."""

@@ -39,7 +39,7 @@ def as_event(ds: DatasetConfig, e: checks.Evaluation, partition: str,
     """The evaluation of one hour, for that partition, targeting that hour's latest
     materialization (so Dagster counts it as current: Passed/Failed, not Missing)."""
     return dg.AssetCheckEvaluation(
-        asset_key=asset_key(ds.name, e.asset), check_name=e.name, passed=e.passed,
+        asset_key=asset_key(ds, e.asset), check_name=e.name, passed=e.passed,
         severity=e.severity, partition=partition, metadata=e.metadata,
         blocking=checks.CHECKS[e.name][1], target_materialization_data=target)
 
@@ -124,7 +124,7 @@ def _evaluations(instance: dg.DagsterInstance, ds: DatasetConfig, pk: str,
     targets: dict[str, Any] = {}
     for e in evals:
         if e.asset not in targets:
-            targets[e.asset] = _latest_materialization(instance, names.asset_key(ds.name, e.asset), pk)
+            targets[e.asset] = _latest_materialization(instance, names.asset_key(ds, e.asset), pk)
         yield as_event(ds, e, pk, targets[e.asset])
 
 
@@ -161,7 +161,7 @@ def failed_check(context: dg.AssetExecutionContext, ds: DatasetConfig, pk: str,
                   err: LoadCheckError) -> dg.AssetCheckEvaluation:
     """The failed blocking check of the hour that stopped the run (it committed nothing)."""
     target = _latest_materialization(
-        context.instance, names.asset_key(ds.name, CHECKS_ASSET[err.check]), pk)
+        context.instance, names.asset_key(ds, CHECKS_ASSET[err.check]), pk)
     return as_event(
         ds, checks.Evaluation(err.check, False, {"error": str(err), **err.figures,
                                                  **sample_metadata(ds, err.sample_keys)}),
@@ -225,7 +225,7 @@ def restate_finished_run(instance: dg.DagsterInstance, ds: DatasetConfig, run: d
     from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
 
     log = CommitLog(Storage(ds.output))
-    keys = [names.asset_key(ds.name, n) for n in names.WRITTEN]
+    keys = [names.asset_key(ds, n) for n in names.WRITTEN]
     created = instance.get_run_record_by_id(run.run_id)
     since = created.create_timestamp.timestamp() if created is not None else 0.0
     done: list[str] = []
@@ -266,7 +266,7 @@ def unseen_hours(instance: dg.DagsterInstance, ds: DatasetConfig, committed: Hou
     """Committed hours (partition keys, oldest first) of which this instance holds no
     materialization of `unique`: loaded through another instance (a `dg launch` on a temporary
     one, a CLI run under another DAGSTER_HOME) or before the instance was wiped. One query."""
-    seen = instance.get_materialized_partitions(asset_key(ds.name, "unique"))
+    seen = instance.get_materialized_partitions(asset_key(ds, "unique"))
     return [pk for pk in (format_tag(t) for t in committed) if pk not in seen][:limit]
 
 
@@ -283,7 +283,7 @@ def report_unseen(ds: DatasetConfig, log: CommitLog, hours: list[str]) -> list[d
         note = (f"reported from the commit record of {pk}: the hour was loaded outside this "
                 "Dagster instance (another DAGSTER_HOME, or a temporary one), and is loaded")
         md = {**hour_metadata(ds, rec), "reported": note}
-        events += [dg.AssetMaterialization(asset_key=asset_key(ds.name, n), partition=pk,
+        events += [dg.AssetMaterialization(asset_key=asset_key(ds, n), partition=pk,
                                            metadata=output_metadata(ds, rec, n, md))
                    for n in names.WRITTEN]
     return events

@@ -32,7 +32,7 @@ MAX_LISTED = 20  # files named in the metadata per kind of change
 
 
 def raw_key(ds: DatasetConfig) -> dg.AssetKey:
-    return asset_key(ds.name, RAW)
+    return asset_key(ds, RAW)
 
 
 def _change_metadata(ds: DatasetConfig, change: landing.InputChange) -> dict[str, object]:

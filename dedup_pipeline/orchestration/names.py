@@ -14,16 +14,26 @@ from collections.abc import Callable
 
 import dagster as dg
 
+from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core.outputs import OUTPUTS
 
-# --- assets: AssetKey([dataset, name]), one group per dataset
+# --- assets: AssetKey([*asset_key_prefix, dataset, name]), one group per dataset
 RAW = "raw_batch"  # the landing files of an hour (an external asset, observed)
 INDEX = "index"
 WRITTEN = (*OUTPUTS, INDEX)  # the assets a load or an index rebuild writes
 
 
-def asset_key(dataset: str, name: str) -> dg.AssetKey:
-    return dg.AssetKey([dataset, name])
+def asset_key(ds: DatasetConfig, name: str) -> dg.AssetKey:
+    """The key of a dataset's asset: its `asset_key_prefix` (none by default), its name, `name`."""
+    return dg.AssetKey([*ds.asset_key_prefix, ds.name, name])
+
+
+def dataset_of_key(key: dg.AssetKey, names: tuple[str, ...] = ()) -> str | None:
+    """The dataset whose asset `key` is (the part before the asset's own name), None if `key` is
+    no dataset's; `names`: the asset names that count (default: any)."""
+    if len(key.path) < 2 or (names and key.path[-1] not in names):
+        return None
+    return key.path[-2]
 
 
 def sensor_status(running: bool) -> dg.DefaultSensorStatus:

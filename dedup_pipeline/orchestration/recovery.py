@@ -58,7 +58,7 @@ def build_rebuild_job(ds: DatasetConfig) -> dg.JobDefinition:
         if not after.index_ok:
             raise RuntimeError(f"{ds.name}: index still damaged after rebuild: {after.summary()}")
         context.log_event(dg.AssetObservation(
-            asset_key=names.asset_key(ds.name, names.INDEX),
+            asset_key=names.asset_key(ds, names.INDEX),
             metadata={"rebuilt_loads": res.loads, "rebuilt_entries": res.entries,
                       "rebuild_seconds": res.seconds}))
 
@@ -82,7 +82,7 @@ def build_migrate_job(ds: DatasetConfig) -> dg.JobDefinition:
         say(res.summary())
         if res.to_version is not None:
             context.log_event(dg.AssetObservation(
-                asset_key=names.asset_key(ds.name, names.INDEX),
+                asset_key=names.asset_key(ds, names.INDEX),
                 metadata={"contract_version": res.to_version, "migrated": "; ".join(res.changes),
                           "rebuilt_loads": res.loads, "rebuilt_entries": res.entries}))
 

@@ -36,6 +36,7 @@ from dedup_pipeline.orchestration.names import (
     RANGE_START,
     REBUILD_JOB_SUFFIX,
     WRITTEN,
+    dataset_of_key,
     load_job_name,
     migrate_job_name,
     pool_name,
@@ -106,11 +107,10 @@ def dataset_of_run(run: dg.DagsterRun) -> str | None:
     """The dataset a run writes: its tag, else the assets it materializes or checks, else its job."""
     if run.tags.get(DATASET_TAG):
         return run.tags[DATASET_TAG]
-    keys = [k for k in (run.asset_selection or ()) if len(k.path) == 2 and k.path[1] in WRITTEN]
-    keys += [c.asset_key for c in (run.asset_check_selection or ())
-             if len(c.asset_key.path) == 2 and c.asset_key.path[1] in WRITTEN]
-    if keys:
-        return sorted(k.path[0] for k in keys)[0]
+    keys = [*(run.asset_selection or ()), *(c.asset_key for c in run.asset_check_selection or ())]
+    found = sorted(d for d in (dataset_of_key(k, WRITTEN) for k in keys) if d is not None)
+    if found:
+        return found[0]
     for suffix in JOB_SUFFIXES:
         if run.job_name.endswith(suffix) and len(run.job_name) > len(suffix):
             return run.job_name[: -len(suffix)]
@@ -149,8 +149,7 @@ def is_load(run: dg.DagsterRun, dataset: str) -> bool:
     """A run that loads hours of `dataset`: its load job, or a UI run materializing its outputs."""
     if run.job_name == load_job_name(dataset):
         return True
-    return any(len(k.path) == 2 and k.path[0] == dataset and k.path[1] in OUTPUTS
-               for k in (run.asset_selection or ()))
+    return any(dataset_of_key(k, OUTPUTS) == dataset for k in (run.asset_selection or ()))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 S3_SCHEMES = ("s3://", "s3a://")
 
@@ -61,9 +61,9 @@ class S3Settings:
     endpoint: str | None = None
     region: str | None = None
     allow_http: bool = False
-    access_key: str | None = None
-    secret_key: str | None = None
-    session_token: str | None = None
+    access_key: str | None = field(default=None, repr=False)  # never in a message (N6)
+    secret_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> S3Settings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dedup_pipeline.engine.core.commits import IndexFileEntry
 from dedup_pipeline.engine.core.index import layout
-from dedup_pipeline.engine.core.index.health import checksum_failure
+from dedup_pipeline.engine.core.index.health import index_read_failure
 from dedup_pipeline.engine.core.index.layout import IndexFile
 
 
@@ -38,5 +38,7 @@ def test_index_file_paths_and_the_checksum_message_agree() -> None:
     for f in (per_load, merged):
         err = RuntimeError(f"org.apache.hadoop.fs.ChecksumException: Checksum error: "
                            f"/data/out/{layout.INDEX}/{f.rel} at 0 exp: 1 got: 2")
-        assert checksum_failure(err) == f.rel
-    assert checksum_failure(RuntimeError(f"no such file {layout.INDEX}/{per_load.rel}")) is None
+        found = index_read_failure(err)
+        assert found is not None and (found.rel, found.kind) == (f.rel, "checksum")
+    found = index_read_failure(RuntimeError(f"no such file {layout.INDEX}/{per_load.rel}"))
+    assert found is None or found.kind != "checksum"

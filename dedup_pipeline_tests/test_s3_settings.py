@@ -86,3 +86,12 @@ def test_a_connect_servers_command_line_never_holds_a_key(
         assert f"{name}={value}" in cmd
     for secret in ("s3cr3t-value", "tok-value", "AKIDEXAMPLE"):
         assert secret not in cmd
+
+
+def test_the_settings_never_show_their_keys() -> None:
+    """design.md N6: a message or log line that shows the settings shows no credential."""
+    s = S3Settings.from_env({"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "s3cr3t",
+                             "AWS_SESSION_TOKEN": "t0ken", "AWS_ENDPOINT_URL": "http://h:1"})
+    assert s.secret_key == "s3cr3t"
+    for text in (repr(s), str(s), f"{s}"):
+        assert "s3cr3t" not in text and "t0ken" not in text and "AKIDEXAMPLE" not in text

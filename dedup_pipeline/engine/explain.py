@@ -328,9 +328,7 @@ def committed_history(st: Storage, first: str | None, last: str | None,
 
 def output_files(st: Storage, name: str, tag: str, rec: commits.CommitRecord) -> list[str]:
     """The files of `name`'s partition of `tag` its commit record vouches for."""
-    if rec.output_files is not None:
-        return [st.path(*partition(name, tag), f.name) for f in rec.output_files.get(name, ())]
-    return st.list_files(st.path(*partition(name, tag)), ".parquet")
+    return [st.path(*partition(name, tag), f.name) for f in rec.output_files.get(name, ())]
 
 
 def _filesystem(st: Storage) -> pafs.FileSystem:

@@ -6,9 +6,11 @@ Why this module exists: in Dagster 1.13 a partition's check status is its latest
 targeting its latest materialization, and neither `MaterializeResult` nor `AssetCheckResult`
 takes a partition (dagster issues #18123, #17836), so a ranged run stamps every hour alike. A
 ranged run therefore yields, per hour, `AssetMaterialization`s and `AssetCheckEvaluation`s that
-name the materialization they judge, whose type Dagster does not re-export: this is the one
-module that imports Dagster privately. One-hour runs take Dagster's own output events
-(`assets.py`).
+name the materialization they judge, whose type Dagster does not re-export: this module imports
+it from `dagster._core` (the package's only `dagster._` import; the component imports two names
+from `dagster.components` that the top-level package does not re-export, and `landing_checks.py`
+overrides one private method of `AssetCheckResult`). One-hour runs take Dagster's own output
+events (`assets.py`).
 """
 
 from __future__ import annotations

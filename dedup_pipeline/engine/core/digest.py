@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from dedup_pipeline.engine.core.keys import FP, H1, H2, SEED_1, SEED_2, SEED_FP, TAGS
+from dedup_pipeline.engine.core.columns import FP, H1, H2
+from dedup_pipeline.engine.core.keys import SEED_1, SEED_2, SEED_FP, TAGS
 
 __all__ = ["FP", "H1", "H2", "SEED_1", "SEED_2", "digest_columns", "encode", "fingerprint_column"]
 

@@ -27,7 +27,6 @@ TAGS = {"string": "s", "long": "l", "double": "d", "boolean": "b", "timestamp": 
 SEED_1 = "dedup_pipeline/digest/1"
 SEED_2 = "dedup_pipeline/digest/2"
 SEED_FP = "dedup_pipeline/fingerprint"
-H1, H2, FP = "_h1", "_h2", "_fp"
 
 _TRIM = "".join(map(chr, [*range(33), 127]))  # Spark's trimAll: ASCII whitespace and controls
 _LONG = re.compile(r"[+-]?[0-9]+")

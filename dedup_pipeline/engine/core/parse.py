@@ -49,7 +49,7 @@ from pyspark.sql import types as T
 from pyspark.sql.types import _parse_datatype_json_string
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.core.columns import REASON, V
+from dedup_pipeline.engine.core.columns import RAW, REASON, V
 from dedup_pipeline.engine.core.commits import InputFile
 from dedup_pipeline.engine.core.expiry import expiry_value
 from dedup_pipeline.engine.core.storage import Storage, glob_escape
@@ -68,7 +68,7 @@ PRE = "_read_reason"  # a reason decided while reading (unreadable_file, bad_enc
 MISMATCHED = "_mismatched"  # Parquet: the declared columns whose value is of another kind
 UNREADABLE = "unreadable_file"
 BAD_ENCODING = "bad_encoding"
-META_COLS = ["_source_file", "_blk", "_rid", "_raw"]
+META_COLS = ["_source_file", "_blk", "_rid", RAW]
 # Hadoop's checksum wrapper of the local file system builds a `.name.crc` Path from the leaf name,
 # which fails on a `:` (URISyntaxException); the raw local file system reads the file itself.
 READ_OPTIONS = {"fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
@@ -401,7 +401,7 @@ def _with_encoding_check(df: DataFrame, ds: DatasetConfig,
                          also: Column | None = None) -> DataFrame:
     """`bad_encoding` for a record whose bytes are not UTF-8 (or `also`: its text is not Unicode);
     its `_raw` becomes the base64 of its bytes."""
-    checks = [F.col("_raw"), *[F.col(c) for c in ds.source.schema]]
+    checks = [F.col(RAW), *[F.col(c) for c in ds.source.schema]]
     bad = F.lit(False) if also is None else also
     for c in checks:
         bad = bad | ~F.coalesce(F.is_valid_utf8(c), F.lit(True))
@@ -409,7 +409,7 @@ def _with_encoding_check(df: DataFrame, ds: DatasetConfig,
         df = df.withColumn(MISMATCHED, F.lit(None).cast("array<string>"))
     return df.withColumns({
         PRE: F.when(bad, F.lit(BAD_ENCODING)),
-        "_raw": F.when(bad, F.base64(F.col("_raw").cast("binary"))).otherwise(F.col("_raw")),
+        RAW: F.when(bad, F.base64(F.col(RAW).cast("binary"))).otherwise(F.col(RAW)),
     })
 
 
@@ -422,14 +422,14 @@ def _read_jsonl(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> Data
                  "cast(substring(cast(value AS binary), 1, octet_length(value) - 1) AS string) "
                  "ELSE value END")
     txt = (spark.read.options(**READ_OPTIONS).option("lineSep", "\n").text(paths)
-           .select(raw.alias("_raw"), *_origin(plan.base)))
+           .select(raw.alias(RAW), *_origin(plan.base)))
     # blank lines are not records: empty, or only JSON whitespace (space, tab, `\r`)
-    txt = txt.filter(F.btrim(F.col("_raw"), F.lit(" \t\r")) != "")
+    txt = txt.filter(F.btrim(F.col(RAW), F.lit(" \t\r")) != "")
     opts = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
     # A byte-order mark before a line's JSON is not part of it (`cat a.jsonl b.jsonl` puts one
     # mid-file); `_raw` keeps it.
-    body = F.when(F.startswith(F.col("_raw"), F.lit("\ufeff")), F.expr("substring(_raw, 2)")
-                  ).otherwise(F.col("_raw"))
+    body = F.when(F.startswith(F.col(RAW), F.lit("\ufeff")), F.expr(f"substring({RAW}, 2)")
+                  ).otherwise(F.col(RAW))
     # Exactly one JSON value on the line: `from_json` reads the first value and ignores what
     # follows (`{..}{..}`, `{..} words`), so the line is parsed as the array `[line]`, which must
     # hold one element. A `]` after the object would close that array early and hide the rest:
@@ -441,7 +441,7 @@ def _read_jsonl(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> Data
     pair = F.from_json(F.concat(F.lit("["), body, F.lit(",[]]")), T.ArrayType(T.StringType()), opts)
     bracket_ok = F.size(pair) == 2
     one = (F.coalesce(F.size(arr) == 1, F.lit(False))
-           & (~F.col("_raw").contains("]") | F.coalesce(bracket_ok, F.lit(False))))
+           & (~F.col(RAW).contains("]") | F.coalesce(bracket_ok, F.lit(False))))
     # `get`, not `arr[0]`: an empty array (a line of only a BOM) is null, never an error
     parsed = txt.select("*", F.get(arr, 0).alias("_j"), one.alias("_one"))
     cols = [F.col(f"_j.{c}").alias(c) for c in ds.source.schema]
@@ -449,7 +449,7 @@ def _read_jsonl(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> Data
     df = parsed.select(*cols, *META_COLS, malformed.alias("_malformed"))
     # the regex only on lines with a `\u` escape (it cannot match others; `And` skips its right
     # side): run on every line, it doubled the parse of a 1e6-row hour (3.9-4.1 s -> 7.7-7.8 s)
-    lone = F.col("_raw").contains("\\u") & F.col("_raw").rlike(LONE_SURROGATE)
+    lone = F.col(RAW).contains("\\u") & F.col(RAW).rlike(LONE_SURROGATE)
     return _with_encoding_check(df, ds, lone)
 
 
@@ -482,10 +482,10 @@ def _read_csv(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> DataFr
     as_text = F.to_csv(F.struct(*[F.col(c) for c in names]),
                        {"sep": ds.source.csv.delimiter, "escape": '"',  # fields as they were:
                         "ignoreLeadingWhiteSpace": "false", "ignoreTrailingWhiteSpace": "false"})
-    df = df.select(*names, F.coalesce(F.col(CORRUPT), as_text).alias("_raw"),
+    df = df.select(*names, F.coalesce(F.col(CORRUPT), as_text).alias(RAW),
                    F.col(CORRUPT).isNotNull().alias("_malformed"), *_origin(plan.base))
     df = df.select(*[original(c).alias(c) for c in names], "_source_file", "_blk", "_rid",
-                   original("_raw").alias("_raw"), "_malformed")
+                   original(RAW).alias(RAW), "_malformed")
     return _with_encoding_check(df, ds)
 
 
@@ -656,7 +656,7 @@ def _parquet_group(spark: SparkSession, ds: DatasetConfig, paths: tuple[str, ...
         _source_file(base).alias("_source_file"),
         F.lit(0).cast("long").alias("_blk"),
         F.col("_metadata.row_index").alias("_rid"),
-        raw.alias("_raw"),
+        raw.alias(RAW),
         F.lit(False).alias("_malformed"),
         (F.filter(F.array(*wrong), lambda x: x.isNotNull()) if wrong
          else F.lit(None).cast("array<string>")).alias(MISMATCHED),
@@ -679,7 +679,7 @@ def _batch_schema(ds: DatasetConfig) -> T.StructType:
         T.StructField("_source_file", T.StringType()),
         T.StructField("_blk", T.LongType()),
         T.StructField("_rid", T.LongType()),
-        T.StructField("_raw", T.StringType()),
+        T.StructField(RAW, T.StringType()),
         T.StructField("_malformed", T.BooleanType()),
         T.StructField(PRE, T.StringType()),
         T.StructField(MISMATCHED, T.ArrayType(T.StringType())),

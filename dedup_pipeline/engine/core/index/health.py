@@ -334,9 +334,3 @@ def index_read_failure(error: BaseException) -> IndexReadFailure | None:
         if m:
             return IndexReadFailure(m.group(1), kind)
     return None
-
-
-def checksum_failure(error: BaseException) -> str | None:
-    """The index file (path below index/) a Hadoop ChecksumException names, if `error` is one."""
-    f = index_read_failure(error)
-    return f.rel if f is not None and f.kind == "checksum" else None

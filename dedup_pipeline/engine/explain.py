@@ -47,8 +47,10 @@ from dedup_pipeline.engine.core.columns import (
 )
 from dedup_pipeline.engine.core.columns import LOAD_HOUR_PARTITION as LOAD_HOUR
 from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.expiry import live_value
 from dedup_pipeline.engine.core.index import layout, live
 from dedup_pipeline.engine.core.index.health import check_index
+from dedup_pipeline.engine.core.index.store import entry_slice
 from dedup_pipeline.engine.core.outputs import (
     DUPLICATES,
     EXPIRED,
@@ -464,8 +466,7 @@ def _index_entries(ds: DatasetConfig, st: Storage, typed: dict[int, Key], commit
         for r in [r for part in pool.map(one, [f.rel for f in files]) for r in part]:
             i = digests.get((r[H1], r[H2]))
             if i is not None and r[ENTRY_LOAD_HOUR] in committed:
-                r["_slice"] = (r[H1] % ds.index.buckets if ds.expiry is None  # Spark's pmod
-                               else None if r[V] is None else math.floor(float(r[V]) / ds.slice_span))
+                r["_slice"] = entry_slice(ds, r[H1], r[V])
                 out[i].append(r)
     return out
 
@@ -727,7 +728,7 @@ def explain_keys(ds: DatasetConfig, given: list[dict[str, str | None]],
         idx = []
         for e in sorted(entries.get(i, []), key=lambda e: e[ENTRY_LOAD_HOUR]):
             v = e.get(V)
-            alive = ds.expiry is None or x_now is None or (v is not None and v >= x_now)
+            alive = ds.expiry is None or live_value(v, x_now)
             idx.append(IndexEntry(e[ENTRY_LOAD_HOUR], e["_slice"],
                                   _fmt_v(ds, v) if ds.expiry is not None else None, alive))
         notes = []

@@ -125,6 +125,12 @@ def is_live(v: Column, x: Column | Number | None) -> Column:
     return xc.isNull() | (v >= xc)
 
 
+def live_value(v: Number | None, x: Number | None) -> bool:
+    """`is_live` for one value in plain Python (explain reads entries without Spark): nothing is
+    behind a missing X_H; a null v is behind any X_H."""
+    return x is None or (v is not None and v >= x)
+
+
 def is_expired(v: Column, x: Column | Number | None) -> Column:
     """v < X_H; X_H as a column (of `expiry_point_frame`) or a number (the benchmark's peers)."""
     if x is None:

@@ -9,6 +9,8 @@ them in place before its commit record; a retry first deletes whatever that load
 
 from __future__ import annotations
 
+import math
+
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -29,10 +31,19 @@ from dedup_pipeline.engine.core.storage import Storage
 
 
 def slice_of(ds: DatasetConfig) -> Column:
-    """The slice an entry belongs to, as a column of the entries."""
+    """The slice an entry belongs to, as a column of the entries (the same rule
+    for one entry in plain Python: `entry_slice`)."""
     if ds.expiry is None:
         return F.pmod(F.col(H1), F.lit(ds.index.buckets))
     return F.floor(F.col(V) / F.lit(ds.slice_span)).cast("long")
+
+
+def entry_slice(ds: DatasetConfig, h1: int, v: float | None) -> int | None:
+    """`slice_of` for one entry: the key hash's bucket (Python's % is Spark's pmod for a positive
+    divisor), or floor(v / slice span); None for a null v."""
+    if ds.expiry is None:
+        return h1 % ds.index.buckets
+    return None if v is None else math.floor(float(v) / ds.slice_span)
 
 
 

@@ -466,7 +466,7 @@ def _index_entries(ds: DatasetConfig, st: Storage, typed: dict[int, Key], commit
         for r in [r for part in pool.map(one, [f.rel for f in files]) for r in part]:
             i = digests.get((r[H1], r[H2]))
             if i is not None and r[ENTRY_LOAD_HOUR] in committed:
-                r["_slice"] = entry_slice(ds, r[H1], r[V])
+                r["_slice"] = entry_slice(ds, r[H1], r.get(V))
                 out[i].append(r)
     return out
 

@@ -56,6 +56,20 @@ def upload(store: Any, local: Path, uri: str) -> None:
             c.upload_file(str(f), bucket, f"{prefix}/{f.relative_to(local).as_posix()}")
 
 
+def generated_on_s3(store: Any, tmp: Path, root: str, hours: int, rows_per_hour: int,
+                    cfg: Path) -> Path:
+    """`hours` generated hours from START in `tmp`, their landing files uploaded under
+    `root`/landing, and the generated config rewritten to `cfg` with the dataset on S3."""
+    generate_landing(tmp, hours=hours, rows_per_hour=rows_per_hour, start=START)
+    upload(store, tmp / "landing", f"{root}/landing")
+    raw = yaml.safe_load((tmp / "dedup.yaml").read_text())
+    ds = raw["datasets"][0]
+    ds["source"]["path"] = f"{root}/landing/clicks"
+    ds["output"] = f"{root}/warehouse/clicks"
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return cfg
+
+
 def table(ds_output: str, name: str) -> Any:
     from deltalake import DeltaTable
 
@@ -92,15 +106,8 @@ def loaded(s3_store: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     import uuid
 
     tmp = tmp_path_factory.mktemp("s3loads")
-    generate_landing(tmp, hours=HOURS + 1, rows_per_hour=400, start=START)
     root = f"s3://{s3_store.lake}/loads-{uuid.uuid4().hex[:8]}"
-    upload(s3_store, tmp / "landing", f"{root}/landing")
-    raw = yaml.safe_load((tmp / "dedup.yaml").read_text())
-    ds = raw["datasets"][0]
-    ds["source"]["path"] = f"{root}/landing/clicks"
-    ds["output"] = f"{root}/warehouse/clicks"
-    cfg = tmp / "s3.yaml"
-    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    cfg = generated_on_s3(s3_store, tmp, root, HOURS + 1, 400, tmp / "s3.yaml")
     env = {**os.environ, **s3_store.env, "DAGSTER_HOME": str(tmp / "dh")}
     (tmp / "dh").mkdir()
     old = {k: os.environ.get(k) for k in s3_store.env}

@@ -34,7 +34,6 @@ import yaml
 from dedup_pipeline.config import load_config
 from dedup_pipeline.engine.session import s3_jars_cached
 from dedup_pipeline.hours import parse_hour
-from dedup_pipeline.sample.generate import generate_landing
 from dedup_pipeline_tests.apt import apt_install
 from dedup_pipeline_tests.postgres_service import running_postgres
 from dedup_pipeline_tests.reference import Reference
@@ -49,26 +48,25 @@ from dedup_pipeline_tests.spark_services import (
     stop_all,
     wait_until,
 )
-from dedup_pipeline_tests.test_s3_loads import engine_rows, upload
+from dedup_pipeline_tests.test_s3_loads import engine_rows, generated_on_s3
 
 pytestmark = pytest.mark.slow
 
 DEPLOY = REPO / "deploy"
-START = "2026-11-01-00:00"
 HOURS = ["2026-11-01-00:00", "2026-11-01-01:00", "2026-11-01-02:00"]
 CLI = str(VENV_BIN / "dedup-pipeline")
 
 
 def _nginx() -> str:
-    found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists()
-                                      else None)
-    if found is None:
+    """Debian's nginx (installed if missing; root's PATH may lack /usr/sbin)."""
+    def find() -> str | None:
+        return shutil.which("nginx", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
+
+    if find() is None:
         why = apt_install("nginx-light")
-        found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists()
-                                          else None)
-        if found is None:
+        if find() is None:
             pytest.skip(f"nginx not found and could not be installed ({why})")
-    return found
+    return str(find())
 
 
 def _proxy_conf(root: Path, listen: int, upstream: int, certs: Path) -> Path:
@@ -125,15 +123,8 @@ def stack(s3_store: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
             services.append(proxy)
 
             tmp = root / "data"
-            generate_landing(tmp, hours=len(HOURS) + 1, rows_per_hour=300, start=START)
             lake = f"s3://{s3_store.bucket('security')}"
-            upload(s3_store, tmp / "landing", f"{lake}/landing")
-            raw = yaml.safe_load((tmp / "dedup.yaml").read_text())
-            ds = raw["datasets"][0]
-            ds["source"]["path"] = f"{lake}/landing/clicks"
-            ds["output"] = f"{lake}/warehouse/clicks"
-            cfg = root / "dedup.yaml"
-            cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+            cfg = generated_on_s3(s3_store, tmp, lake, len(HOURS) + 1, 300, root / "dedup.yaml")
             wait_until("`spark-server` to be ready",
                        lambda: "Spark Connect server ready" in server.tail(20000), 240, [server])
             wait_until("nginx to listen", lambda: port_open(tls_port), 30, [proxy])
@@ -153,25 +144,13 @@ def stack(s3_store: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
 
 
 @contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    """This process's environment with `values` set, as a user's script would have it."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@contextlib.contextmanager
 def _instance(stack: dict[str, Any]) -> Iterator[dg.DagsterInstance]:
     """The runs' instance (deploy/dagster.yaml on PostgreSQL; its settings from the environment)."""
-    with _environ(stack["pg"]), dg.DagsterInstance.from_config(str(stack["home"])) as inst:
-        yield inst
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in stack["pg"].items():
+            mp.setenv(k, v)
+        with dg.DagsterInstance.from_config(str(stack["home"])) as inst:
+            yield inst
 
 
 def _run(stack: dict[str, Any], env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -197,18 +176,20 @@ def test_the_token_file_is_created_owner_only_and_no_command_line_holds_a_secret
     assert hits == []
 
 
-def test_a_run_over_tls_with_the_token_loads_hours_exactly(stack: dict[str, Any]) -> None:
+def test_a_run_over_tls_with_the_token_loads_hours_exactly(
+        stack: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     r = _run(stack, stack["client"], "run", "--config", str(stack["cfg"]), "--from", HOURS[0],
              "--to", HOURS[1])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "Spark: the Connect server at sc://127.0.0.1" in r.stdout + r.stderr
     ds = load_config(str(stack["cfg"])).datasets[0]
     ref = Reference(load_config(str(stack["local"])).datasets[0])
-    with _environ(stack["store"].env):  # read the tables as a user's script would
-        for h in HOURS[:2]:
-            expected = ref.load(parse_hour(h)).rows
-            for name in ("unique", "duplicates", "expired", "rejected"):
-                assert engine_rows(ds, name, h[:13]) == expected[name], (h, name)
+    for k, v in stack["store"].env.items():  # read the tables as a user's script would
+        monkeypatch.setenv(k, v)
+    for h in HOURS[:2]:
+        expected = ref.load(parse_hour(h)).rows
+        for name in ("unique", "duplicates", "expired", "rejected"):
+            assert engine_rows(ds, name, h[:13]) == expected[name], (h, name)
     with _instance(stack) as inst:
         assert [r.status for r in inst.get_runs()] == [dg.DagsterRunStatus.SUCCESS]
 

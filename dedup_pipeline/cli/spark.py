@@ -18,20 +18,20 @@ import click
 from dedup_pipeline.cli.common import fail
 from dedup_pipeline.config import PipelineConfig
 from dedup_pipeline.engine.connect_auth import (
+    CONNECT_PORT,
     TOKEN_ENV,
     TOKEN_FILE_ENV,
     ConnectTokenError,
     default_token_file,
-    redact,
     server_token,
 )
 from dedup_pipeline.engine.connect_host import LOG4J2, LOG_LEVEL_ENV, die_with_parent
 from dedup_pipeline.engine.session import (
-    CONNECT_PORT,
     DEFAULT_MASTER,
     SparkSettings,
     server_command,
 )
+from dedup_pipeline.redaction import redact_url
 
 SPARK_NOISE = "Spark is starting (10-20 s the first time)..."
 
@@ -44,7 +44,7 @@ def spark_note(cfg: PipelineConfig | None) -> str:
                       dict(sp.conf) if sp else {}).resolved()
     if s.remote:
         src = "SPARK_REMOTE" if os.environ.get("SPARK_REMOTE") else "spark.remote of the config"
-        return f"Spark: the Connect server at {redact(s.remote)} ({src})"
+        return f"Spark: the Connect server at {redact_url(s.remote)} ({src})"
     return (f"{SPARK_NOISE} (local Spark; with `dedup-pipeline spark-server` running, export "
             "SPARK_REMOTE=sc://127.0.0.1:15002 to use its warm Spark instead)")
 

@@ -34,6 +34,7 @@ from dedup_pipeline.redaction import redact_url
 TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
 TOKEN_FILE_ENV = "DEDUP_SPARK_CONNECT_TOKEN_FILE"
 LOOPBACK = ("127.0.0.1", "::1", "localhost", "[::1]")
+CONNECT_PORT = 15002  # Spark Connect's default port (design.md N5)
 
 
 class ConnectTokenError(UserError, RuntimeError):
@@ -99,11 +100,24 @@ def server_token(token_file: Path | None) -> tuple[str, str]:
     return write_token_file(token_file), f"{token_file} (created)"
 
 
-def url_host(remote: str) -> str:
+def url_host_port(remote: str) -> tuple[str, int]:
+    """Host (as written: an IPv6 address in brackets) and port of a Spark Connect URL,
+    `sc://host[:port][/;param=value...]`."""
     where = remote.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
-    if where.startswith("["):
-        return where[: where.find("]") + 1]
-    return where.rsplit(":", 1)[0] if ":" in where else where
+    host, sep, port = where.rpartition(":")
+    if not sep or not port.isdigit():
+        return where, CONNECT_PORT
+    return host, int(port)
+
+
+def connect_address(remote: str) -> tuple[str, int]:
+    """Host and port of a Spark Connect URL, to open a socket to."""
+    host, port = url_host_port(remote)
+    return host.strip("[]"), port
+
+
+def url_host(remote: str) -> str:
+    return url_host_port(remote)[0]
 
 
 def _params(remote: str) -> dict[str, str]:
@@ -120,23 +134,38 @@ def is_loopback(remote: str) -> bool:
     return url_host(remote) in LOOPBACK
 
 
+def client_token(remote: str) -> tuple[str, str] | None:
+    """(token, where it came from) that a client of `remote` sends; None if it has none."""
+    params = _params(remote)
+    if "token" in params:
+        return params["token"], "SPARK_REMOTE's URL"
+    found = configured_token()
+    if found is None and is_loopback(remote) and default_token_file().exists():
+        found = read_token_file(default_token_file()), str(default_token_file())
+    return found
+
+
 def client_url(remote: str) -> str:
     """The URL the client connects with: the token added where the environment or a token file
     gives one (a loopback server also from the default file), and a loopback host spelled
     ``localhost`` so PySpark sends the token over local channel credentials instead of TLS."""
     params = _params(remote)
-    token = params.get("token")
-    if token is None:
-        found = configured_token()
-        if found is None and is_loopback(remote) and default_token_file().exists():
-            found = read_token_file(default_token_file()), str(default_token_file())
-        if found is not None:
-            token = found[0]
-            sep = "" if remote.removeprefix("sc://").count("/") else "/"
-            remote = f"{remote}{sep};token={token}"
-    if token is not None and is_loopback(remote) and params.get("use_ssl", "") != "true":
+    found = client_token(remote)
+    if found is not None and "token" not in params:
+        sep = "" if remote.removeprefix("sc://").count("/") else "/"
+        remote = f"{remote}{sep};token={found[0]}"
+    if found is not None and is_loopback(remote) and params.get("use_ssl", "") != "true":
         remote = remote.replace(f"sc://{url_host(remote)}", "sc://localhost", 1)
     return remote
+
+
+def refusal(remote: str) -> str:
+    """Why the server at `remote` refused this client, naming the token's source, not its value."""
+    found = client_token(remote)
+    if found is not None:
+        return f"a wrong token in {found[1]}"
+    return (f"no token sent ({TOKEN_ENV}, {TOKEN_FILE_ENV} and {default_token_file()} are unset "
+            "or absent)")
 
 
 def uses_tls(url: str) -> bool:
@@ -179,11 +208,6 @@ class ConnectTLSError(UserError, RuntimeError):
     stage = "the TLS channel to the Spark Connect server"
     fix = ("trust the proxy's CA (GRPC_DEFAULT_SSL_ROOTS_FILE_PATH) or point SPARK_REMOTE at the "
            "TLS proxy's address (docs/operations.md, \"Security\")")
-
-
-def redact(remote: str) -> str:
-    """A Connect URL (or a text holding one) as a message, a log line or the UI may show it."""
-    return redact_url(remote)
 
 
 def is_auth_refusal(exc: BaseException) -> bool:

@@ -23,13 +23,12 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from dedup_pipeline.engine.connect_auth import (
-    TOKEN_ENV,
-    TOKEN_FILE_ENV,
     ConnectTokenError,
     check_tls,
     client_url,
-    default_token_file,
+    connect_address,
     is_auth_refusal,
+    refusal,
     uses_tls,
 )
 from dedup_pipeline.engine.connect_host import CONNECT_PLUGIN, HOST_CONF, SCRIPT
@@ -77,10 +76,10 @@ BASE_CONF = {
 STATIC_CONF = {"spark.sql.codegen.cache.maxEntries"}
 CONF_PREFIX = "DEDUP_SPARK_CONF_"
 
-# The warm Spark Connect server (design.md N5; `dedup-pipeline spark-server`, deploy/).
-CONNECT_PORT = 15002
-# Settings only the server takes, on top of BASE_CONF (which it gets whole: its start-up part
-# can be set nowhere else, its SQL part is the default of every client session).
+# The warm Spark Connect server (design.md N5; `dedup-pipeline spark-server`, deploy/; its port:
+# connect_auth.CONNECT_PORT). Settings only the server takes, on top of BASE_CONF (which it gets
+# whole: its start-up part can be set nowhere else, its SQL part is the default of every client
+# session).
 SERVER_CONF = {
     # a run that dies (killed pod, restarted code server) never closes its session; its cached
     # batch stays on the server until the session expires: 15 minutes instead of Spark's 60
@@ -120,16 +119,7 @@ def session_conf(s: SparkSettings) -> dict[str, str]:
             if (k.startswith("spark.sql.") and k not in STATIC_CONF) or BASE_CONF.get(k) != v}
 
 
-def connect_address(remote: str) -> tuple[str, int]:
-    """Host and port of a Spark Connect URL, `sc://host[:port][/;param=value...]`."""
-    where = remote.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
-    host, sep, port = where.rpartition(":")
-    if not sep or not port.isdigit():
-        return where, CONNECT_PORT
-    return host.strip("[]"), int(port)
-
-
-def check_server(remote: str, timeout: float = 5.0) -> None:
+def check_server(remote: str, timeout: float = 5.0, url: str | None = None) -> None:
     """Fail in one line when nothing listens at `remote`: the Connect client would otherwise
     retry for about ten minutes, a run sitting in STARTED with no error."""
     host, port = connect_address(remote)
@@ -142,7 +132,7 @@ def check_server(remote: str, timeout: float = 5.0) -> None:
             f"{e.strerror or e}; "
             "start one with `dedup-pipeline spark-server`, or unset SPARK_REMOTE to run on local "
             "Spark") from None
-    if uses_tls(client_url(remote)):
+    if uses_tls(url or client_url(remote)):  # `url`: client_url(remote), if already made
         check_tls(remote, host, port, timeout)
 
 
@@ -241,14 +231,14 @@ def get_session(settings: SparkSettings, roots: Iterable[str] = ()) -> SparkSess
     brings S3A's settings and jars (`s3_conf`), checked before any work."""
     s = settings.resolved()
     s3 = any_s3(roots)
+    url = client_url(s.remote) if s.remote else None  # with its token (connect_auth.py)
     if s.remote:
-        check_server(s.remote)
+        check_server(s.remote, url=url)
     conf = session_conf(s)
     if s3 and not s.remote:
         conf = s3_conf(conf, s.master)
     builder = SparkSession.builder.appName(s.app_name)
-    builder = builder.remote(client_url(s.remote)) if s.remote else \
-        builder.master(s.master or DEFAULT_MASTER)
+    builder = builder.remote(url) if url else builder.master(s.master or DEFAULT_MASTER)
     for k, v in conf.items():
         builder = builder.config(k, v)
     try:
@@ -264,23 +254,9 @@ def get_session(settings: SparkSettings, roots: Iterable[str] = ()) -> SparkSess
         if s.remote and is_auth_refusal(e):
             raise ConnectTokenError(
                 f"the Spark Connect server at {redact_url(s.remote)} refused this client: "
-                f"{token_state(s.remote)}") from None
+                f"{refusal(s.remote)}") from None
         raise
     return spark
-
-
-def token_state(remote: str) -> str:
-    """Which token a client of `remote` sends, named without its value."""
-    if ";token=" in remote.replace(" ", "").lower():
-        return "a wrong token in SPARK_REMOTE's URL"
-    if os.environ.get(TOKEN_ENV):
-        return f"a wrong token in {TOKEN_ENV}"
-    if os.environ.get(TOKEN_FILE_ENV):
-        return f"a wrong token in {os.environ[TOKEN_FILE_ENV]} ({TOKEN_FILE_ENV})"
-    if client_url(remote) != remote:
-        return f"a wrong token in {default_token_file()} (another server's?)"
-    return (f"no token sent ({TOKEN_ENV}, {TOKEN_FILE_ENV} and {default_token_file()} are "
-            "unset or absent)")
 
 
 # How often a run's Connect client retries a server it cannot reach. The client's default (15

@@ -2,7 +2,7 @@
 
 Pure Python, below the config and the engine, so every error class can derive from `UserError`.
 The Dagster layer's failure summaries (`orchestration/runs.py`) look the class up by the name a run's stored
-error carries and fill in `{ds}`, `{hours}`, `{pool}`, `{rebuild_job}` and `{migrate_job}`; an
+error carries and fill in `{ds}`, `{hours}`, `{pool}` and `{rebuild_job}`; an
 error of no such class (Spark, storage) is infrastructure.
 """
 

@@ -314,3 +314,18 @@ def s3(s3_store: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
         monkeypatch.setenv(k, v)
     s3_store.root = f"s3://{s3_store.lake}/{uuid.uuid4().hex[:10]}"
     return s3_store
+
+
+class SensorTicks:
+    """A sensor evaluated tick after tick as the daemon does it: its cursor kept between ticks."""
+
+    def __init__(self, sensor: Any, instance: Any) -> None:
+        self.sensor, self.instance, self.cursor = sensor, instance, None
+
+    def tick(self) -> Any:
+        import dagster as dg
+
+        data = self.sensor.evaluate_tick(dg.build_sensor_context(instance=self.instance,
+                                                                 cursor=self.cursor))
+        self.cursor = data.cursor
+        return data

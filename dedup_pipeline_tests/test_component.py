@@ -114,14 +114,13 @@ def test_two_scaffolded_datasets_and_a_team_asset_load_in_one_code_location(proj
                     | {"clicks_report"})
     assert repo.asset_graph.get(dg.AssetKey("clicks_report")).parent_keys == {
         dg.AssetKey(["clicks", "unique"])}
-    per_dataset = {"{}_landing_sensor", "{}_index_recovery_sensor", "{}_run_failure_summary",
-                   "{}_run_canceled_restate"}
+    per_dataset = {"{}_landing_sensor", "{}_index_recovery_sensor", "{}_run_end"}
     assert {s.name for s in repo.sensor_defs} == (
         {n.format(ds) for n in per_dataset for ds in ("clicks", "orders")}
         | {"default_automation_condition_sensor"})
     jobs = {j.name for j in repo.get_all_jobs()} - {"__ASSET_JOB"}
     assert jobs == {f"{ds}_{j}" for ds in ("clicks", "orders") for j in (
-        "hourly_load", "index_rebuild", "contract_migrate", "explain", "input_check", "table_upkeep")}
+        "hourly_load", "index_rebuild", "explain", "input_check", "table_upkeep")}
     # the scaffolded paths: under the project's data/, the template rendered
     assert _landing(defs, "clicks") == str(root / "data" / "landing" / "clicks")
     assert defs.resolve_job_def("clicks_hourly_load").tags["dedup_pipeline/dataset"] == "clicks"

@@ -248,7 +248,7 @@ def test_dagster_fails_the_run_with_the_line_definitions_load_sensor_skips(
     (Path(ds.source.path) / "date=2026-11-01" / "hour=02" / "_SUCCESS").write_text("")
     bad = pipeline_config(tmp_path, _raw(key=["event_id", "user_id"]))
     defs = build_definitions(bad)  # the code location loads: no contract check at load time
-    defs.resolve_job_def("clicks_contract_migrate")
+    defs.resolve_job_def("clicks_index_rebuild")
     before = _tree(ds.output)
     with dg.instance_for_test() as inst:
         run = run_range(bad, "clicks", H[2], H[2], inst)

@@ -121,8 +121,7 @@ def test_names_are_spelled_once_here_as_the_ui_and_deploy_files_see_them(landing
     assert load.tags["dedup_pipeline/dataset"] == rebuild.tags["dedup_pipeline/dataset"] == "clicks"
     assert {n.name: n.definition.pool for n in (*load.nodes, *rebuild.nodes)} == {
         "clicks_load": "dedup_clicks", "clicks_rebuild_index": "dedup_clicks"}
-    for sensor in ("clicks_landing_sensor", "clicks_index_recovery_sensor",
-                   "clicks_run_failure_summary", "clicks_run_canceled_restate"):
+    for sensor in ("clicks_landing_sensor", "clicks_index_recovery_sensor", "clicks_run_end"):
         defs.resolve_sensor_def(sensor)
     for schedule in ("clicks_hourly_schedule", "clicks_reconcile_schedule",
                      "clicks_table_upkeep_schedule"):

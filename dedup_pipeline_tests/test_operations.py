@@ -30,11 +30,16 @@ from dedup_pipeline.orchestration.names import (
     load_job_name,
     rebuild_job_name,
     rebuild_op_name,
-    run_failure_sensor_name,
 )
-from dedup_pipeline.orchestration.recovery import build_recovery_sensor, build_run_end_sensors
+from dedup_pipeline.orchestration.recovery import build_recovery_sensor, build_run_end_sensor
 from dedup_pipeline.orchestration.runner import run_range
-from dedup_pipeline_tests.conftest import dataset_raw, pipeline_config, read_output, write_hour
+from dedup_pipeline_tests.conftest import (
+    SensorTicks,
+    dataset_raw,
+    pipeline_config,
+    read_output,
+    write_hour,
+)
 from dedup_pipeline_tests.faults import Faults, injected
 
 REPO = Path(__file__).resolve().parents[1]
@@ -266,15 +271,11 @@ def test_cli_rebuild_index(spark, site, tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_run_failure_summary_lands_in_the_runs_log(spark, site) -> None:
     with dg.instance_for_test() as inst:
+        ends = SensorTicks(build_run_end_sensor(site.dataset("clicks")), inst)
+        ends.tick()  # the first tick: it sees the run ends after it
         run = run_range(site, "clicks", HOURS[2], HOURS[2], inst)
         assert not run.success
-        dagster_run = inst.get_run_by_id(run.run_id)
-        failure = [e for e in inst.all_logs(run.run_id) if e.dagster_event
-                   and e.dagster_event.event_type_value == "PIPELINE_FAILURE"][0]
-        ctx = dg.build_run_status_sensor_context(
-            sensor_name=run_failure_sensor_name("clicks"), dagster_event=failure.dagster_event,
-            dagster_instance=inst, dagster_run=dagster_run).for_run_failure()
-        build_run_end_sensors(site.dataset("clicks"))[0](ctx)
+        ends.tick()
         texts = [e.message for e in inst.all_logs(run.run_id)]
         summary = [t for t in texts if t and t.startswith("dedup_pipeline run failure")]
         assert len(summary) == 1

@@ -47,12 +47,10 @@ from dedup_pipeline.orchestration.names import (
     PARTITION,
     WRITTEN,
     load_job_name,
-    run_canceled_sensor_name,
-    run_failure_sensor_name,
 )
-from dedup_pipeline.orchestration.recovery import build_run_end_sensors
+from dedup_pipeline.orchestration.recovery import build_run_end_sensor
 from dedup_pipeline.orchestration.runner import run_range
-from dedup_pipeline_tests.conftest import dataset_raw, pipeline_config, write_hour
+from dedup_pipeline_tests.conftest import SensorTicks, dataset_raw, pipeline_config, write_hour
 from dedup_pipeline_tests.test_dagster import _cfg, _ev
 from dedup_pipeline_tests.test_service import postgres  # noqa: F401 - the PostgreSQL fixture
 
@@ -163,15 +161,11 @@ def _spark_fails_at(monkeypatch: pytest.MonkeyPatch, key: str) -> None:
     monkeypatch.setattr(engine_write, "verify_written", failing)
 
 
-def _run_ended(inst: dg.DagsterInstance, cfg: PipelineConfig, run: dg.DagsterRun, name: str) -> None:
-    """One evaluation of the run-end sensor `name` for `run`, as the daemon makes it."""
-    [event] = [e.dagster_event for e in inst.all_logs(run.run_id) if e.dagster_event
-               and e.dagster_event.event_type_value in ("PIPELINE_FAILURE", "PIPELINE_CANCELED")]
-    ds = cfg.dataset(runs.dataset_of_run(run))
-    [sensor] = [s for s in build_run_end_sensors(ds) if s.name == name]
-    ctx = dg.build_run_status_sensor_context(sensor_name=name, dagster_event=event,
-                                             dagster_instance=inst, dagster_run=run)
-    sensor(ctx.for_run_failure() if name == run_failure_sensor_name(ds.name) else ctx)
+def _run_end_sensor(inst: dg.DagsterInstance, cfg: PipelineConfig) -> SensorTicks:
+    """The dataset's run-end sensor, its first tick taken (it then sees every later run end)."""
+    ticks = SensorTicks(build_run_end_sensor(cfg.datasets[0]), inst)
+    ticks.tick()
+    return ticks
 
 
 def _failure_text(inst: dg.DagsterInstance, run_id: str) -> str:
@@ -190,6 +184,7 @@ def test_partition_status_is_the_commit_records_after_every_refusal_and_failure(
     for h in range(5):
         write_hour(ds, H[h], [_ev(10 * h + 1, h), _ev(10 * h + 2, h), _ev(10 * h + 2, h)])
     ui = UI(inst, tmp_path, cfg)
+    ends = _run_end_sensor(inst, cfg)
     assert run_range(cfg, ds.name, H[0], H[3], inst).success
     ui.assert_truth("loaded")
 
@@ -227,16 +222,16 @@ def test_partition_status_is_the_commit_records_after_every_refusal_and_failure(
     assert not job.execute_in_process(instance=inst, raise_on_error=False).success
     ui.assert_truth("no partition")
 
-    # a cancelled run (queued for H2, cancelled before it ran): the cancel sensor restates H2
+    # a cancelled run (queued for H2, cancelled before it ran): the run-end sensor restates H2
     run = inst.create_run_for_job(job, tags={PARTITION: H[2]})
     inst.report_run_canceled(run)
-    _run_ended(inst, cfg, inst.get_run_by_id(run.run_id), run_canceled_sensor_name(ds.name))
+    ends.tick()
     ui.assert_truth("cancelled")
 
-    # a run that failed before its step ran (here: the run worker died): the failure sensor
+    # a run that failed before its step ran (here: the run worker died): the run-end sensor
     run = inst.create_run_for_job(job, tags={PARTITION: H[3]})
     inst.report_run_failed(run, "the run worker died")
-    _run_ended(inst, cfg, inst.get_run_by_id(run.run_id), run_failure_sensor_name(ds.name))
+    ends.tick()
     ui.assert_truth("failed before its step")
 
     # a rerun of H2..H3 that fails in Spark at H2: the rerun withdrew H2's old commit record

@@ -10,7 +10,6 @@ from dedup_pipeline.engine.contract import read_history
 from dedup_pipeline.engine.core.index.health import check_index
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.orchestration.names import (
-    migrate_job_name,
     rebuild_job_name,
     rebuild_op_name,
     upkeep_job_name,
@@ -47,7 +46,8 @@ def migrate(config: str, dataset: str | None, verbose: bool) -> None:
     duplicates under the new contract."""
     cfg, ds = load_dataset(config, dataset)
     click.echo(f"migrating {ds.name!r} ({ds.output}) to its config in {cfg.config_file}")
-    execute_job(cfg, migrate_job_name(ds.name), verbose, {})
+    execute_job(cfg, rebuild_job_name(ds.name), verbose,
+                {"ops": {rebuild_op_name(ds.name): {"config": {"migrate": True}}}})
     cur = read_history(Storage(ds.output), None).versions
     click.echo(f"done: {ds.name!r} is under contract v{cur[-1].version}" if cur else "done")
 

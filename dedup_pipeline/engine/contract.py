@@ -124,7 +124,8 @@ class ContractError(UserError, RuntimeError):
     stage = ("the dataset contract check (the config breaks what the loaded history was loaded "
              "under)")
     fix = ("nothing was written; revert the config change, or run the migrate command the error "
-           "names (or launch job {migrate_job}), then rerun {hours}")
+           "names (or launch job {rebuild_job} with `migrate: true` in its op config), then "
+           "rerun {hours}")
 
 
 # --- the terms ------------------------------------------------------------------------------------

@@ -16,10 +16,9 @@ from dedup_pipeline.orchestration.assets import build_dataset_defs
 from dedup_pipeline.orchestration.explain import build_explain_job
 from dedup_pipeline.orchestration.landing_checks import build_input_check
 from dedup_pipeline.orchestration.recovery import (
-    build_migrate_job,
     build_rebuild_job,
     build_recovery_sensor,
-    build_run_end_sensors,
+    build_run_end_sensor,
 )
 from dedup_pipeline.orchestration.resources import SparkResource
 from dedup_pipeline.orchestration.schedules import build_hourly_schedule, build_reconcile_schedule
@@ -29,8 +28,8 @@ from dedup_pipeline.orchestration.upkeep import build_upkeep
 
 def build_dataset_definitions(ds: DatasetConfig, spark: SparkResource, running: bool = True,
                               group: str | None = None) -> dg.Definitions:
-    """Everything of one dataset: its assets and input check, its load, rebuild, migrate and
-    explain jobs, its landing, recovery and run-end sensors, its hourly and reconcile schedules,
+    """Everything of one dataset: its assets and input check, its load, index rebuild (also
+    migrate) and explain jobs, its landing, recovery and run-end sensors, its hourly and reconcile schedules,
     its table upkeep job (and for Delta outputs its schedule), and the Spark resource its steps
     use, under the key `dedup_spark` (`names.SPARK_RESOURCE`: a team's own `spark` resource beside
     it is left alone). Every name carries the dataset's name, so datasets never collide; `spark`
@@ -40,7 +39,7 @@ def build_dataset_definitions(ds: DatasetConfig, spark: SparkResource, running: 
     d = build_dataset_defs(ds, group)
     rebuild = build_rebuild_job(ds)
     upkeep, upkeep_schedule = build_upkeep(ds, running)
-    jobs = [d.job, rebuild, build_migrate_job(ds), build_explain_job(ds), upkeep]
+    jobs = [d.job, rebuild, build_explain_job(ds), upkeep]
     schedules = [build_hourly_schedule(ds, d.job), build_reconcile_schedule(ds, d.job.name)]
     if ds.output_format == "delta":
         schedules.append(upkeep_schedule)
@@ -50,7 +49,7 @@ def build_dataset_definitions(ds: DatasetConfig, spark: SparkResource, running: 
         jobs=jobs,
         sensors=[build_recovery_sensor(ds, rebuild, running),
                  build_landing_sensor(ds, d.job, running=running),
-                 *build_run_end_sensors(ds, running)],
+                 build_run_end_sensor(ds, running)],
         schedules=schedules,
         resources={names.SPARK_RESOURCE: spark},
     )

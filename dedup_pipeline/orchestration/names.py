@@ -55,15 +55,12 @@ SPARK_RESOURCE = "dedup_spark"
 PerDataset = Callable[[str], str]
 LOAD_JOB_SUFFIX = "_hourly_load"
 REBUILD_JOB_SUFFIX = "_index_rebuild"
-MIGRATE_JOB_SUFFIX = "_contract_migrate"
 EXPLAIN_JOB_SUFFIX = "_explain"  # `orchestration/explain.py`: where did key K go, and why
 
 load_job_name: PerDataset = ("{}" + LOAD_JOB_SUFFIX).format
 rebuild_job_name: PerDataset = ("{}" + REBUILD_JOB_SUFFIX).format
 load_op_name: PerDataset = "{}_load".format  # the multi-asset: the load's step in the UI
 rebuild_op_name: PerDataset = "{}_rebuild_index".format  # run config addresses its hours under it
-migrate_job_name: PerDataset = ("{}" + MIGRATE_JOB_SUFFIX).format
-migrate_op_name: PerDataset = "{}_migrate".format
 # the late-input check's own job (no Spark): the landing sensor records evaluations through it
 input_check_job_name: PerDataset = "{}_input_check".format
 landing_sensor_name: PerDataset = "{}_landing_sensor".format
@@ -79,8 +76,7 @@ upkeep_schedule_name: PerDataset = "{}_table_upkeep_schedule".format
 pool_name: PerDataset = "dedup_{}".format
 # on the dataset's runs that end without success (orchestration/recovery.py): per dataset, so datasets
 # added as components to one code location never share a name and other jobs' runs are left alone
-run_failure_sensor_name: PerDataset = "{}_run_failure_summary".format
-run_canceled_sensor_name: PerDataset = "{}_run_canceled_restate".format
+run_end_sensor_name: PerDataset = "{}_run_end".format
 
 
 # --- run tags: ours, and Dagster's own that we read or set

@@ -1,6 +1,8 @@
 """Index recovery (design.md R12, D3) and the run failure summary.
 
-- `{ds}_index_rebuild` job: rebuilds index entries from unique, for the given hours or all.
+- `{ds}_index_rebuild` job: rebuilds index entries from unique, for the given hours or all; with
+  `migrate: true` in its op config, moves the dataset to its config's contract (`dedup-pipeline
+  migrate`).
 - `{ds}_index_recovery_sensor`: compares the index files with the commit records (listing only;
   plus the content damage a load recorded in index/_damaged.json), and each tick hashes the next
   512 MB of index files against their recorded SHA-256 (a rolling scrub; the sensor cursor is the
@@ -8,15 +10,16 @@
   damage, so a repeated tick requests nothing new while that rebuild is pending. A damaged commit
   record is reported (skip reason and warning naming file, hour and fix), not rebuilt: rerunning
   the hour repairs it.
-- `{ds}_run_failure_summary`: on a failed run of the dataset, writes one paragraph (dataset,
-  hours, stage, error) into that run's own event log, where the UI shows it next to the failure;
-  with `{ds}_run_canceled_restate` it restates the committed hours a failed or cancelled load did
-  not load (`hour_events.restate_finished_run`). Runs of other datasets and other jobs of the code
-  location are left alone.
+- `{ds}_run_end`: on a failed run of the dataset, writes one paragraph (dataset, hours, stage,
+  error) into that run's own event log, where the UI shows it next to the failure; and it restates
+  the committed hours a failed or cancelled load did not load (`hour_events.restate_finished_run`).
+  Runs of other datasets and other jobs of the code location are left alone.
 """
 
 
 import hashlib
+import json
+from typing import Any
 
 import dagster as dg
 
@@ -40,59 +43,66 @@ SCRUB_BYTES_PER_TICK = 512 << 20
 
 class RebuildConfig(dg.Config):
     hours: list[str] = []  # partition keys like 2026-11-01-05:00; empty = every committed hour
+    # true: move the dataset to its config's contract first (a breaking change: key, fingerprint,
+    # expiry, index layout, schema), re-deriving every hour's index entries under it
+    migrate: bool = False
 
 
 def build_rebuild_job(ds: DatasetConfig) -> dg.JobDefinition:
+    """`{ds}_index_rebuild`: index entries rebuilt from unique (R12), for the given hours or all;
+    with `migrate: true`, what `dedup-pipeline migrate` runs (engine/migrate.py): the dataset moved
+    to its config as it is now, in one committed step."""
+
     @dg.op(name=names.rebuild_op_name(ds.name), tags={names.DATASET_TAG: ds.name},
            pool=names.pool_name(ds.name))
     def rebuild(context: dg.OpExecutionContext, config: RebuildConfig, dedup_spark: SparkResource) -> None:
-        tags = [to_tag(parse_hour(h)) for h in config.hours] or None
-        scope = f"{len(tags)} hour(s)" if tags else "every committed hour"
+        if config.migrate and config.hours:
+            raise dg.Failure(f"{ds.name}: `migrate: true` re-derives every hour; leave `hours` empty")
         say = runs.progress(context)
-        say(f"{ds.name}: rebuilding index entries of {scope} from unique")
-        with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id} (index rebuild)"):
-            res = rebuild_index(dedup_spark.get_session((ds.output, ds.source.path)), ds, tags)
-            after = check_index(Storage(ds.output), ds)
-        say(f"{ds.name}: rebuilt {res.entries} entries of {res.loads} load(s) in "
-                         f"{res.seconds:.1f}s; index now: {after.summary()}")
-        if not after.index_ok:
-            raise RuntimeError(f"{ds.name}: index still damaged after rebuild: {after.summary()}")
-        context.log_event(dg.AssetObservation(
-            asset_key=names.asset_key(ds, names.INDEX),
-            metadata={"rebuilt_loads": res.loads, "rebuilt_entries": res.entries,
-                      "rebuild_seconds": res.seconds}))
+        what = "migrate" if config.migrate else "index rebuild"
+        with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id} ({what})"):
+            spark = dedup_spark.get_session((ds.output, ds.source.path))
+            if config.migrate:
+                _migrate(context, spark, ds, say)
+            else:
+                _rebuild(context, spark, ds, config.hours, say)
 
     @dg.job(name=names.rebuild_job_name(ds.name), tags={names.DATASET_TAG: ds.name},
-            description=f"Rebuild the key index of {ds.name!r} from its unique output (R12).")
+            description=f"Rebuild the key index of {ds.name!r} from its unique output (R12): every "
+                        "committed hour, or those in `hours`. With `migrate: true`: move the "
+                        "dataset to its config as it is now after a breaking change, re-deriving "
+                        "the index under the new contract in one committed step.")
     def job() -> None:
         rebuild()
 
     return job
 
 
-def build_migrate_job(ds: DatasetConfig) -> dg.JobDefinition:
-    """`{ds}_contract_migrate`: what `dedup-pipeline migrate` runs (engine/migrate.py)."""
+def _rebuild(context: dg.OpExecutionContext, spark: Any, ds: DatasetConfig, hours: list[str],
+             say: Any) -> None:
+    tags = [to_tag(parse_hour(h)) for h in hours] or None
+    scope = f"{len(tags)} hour(s)" if tags else "every committed hour"
+    say(f"{ds.name}: rebuilding index entries of {scope} from unique")
+    res = rebuild_index(spark, ds, tags)
+    after = check_index(Storage(ds.output), ds)
+    say(f"{ds.name}: rebuilt {res.entries} entries of {res.loads} load(s) in "
+        f"{res.seconds:.1f}s; index now: {after.summary()}")
+    if not after.index_ok:
+        raise RuntimeError(f"{ds.name}: index still damaged after rebuild: {after.summary()}")
+    context.log_event(dg.AssetObservation(
+        asset_key=names.asset_key(ds, names.INDEX),
+        metadata={"rebuilt_loads": res.loads, "rebuilt_entries": res.entries,
+                  "rebuild_seconds": res.seconds}))
 
-    @dg.op(name=names.migrate_op_name(ds.name), tags={names.DATASET_TAG: ds.name},
-           pool=names.pool_name(ds.name))
-    def migrate_op(context: dg.OpExecutionContext, dedup_spark: SparkResource) -> None:
-        say = runs.progress(context)
-        with Lock(Storage(ds.output), owner=f"dagster run {context.run.run_id} (migrate)"):
-            res = migrate(dedup_spark.get_session((ds.output, ds.source.path)), ds, say)
-        say(res.summary())
-        if res.to_version is not None:
-            context.log_event(dg.AssetObservation(
-                asset_key=names.asset_key(ds, names.INDEX),
-                metadata={"contract_version": res.to_version, "migrated": "; ".join(res.changes),
-                          "rebuilt_loads": res.loads, "rebuilt_entries": res.entries}))
 
-    @dg.job(name=names.migrate_job_name(ds.name), tags={names.DATASET_TAG: ds.name},
-            description=f"Migrate {ds.name!r} to its config as it is now: re-derive the key index "
-                        "from unique under the new contract, in one committed step.")
-    def job() -> None:
-        migrate_op()
-
-    return job
+def _migrate(context: dg.OpExecutionContext, spark: Any, ds: DatasetConfig, say: Any) -> None:
+    res = migrate(spark, ds, say)
+    say(res.summary())
+    if res.to_version is not None:
+        context.log_event(dg.AssetObservation(
+            asset_key=names.asset_key(ds, names.INDEX),
+            metadata={"contract_version": res.to_version, "migrated": "; ".join(res.changes),
+                      "rebuilt_loads": res.loads, "rebuilt_entries": res.entries}))
 
 
 def build_recovery_sensor(ds: DatasetConfig, job: dg.JobDefinition, running: bool = True
@@ -136,35 +146,72 @@ def _restate(instance: dg.DagsterInstance, run: dg.DagsterRun, ds: DatasetConfig
         hour_events.restate_finished_run(instance, ds, run)
 
 
-def build_run_end_sensors(ds: DatasetConfig, running: bool = True) -> list[dg.SensorDefinition]:
-    """The sensors on the dataset's runs that end without success: `{ds}_run_failure_summary` (a
-    failed run: the summary paragraph into its log, then the committed hours it did not load
-    restated) and `{ds}_run_canceled_restate` (a cancelled load: its committed hours restated).
-    The load step restates what it can itself; these cover the runs whose step never ran
-    (cancelled in the queue, a resource that would not start, a killed worker). A run is the
-    dataset's by `runs.dataset_of_run`; any other run is left alone."""
+RUN_END_INTERVAL_S = 30
+RUN_ENDS = (dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.RUN_CANCELED)
+RUN_ENDS_PER_TICK = 100  # per kind of end; a longer queue is taken over the next ticks
 
-    @dg.run_failure_sensor(name=names.run_failure_sensor_name(ds.name),
-                           default_status=names.sensor_status(running))
-    def run_failure_summary(context: dg.RunFailureSensorContext) -> None:
-        """Writes one paragraph (dataset, hours, cause, fix) into the dataset's failed run's own
-        event log, and restates the committed hours the run did not load."""
-        run = context.dagster_run
-        if runs.dataset_of_run(run) != ds.name:
-            return
-        err = runs.first_step_error(context.get_step_failure_events())
-        summary = runs.with_config(ds, runs.failure_summary(
-            run, err, context.failure_event.message or "the run failed", runs.config_path(ds)))
-        context.instance.report_engine_event(summary, run)
-        _restate(context.instance, run, ds)
 
-    @dg.run_status_sensor(name=names.run_canceled_sensor_name(ds.name),
-                          run_status=dg.DagsterRunStatus.CANCELED,
-                          default_status=names.sensor_status(running),
-                          description=f"Restates the committed hours a cancelled load of {ds.name} "
-                                      "did not load, so their partitions show their committed load.")
-    def run_canceled_restate(context: dg.RunStatusSensorContext) -> None:
-        if runs.dataset_of_run(context.dagster_run) == ds.name:
-            _restate(context.instance, context.dagster_run, ds)
+def _latest_end(instance: dg.DagsterInstance, kind: dg.DagsterEventType) -> int:
+    """The storage id of the newest run end of this kind, -1 if none."""
+    latest = instance.fetch_run_status_changes(kind, limit=1).records
+    return latest[0].storage_id if latest else -1
 
-    return [run_failure_summary, run_canceled_restate]
+
+def _cursor(text: str | None) -> dict[str, int] | None:
+    try:
+        got = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(got, dict) or {k.value for k in RUN_ENDS} - got.keys():
+        return None
+    return {k: int(v) for k, v in got.items()}
+
+
+def _summarize(instance: dg.DagsterInstance, run: dg.DagsterRun, ds: DatasetConfig,
+               message: str | None) -> None:
+    """One paragraph (dataset, hours, cause, fix) into a failed run's own event log."""
+    err = runs.run_error(instance, run.run_id)
+    summary = runs.with_config(ds, runs.failure_summary(
+        run, err, message or "the run failed", runs.config_path(ds)))
+    instance.report_engine_event(summary, run)
+
+
+def build_run_end_sensor(ds: DatasetConfig, running: bool = True) -> dg.SensorDefinition:
+    """`{ds}_run_end`: the dataset's runs that end without success, in the order they ended. A
+    failed run gets one paragraph (dataset, hours, cause, fix) in its own event log; a failed or
+    cancelled load gets the committed hours it did not load restated. The load step restates what
+    it can itself; this covers the runs whose step never ran (cancelled in the queue, a resource
+    that would not start, a killed worker). A run is the dataset's by `runs.dataset_of_run`; any
+    other run is left alone. Its cursor is the storage id of the last failure and the last
+    cancellation handled; the first tick starts from the newest of each (as Dagster's run status
+    sensors do), so a new dataset does not act on old runs."""
+
+    @dg.sensor(name=names.run_end_sensor_name(ds.name), minimum_interval_seconds=RUN_END_INTERVAL_S,
+               default_status=names.sensor_status(running),
+               description=f"On a failed run of {ds.name!r}: one paragraph of cause and fix in "
+                           "its log. On a failed or cancelled load: the committed hours it did "
+                           "not load restated, so their partitions show their committed load.")
+    def run_end(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+        instance = context.instance
+        cursor = _cursor(context.cursor)
+        if cursor is None:
+            context.update_cursor(json.dumps({k.value: _latest_end(instance, k) for k in RUN_ENDS}))
+            return dg.SkipReason(f"watching the runs of {ds.name} that end from now on")
+        handled = []
+        for kind in RUN_ENDS:
+            records = instance.fetch_run_status_changes(
+                dg.RunStatusChangeRecordsFilter(event_type=kind, after_storage_id=cursor[kind.value]),
+                limit=RUN_ENDS_PER_TICK, ascending=True).records
+            for rec in records:
+                run = instance.get_run_by_id(rec.run_id)
+                if run is not None and runs.dataset_of_run(run) == ds.name:
+                    if kind is dg.DagsterEventType.RUN_FAILURE:
+                        _summarize(instance, run, ds, rec.event_log_entry.dagster_event.message)
+                    _restate(instance, run, ds)
+                    handled.append(run.run_id[:8])
+                cursor[kind.value] = rec.storage_id
+                context.update_cursor(json.dumps(cursor))  # a later error keeps what is done
+        return dg.SkipReason(f"{ds.name}: handled the end of run(s) {', '.join(handled)}" if handled
+                             else f"{ds.name}: no run ended without success since the last tick")
+
+    return run_end

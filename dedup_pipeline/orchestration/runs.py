@@ -30,7 +30,6 @@ from dedup_pipeline.errors import stage_and_fix
 from dedup_pipeline.orchestration.names import (
     DATASET_TAG,
     LOAD_JOB_SUFFIX,
-    MIGRATE_JOB_SUFFIX,
     PARTITION,
     RANGE_END,
     RANGE_START,
@@ -38,7 +37,6 @@ from dedup_pipeline.orchestration.names import (
     WRITTEN,
     dataset_of_key,
     load_job_name,
-    migrate_job_name,
     pool_name,
     rebuild_job_name,
 )
@@ -46,7 +44,7 @@ from dedup_pipeline.orchestration.names import (
 ACTIVE = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
           dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 RUN_KEY_TAG = "dagster/run_key"  # set by Dagster on a run a sensor requested
-JOB_SUFFIXES = (LOAD_JOB_SUFFIX, REBUILD_JOB_SUFFIX, MIGRATE_JOB_SUFFIX)
+JOB_SUFFIXES = (LOAD_JOB_SUFFIX, REBUILD_JOB_SUFFIX)
 
 # a step's progress lines, beside its run log: the CLI prints this logger (cli/common.py)
 PROGRESS_LOGGER = logging.getLogger("dedup_pipeline.progress")
@@ -233,8 +231,7 @@ def run_error(instance: dg.DagsterInstance, run_id: str) -> RootError | None:
 
 def _filled(template: str, ds: str, hours: str) -> str:
     """An error class's stage or fix with the dataset's names filled in."""
-    return template.format(ds=ds, hours=hours, pool=pool_name(ds), rebuild_job=rebuild_job_name(ds),
-                           migrate_job=migrate_job_name(ds))
+    return template.format(ds=ds, hours=hours, pool=pool_name(ds), rebuild_job=rebuild_job_name(ds))
 
 
 def rerun_ways(ds: str, first: str, last: str, config: str = "<config.yaml>") -> str:
@@ -264,8 +261,7 @@ def failure_summary(run: dg.DagsterRun, err: RootError | None, fallback: str,
     if ds is None:
         return (f"dedup_pipeline: run {run.run_id} of {run.job_name} failed; it loads no dataset "
                 f"hour, so no dataset's state changed. Error: {cause}")
-    if hours_of_run(run) is None and not run.job_name.endswith((REBUILD_JOB_SUFFIX,
-                                                                  MIGRATE_JOB_SUFFIX)):
+    if hours_of_run(run) is None and not run.job_name.endswith(REBUILD_JOB_SUFFIX):
         # a load launched with no hour (the launchpad allows it after a warning): Dagster fails
         # its step before the load's code runs, with an error about partition keys
         return f"dedup_pipeline run failure: {no_partition_load(ds, config)}"

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_short_soak(tmp_path: Path) -> None:
-    fig = soak(tmp_path, minutes=3, every=30, check_every=10)
+    fig = soak(tmp_path, minutes=2, every=30, check_every=10)
     print(fig.report())
     assert fig.ok(), fig.report()
     assert fig.killed_run and fig.killed_status == "FAILURE", fig.report()

@@ -29,9 +29,9 @@ from dedup_pipeline.orchestration.upkeep import build_upkeep
 def build_dataset_definitions(ds: DatasetConfig, spark: SparkResource, running: bool = True,
                               group: str | None = None) -> dg.Definitions:
     """Everything of one dataset: its assets and input check, its load, index rebuild (also
-    migrate) and explain jobs, its landing, recovery and run-end sensors, its hourly and reconcile schedules,
-    its table upkeep job (and for Delta outputs its schedule), and the Spark resource its steps
-    use, under the key `dedup_spark` (`names.SPARK_RESOURCE`: a team's own `spark` resource beside
+    migrate) and explain jobs, its landing, recovery and run-end sensors, its hourly and reconcile
+    schedules, its table upkeep job (and for Delta outputs its schedule), and the Spark resource
+    its steps use, under the key `dedup_spark` (`names.SPARK_RESOURCE`: a team's own `spark` resource beside
     it is left alone). Every name carries the dataset's name, so datasets never collide; `spark`
     must be the same object for every dataset of a code location (`spark_resource`).
     `running`: whether its sensors and upkeep schedule start running (a component's `sensors:`);

@@ -19,13 +19,14 @@
 
 import hashlib
 import json
-from typing import Any
 
 import dagster as dg
+from pyspark.sql import SparkSession
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import contract
 from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.hooks import Progress
 from dedup_pipeline.engine.core.index.health import check_index, scrub
 from dedup_pipeline.engine.core.lock import Lock
 from dedup_pipeline.engine.core.storage import Storage
@@ -78,8 +79,8 @@ def build_rebuild_job(ds: DatasetConfig) -> dg.JobDefinition:
     return job
 
 
-def _rebuild(context: dg.OpExecutionContext, spark: Any, ds: DatasetConfig, hours: list[str],
-             say: Any) -> None:
+def _rebuild(context: dg.OpExecutionContext, spark: SparkSession, ds: DatasetConfig,
+             hours: list[str], say: Progress) -> None:
     tags = [to_tag(parse_hour(h)) for h in hours] or None
     scope = f"{len(tags)} hour(s)" if tags else "every committed hour"
     say(f"{ds.name}: rebuilding index entries of {scope} from unique")
@@ -95,7 +96,8 @@ def _rebuild(context: dg.OpExecutionContext, spark: Any, ds: DatasetConfig, hour
                   "rebuild_seconds": res.seconds}))
 
 
-def _migrate(context: dg.OpExecutionContext, spark: Any, ds: DatasetConfig, say: Any) -> None:
+def _migrate(context: dg.OpExecutionContext, spark: SparkSession, ds: DatasetConfig,
+             say: Progress) -> None:
     res = migrate(spark, ds, say)
     say(res.summary())
     if res.to_version is not None:

@@ -13,7 +13,7 @@ without two cold JVMs in the test suite); `test_benchmarks` drives a real worker
 Protocol (JSON lines): the runner writes {"hour": "<partition key>"}; the worker answers
 {"cost": {...}, "extra": {...}} or {"error": "..."}; end of input ends the worker.
 
-    python -m benchmarks.worker pipeline|streaming <spec.json>
+    python -m benchmarks.worker pipeline|streaming|merge_spark|merge_duckdb <spec.json>
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from benchmarks.probe import Cost, measured, read_answer
 from dedup_pipeline.config import DatasetConfig, parse_config
 from dedup_pipeline.hours import parse_hour
 
-KINDS = ("pipeline", "streaming")
+KINDS = ("pipeline", "streaming", "merge_spark", "merge_duckdb")
 # each worker's session: (a)'s and (d)'s in the full benchmark, (d)'s in `benchmarks.warm`
 WORKER_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "4g"}
 
@@ -51,11 +51,16 @@ class System:
     hour to the streaming query and running it once. Measured with `probe.measured`."""
 
     def __init__(self, kind: str, spark: Any, ds: DatasetConfig, root: str = ""):
-        from benchmarks import systems
+        from benchmarks import merge, systems
 
         assert kind in KINDS, kind
         self.kind, self.spark, self.ds = kind, spark, ds
         self.stream = systems.StreamingPeer(spark, ds, Path(root)) if kind == "streaming" else None
+        self.merge: merge.MergeSpark | merge.MergeDuckdb | None = None
+        if kind == "merge_spark":
+            self.merge = merge.MergeSpark(spark, ds, root)
+        elif kind == "merge_duckdb":
+            self.merge = merge.MergeDuckdb(ds, root)
 
     def step(self, key: str) -> tuple[Cost, dict[str, Any]]:
         from dedup_pipeline.engine.core.parse import list_input_files
@@ -65,6 +70,11 @@ class System:
         hour = parse_hour(key)
         # local landing files are read into the page cache first; S3 has no such state
         inputs = [f.path for f in list_input_files(self.ds, hour) if not is_s3(f.path)]
+        if self.merge is not None:
+            files = [f.path for f in list_input_files(self.ds, hour)]
+            with measured(self.spark, inputs) as cost:
+                extra = self.merge.step(hour, files)
+            return cost, extra
         if self.stream is not None:
             self.stream.feed(hour)
             with measured(self.spark, inputs) as cost:
@@ -83,10 +93,12 @@ def serve(kind: str, spec: dict[str, Any], rx: IO[str], tx: IO[str]) -> None:
     from dedup_pipeline.engine.session import SparkSettings, get_session
 
     ds = dataset_from_spec(spec)
-    # an s3:// landing zone or output brings S3A's jars and settings (from the AWS_* variables)
-    spark = get_session(SparkSettings(conf=spec["conf"], app_name=f"bench-{kind}"),
-                        roots=(ds.source.path, ds.output))
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = None
+    if kind != "merge_duckdb":  # (i) has no Spark
+        # an s3:// landing zone or output brings S3A's jars and settings (from the AWS_* variables)
+        spark = get_session(SparkSettings(conf=spec["conf"], app_name=f"bench-{kind}"),
+                            roots=(ds.source.path, ds.output))
+        spark.sparkContext.setLogLevel("ERROR")
     system = System(kind, spark, ds, spec["root"])
     for line in rx:
         try:
@@ -97,20 +109,22 @@ def serve(kind: str, spec: dict[str, Any], rx: IO[str], tx: IO[str]) -> None:
         tx.write(json.dumps(answer, default=str) + "\n")
         tx.flush()
     system.close()
-    spark.stop()
+    if spark is not None:
+        spark.stop()
 
 
 class Worker:
     """The runner's handle on one worker process."""
 
-    def __init__(self, kind: str, spec: dict[str, Any], log: Path):
+    def __init__(self, kind: str, spec: dict[str, Any], log: Path, python: str = sys.executable):
+        """`python`: the interpreter the worker runs in ((h) runs in a venv of its own)."""
         assert kind in KINDS, kind
         self.kind = kind
         spec_path = log.with_suffix(".json")
         spec_path.write_text(json.dumps(spec))
         self._log = log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.worker", kind, str(spec_path)],
+            [python, "-m", "benchmarks.worker", kind, str(spec_path)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
             cwd=Path(__file__).resolve().parent.parent)
         self.log = log

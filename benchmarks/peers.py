@@ -1,7 +1,7 @@
-"""The lake-native peers against this pipeline, hour after hour (design.md N2 (h), (i); T9h, T9i).
+"""The lake-native peers against this pipeline, hour after hour (design.md N2 (h), (i); T10h, T10i).
 
-    ./scripts/bench.sh --peers                       # 24 and 168 h of history at 1e5 rows/hour
-    python -m benchmarks.peers --points 24,168,720   # add the 720 h point (about 2 h more)
+    ./scripts/bench.sh --peers                       # 24 and 168 h of history at 1e5 rows/hour (~40 min)
+    python -m benchmarks.peers --points 24,168,720   # add the 720 h point (several hours more)
     python -m benchmarks.peers --quick               # tiny data, a smoke test (the suite's)
     python -m benchmarks.peers --rows 1000000 --points 24 --only merge_duckdb,merge_spark
 
@@ -25,6 +25,7 @@ delta-spark release supports the product's pyspark 4.3); without it (h) is skipp
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import platform
 import shutil
@@ -64,9 +65,13 @@ DELTA_CONF = {
 }
 
 
-def merge_env() -> Path | None:
+def merge_env(build: bool = True) -> Path | None:
     """The (h) environment's directory (venv/, jars/), built by scripts/merge_spark_env.sh when
-    Maven is at hand; None (and (h) skipped) when it cannot be."""
+    Maven is at hand; None (and (h) skipped) when it cannot be, or, with `build` False, when it
+    is not built yet."""
+    if not build:
+        return next((p for p in _env_cache().glob("delta-*-spark-*") if (p / ".complete").exists()
+                     and p.name.endswith(_pyproject_digest())), None)
     try:
         out = subprocess.run([str(REPO / "scripts" / "merge_spark_env.sh")], check=True,
                              capture_output=True, text=True).stdout.strip().splitlines()[-1]
@@ -74,6 +79,16 @@ def merge_env() -> Path | None:
         print(f"(h) skipped: its environment could not be built ({e})", file=sys.stderr)
         return None
     return Path(out)
+
+
+def _env_cache() -> Path:
+    return Path(os.environ.get("DEDUP_SPARK_JARS_CACHE",
+                               Path.home() / ".cache" / "dedup_pipeline" / "spark-jars"))
+
+
+def _pyproject_digest() -> str:
+    """What scripts/merge_spark_env.sh names its directory for (the venv installs this checkout)."""
+    return hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()[:12]
 
 
 def _rows(t: pa.Table, columns: list[str]) -> list[tuple]:

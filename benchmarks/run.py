@@ -4,6 +4,7 @@
     ./scripts/bench.sh --quick    # tiny data, every part once, a few minutes: the test suite's
     ./scripts/bench.sh --long     # T2 at 720 h: (a) every hour, (b) and (e) sampled (~45 min)
     ./scripts/bench.sh --s3       # the S3 point (benchmarks/s3.py): S3 vs local disk, requests
+    ./scripts/bench.sh --peers    # the lake-native MERGE peers (benchmarks/peers.py), ~40 min
 
 Hours in order, one system computing at a time. (a) this pipeline and (d) Structured Streaming
 each run in a process and Spark session of their own (benchmarks/worker.py: so each has its own
@@ -906,7 +907,17 @@ def main(argv: list[str] | None = None) -> int:
                          "history (--points, --rows-per-hour and --s3-hours apply; `--skip times` or "
                          "`--skip requests`: one part only)")
     ap.add_argument("--s3-hours", type=int, help="hours each system loads in the S3 point")
+    ap.add_argument("--peers", action="store_true",
+                    help="the lake-native peers only (benchmarks/peers.py): (a) against (h) Spark + "
+                         "Delta MERGE and (i) DuckDB + delta-rs MERGE, every hour, at 24 and 168 h "
+                         "of history (--points, --rows-per-hour apply)")
     args = ap.parse_args(argv)
+    if args.peers:
+        from benchmarks import peers
+        return peers.main([*(["--quick"] if args.quick else []),
+                           *(["--points", args.points] if args.points else []),
+                           *(["--rows", str(args.rows_per_hour)] if args.rows_per_hour else []),
+                           "--work", str(Path(args.work).resolve() / "peers")])
     if args.s3:
         from benchmarks import s3
         return s3.main(quick=args.quick, work=Path(args.work).resolve(),

@@ -243,6 +243,23 @@ def test_profiler_reports_every_load_and_the_reruns(spark, tmp_path: Path) -> No
     assert all(r["rows_in"] == 200 and r["seconds"] > 0 and r["jit_ms"] >= 0 for r in records)
     assert records[1]["index_rows_read"] > 0  # the second hour probed the first hour's index
     assert "reruns: median" in out.getvalue()
+    # each load's Spark jobs, from the status store, with the Python line that ran each
+    assert all(r["spark_jobs"] > 0 and r["spark_stages_run"] > 0 for r in records)
+    assert all(j["site"] for r in records for j in r["jobs"])
+
+
+def test_quick_peers_merge_every_hour_and_match_the_pipeline(tmp_path: Path, capsys) -> None:
+    """`python -m benchmarks.peers --quick`: (i) DuckDB + delta-rs MERGE (and (h) Spark + Delta
+    MERGE when its venv is already built: building it takes minutes) load every hour beside (a),
+    and their rows equal (a)'s unique rows at the measured hours (exit 0, "==(a): yes")."""
+    from benchmarks.peers import main as peers_main
+    from benchmarks.peers import merge_env
+
+    only = "merge_duckdb" + (",merge_spark" if merge_env(build=False) else "")
+    assert peers_main(["--quick", "--only", only, "--work", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "(i)==(a): yes" in out and "NO" not in out
+    assert "(i)/(a)" in out and "(i) DuckDB + delta-rs MERGE:" in out
 
 
 @pytest.mark.slow  # a Dagster run in a subprocess

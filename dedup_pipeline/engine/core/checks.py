@@ -24,7 +24,7 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core.columns import H1, H2
 from dedup_pipeline.engine.core.digest import digest_columns
 from dedup_pipeline.engine.core.index.layout import INDEX, is_slice_dir, load_dir
-from dedup_pipeline.engine.core.index.store import match_columns
+from dedup_pipeline.engine.core.index.store import entry_schema, match_columns
 from dedup_pipeline.engine.core.keys import key_text
 from dedup_pipeline.engine.core.outputs import OUTPUTS, UNIQUE, columns, partition
 from dedup_pipeline.engine.core.parse import SPARK_TYPES
@@ -95,13 +95,15 @@ def check_unique_and_index(
     is among the candidates: the check joins against them instead of scanning the index again.
     """
     keys = match_columns(ds)
+    # read with the schema the load wrote: inferring it is a Spark job of its own per read
+    schema = T.StructType([T.StructField(c, SPARK_TYPES[t]) for c, t in columns(ds, UNIQUE)])
     if unique_files is None:
-        uniq = spark.read.parquet(st.read_path(*partition(UNIQUE, tag)))
+        uniq = spark.read.schema(schema).parquet(st.read_path(*partition(UNIQUE, tag)))
     elif unique_files:
-        uniq = spark.read.parquet(*[glob_escape(st.to_uri(f)) for f in unique_files])
+        uniq = spark.read.schema(schema).parquet(*[glob_escape(st.to_uri(f))
+                                                   for f in unique_files])
     else:  # no file: the files of an earlier version beside them are not this load's
-        uniq = spark.createDataFrame([], T.StructType([T.StructField(c, SPARK_TYPES[t])
-                                                       for c, t in columns(ds, UNIQUE)]))
+        uniq = spark.createDataFrame([], schema)
     h1, h2 = digest_columns(ds.key, ds.source.schema)
     digests = uniq.select(h1.alias(H1), h2.alias(H2), *ds.key if ds.index.store_keys else [])
     # one row per distinct key with its multiplicity (one shuffle), then one global aggregate;
@@ -125,7 +127,7 @@ def check_unique_and_index(
     def index_figures() -> tuple[int, Any, Any]:
         if not entries:
             return 0, None, None
-        i = (spark.read.parquet(*entries)
+        i = (spark.read.schema(entry_schema(ds)).parquet(*entries)
              .agg(F.count(F.lit(1)).alias("n"), F.bit_xor(H1).alias("x1"),
                   F.bit_xor(H2).alias("x2")).collect()[0])
         return int(i["n"]), i["x1"], i["x2"]
@@ -156,7 +158,7 @@ def check_unique_and_index(
     if n != u["n"] or (x1, x2) != (u["x1"], u["x2"]):
         missing = with_digests
         if entries:
-            indexed = spark.read.parquet(*entries).select(H1, H2)
+            indexed = spark.read.schema(entry_schema(ds)).parquet(*entries).select(H1, H2)
             missing = with_digests.join(indexed, on=[H1, H2], how="left_anti")
         raise LoadCheckError(INDEX_AGREES, f"{label}: the index files of this load ({n} entries) "
                              f"do not match its unique rows ({u['n']}); nothing was committed",

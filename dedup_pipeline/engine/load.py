@@ -1,33 +1,37 @@
-"""A load as the product runs it: the core (engine/core/load.py) with its wings, under the
-dataset lock (design.md L1-L3, R8-R11).
+"""A load as the product runs it, under the dataset lock (design.md L1-L3, R8-R11): the core's
+phases (engine/core/load.py) and the wings' steps in one function, `_load`, in the order they
+happen.
 
-Before a load, in order: the Delta tables catch up with the records (a publish a crash cut
-short), the dataset contract admits the config (it records a new version just before the commit
-record), a rerun's tables keep serving the hour's last record until its own publish (L1b). After
-the commit, in order: the Delta publish, the key digest `explain` filters by (L2b), index
-retention, index compaction.
+Before the batch is read: the Delta tables catch up with the records (a publish a crash cut
+short), the dataset contract admits the config, a rerun's tables keep serving the hour's last
+record until its own publish (L1b). Just before the commit record: the tables' preconditions, the
+contract's new version, the tables marked pending. After the commit, in order: the Delta publish,
+the key digest `explain` filters by (L2b), index retention, index compaction.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Collection
+from collections.abc import Set as AbstractSet
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import contract, keydigest, lake
-from dedup_pipeline.engine.core import commits, hooks
+from dedup_pipeline.engine.contract import Verdict
+from dedup_pipeline.engine.core import commits, decide, hooks, write
 from dedup_pipeline.engine.core import load as core
+from dedup_pipeline.engine.core.batch import Persisted
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.commits import CommitRecord
+from dedup_pipeline.engine.core.hooks import Progress
 from dedup_pipeline.engine.core.index import compaction, rebuild
 from dedup_pipeline.engine.core.index.health import content_damage, record_damage
 from dedup_pipeline.engine.core.index.live import apply_retention
 from dedup_pipeline.engine.core.index.rebuild import RebuildResult
-from dedup_pipeline.engine.core.load import Admission, Committed, HourContext, Progress, Wings
 from dedup_pipeline.engine.core.lock import Lock
 from dedup_pipeline.engine.core.outputs import OUT, REJECTED
 from dedup_pipeline.engine.core.storage import TMP, Storage
@@ -35,139 +39,101 @@ from dedup_pipeline.engine.session import connect_errors
 from dedup_pipeline.hours import HOUR, parse_hour, to_tag
 
 
-def _tables_catch_up(h: HourContext) -> Admission | None:
-    """The tables first catch up with the records (a publish a crash cut short); the hour's
-    publish preconditions are checked before its record (it is never committed unpublishable)."""
-    if not lake.enabled(h.ds):
-        return None
-    lake.repair_pending(h.st, h.ds, h.say)
-
-    def publishable(files: dict[str, list[str]]) -> None:
-        lake.check_publishable(h.st, h.ds, files, h.tag)
-
-    return Admission(before_record=publishable)
-
-
-def _contract(h: HourContext) -> Admission:
-    """The config against the recorded contract (a breaking change stops here); a new version is
-    recorded just before the commit record, which names it."""
-    verdict = contract.check(h.st, h.ds, h.partition_key, h.committed)
+def _contract(st: Storage, ds: DatasetConfig, o: core.Opened, say: Progress) -> Verdict:
+    """The config against the recorded contract: a breaking change stops here."""
+    verdict = contract.check(st, ds, o.partition_key, o.committed)
     line = contract.describe_new(verdict)
     if line:
-        h.say(f"{h.ds.name} {h.partition_key}: {line}")
-    old = _last_record(h) if h.tag in h.committed else None
+        say(f"{ds.name} {o.partition_key}: {line}")
+    old = _last_record(o) if o.tag in o.committed else None
     if old is not None and old.contract_version != verdict.version:
         was = old.contract_version
         said = f"contract v{was}" if was is not None else "no recorded contract"
-        h.say(f"{h.ds.name} {h.partition_key}: rerun of an hour loaded under {said}; it is "
-              f"reloaded under contract v{verdict.version}, the one in force now")
-
-    def record(_files: dict[str, list[str]]) -> None:
-        contract.record(h.st, verdict)
-        hooks.at("after_contract")
-
-    return Admission(record={"contract_version": verdict.version}, before_record=record,
-                     previous_latest=lambda: _migrated_latest(h))
+        say(f"{ds.name} {o.partition_key}: rerun of an hour loaded under {said}; it is "
+            f"reloaded under contract v{verdict.version}, the one in force now")
+    return verdict
 
 
-def _migrated_latest(h: HourContext) -> tuple[float | None] | None:
+def _migrated_latest(ds: DatasetConfig, o: core.Opened) -> tuple[float | None] | None:
     """L_{H-1} when a migration since its load re-derived it under the terms in force (another
     expiry column or basis: the previous record's number is of another column)."""
-    if h.hour <= parse_hour(h.ds.start):
+    if o.hour <= parse_hour(ds.start):
         return None
-    prev = h.log.read(to_tag(h.hour - HOUR))
+    prev = o.log.read(to_tag(o.hour - HOUR))
     if prev is None:
         return None
-    mig = contract.migrated_since(contract.read_history(h.st, prev.load_hour),
+    mig = contract.migrated_since(contract.read_history(o.st, prev.load_hour),
                                   prev.contract_version)
     if mig is None or mig.migration is None or mig.migration.latest_points is None:
         return None
     return (mig.migration.latest_points.get(prev.load_hour),)
 
 
-def _last_record(h: HourContext) -> CommitRecord | None:
+def _last_record(o: core.Opened) -> CommitRecord | None:
     try:
-        return h.log.read(h.tag)
+        return o.log.read(o.tag)
     except commits.CommitRecordError:
         return None  # the rerun repairs it
 
 
-def _tables_rerun(h: HourContext) -> Admission | None:
-    """Once the hour is admitted, a rerun's hour is marked with its record: its tables keep
-    serving that record's files until the new publish, also if this attempt crashes (L1b); a
-    crashed attempt's unlisted files go. Its record marks the hour pending just before it is
-    written: the tables lag it until the publish."""
-    if not lake.enabled(h.ds):
-        return None
-
-    def admitted() -> None:
-        if h.tag in h.committed:
-            old = _last_record(h)
-            if old is not None:
-                lake.mark_rerun(h.st, h.ds, old)
-            else:
-                lake.mark_pending(h.st, h.ds, h.tag)
-        lake.drop_unpublished(h.st, h.ds, h.tag)
-
-    def pending(_files: dict[str, list[str]]) -> None:
-        lake.mark_pending(h.st, h.ds, h.tag)
-
-    return Admission(record={"publish_token": lake.new_token()}, before_record=pending,
-                     on_admitted=admitted)
+def _tables_rerun(ds: DatasetConfig, o: core.Opened) -> None:
+    """A rerun's hour is marked with its record: its tables keep serving that record's files
+    until the new publish, also if this attempt crashes (L1b); a crashed attempt's unlisted files
+    go."""
+    if o.tag in o.committed:
+        old = _last_record(o)
+        if old is not None:
+            lake.mark_rerun(o.st, ds, old)
+        else:
+            lake.mark_pending(o.st, ds, o.tag)
+    lake.drop_unpublished(o.st, ds, o.tag)
 
 
-def _publish(c: Committed) -> None:
-    """One Delta commit per output table for H (engine/lake.py). A crash before all four leaves
-    H marked; the next load or `verify --repair` rolls it forward."""
-    if lake.enabled(c.hour.ds):
-        hooks.at("before_publish")
-        lake.publish_load(c.hour.st, c.hour.ds, c.record)
-
-
-def _key_digest(c: Committed) -> dict[str, Any]:
+def _key_digest(p: core.Prepared, classified: DataFrame) -> dict[str, Any]:
     """The hour's key digest (L2b), from the cached classification, swapped in and then listed in
     the record: a filter for `explain`, which reads an hour without a listed one in full."""
-    st, tag = c.hour.st, c.hour.tag
+    st, tag = p.st, p.tag
     tmp = st.path(TMP, f"{tag}-{keydigest.DIGEST}-{uuid.uuid4().hex[:12]}")
-    keydigest.write_digest(st, c.classified.filter(F.col(OUT) != REJECTED), tmp)
+    keydigest.write_digest(st, classified.filter(F.col(OUT) != REJECTED), tmp)
     target = st.path(*keydigest.parts(tag))
     st.replace_dir(tmp, target)
     st.sync_tree(target)
     return {"key_digest": keydigest.entries(st, tag)}
 
 
-def _retention(c: Committed) -> dict[str, Any]:
+def _retention(ds: DatasetConfig, p: core.Prepared, rec: CommitRecord) -> dict[str, Any]:
     """Index slices below X_{H - lag} go (never changes results: reads filter on v >= X_H)."""
-    h, ds = c.hour, c.hour.ds
     if ds.expiry is None:
         return {}
-    floor_rec = h.log.read(to_tag(h.hour - ds.index.retention_lag_hours * HOUR))
+    floor_rec = p.log.read(to_tag(p.hour - ds.index.retention_lag_hours * HOUR))
     if floor_rec is not None and contract.migrated_since(
-            contract.read_history(h.st, h.tag), floor_rec.contract_version) is not None:
+            contract.read_history(p.st, p.tag), floor_rec.contract_version) is not None:
         floor_rec = None  # its X_H is of the terms before a migration: nothing is deleted
     if floor_rec is None:
         return {}
     # never below this load's own X_H: a lengthened period (an evolvable contract change) must
     # find its window in the index; with one period all along X_{H-lag} <= X_H
     floor = floor_rec.expiry_point
-    if floor is not None and c.record.expiry_point is not None:
-        floor = min(floor, c.record.expiry_point)
-    return {"index_slices_deleted": apply_retention(h.st, ds, floor)}
+    if floor is not None and rec.expiry_point is not None:
+        floor = min(floor, rec.expiry_point)
+    return {"index_slices_deleted": apply_retention(p.st, ds, floor)}
 
 
-def _compact(c: Committed) -> None:
+def _compact(spark: SparkSession, ds: DatasetConfig, p: core.Prepared) -> None:
     """Per-load index directories of a slice are merged once there are enough (design.md I5);
     a file whose content does not match its record is left alone and recorded as damage."""
-    st = c.hour.st
+    st = p.st
+    done = p.committed.copy()
+    done.add(p.tag)
 
     def intact(n: int, loads: list[str]) -> bool:
-        found = content_damage(st, [f for f in c.health.files.values()
+        found = content_damage(st, [f for f in p.health.files.values()
                                     if f.slice == n and set(f.holds) & set(loads)])
         if found:
             record_damage(st, found)
         return not found
 
-    compaction.compact(c.hour.spark, c.hour.ds, st, c.committed, intact)
+    compaction.compact(spark, ds, st, done, intact)
 
 
 def rebuild_index(spark: SparkSession, ds: DatasetConfig,
@@ -182,18 +148,96 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig,
     return rebuild.rebuild_index(spark, ds, tags)
 
 
-WINGS = Wings(
-    before_load=(("tables", _tables_catch_up), ("contract", _contract),
-                 ("rerun", _tables_rerun)),
-    after_commit=(("publish", _publish), ("key_digest", _key_digest), ("retention", _retention),
-                  ("compact", _compact)),
-)
-
-
 def run_load(spark: SparkSession, ds: DatasetConfig, partition_key: str,
              progress: Progress | None = None, *, run_hours: Collection[str] = ()) -> CommitRecord:
-    """Load one hour with the product's wings; the caller holds the dataset lock."""
-    return core.run_load(spark, ds, partition_key, WINGS, progress, run_hours=run_hours)
+    """Load one hour; the caller holds the dataset lock (`load_hours`).
+
+    `run_hours`: the partition keys of the whole run. A committed hour after this one that is not
+    among them refuses the load (`LaterHoursLoadedError`): reloading an hour leaves every later
+    loaded hour stale unless they are reloaded after it, in the same run. A failed read of an
+    index file is recorded as damage; with `on_damaged_index: rebuild` the load is redone after
+    the rebuild, else it fails with the rebuild hint.
+    """
+    say = progress or (lambda _msg: None)
+    tags = {to_tag(parse_hour(k)) for k in run_hours}
+    try:
+        return _load(spark, ds, partition_key, say, tags)
+    except Exception as e:  # noqa: BLE001 - only a failed read of an index file is retried
+        core.retry_after_index_read_failure(ds, e)
+    return _load(spark, ds, partition_key, say, tags)
+
+
+def _load(spark: SparkSession, ds: DatasetConfig, partition_key: str, say: Progress,
+          run_tags: AbstractSet[str]) -> CommitRecord:
+    """The load in the order it happens; each lap names a stage of the record's `seconds`. A
+    crash before the commit record leaves H not loaded (the next attempt forgets it first);
+    after it, H is loaded and the next load finishes what is left (publish, upkeep)."""
+    clock = core.Clock()
+    tables = lake.enabled(ds)
+    with Persisted() as cache:  # released however the load ends
+        # -- admit: may H load, under which contract, with what L_{H-1}
+        o = core.open_hour(ds, partition_key)
+        st = o.st
+        clock.lap("index_health")
+        if tables:  # the tables catch up with the records (a publish a crash cut short)
+            lake.repair_pending(st, ds, say)
+        clock.lap("before_tables")
+        verdict = _contract(st, ds, o, say)
+        clock.lap("before_contract")
+        token = lake.new_token() if tables else None
+        clock.lap("before_rerun")
+        healthy = core.admit(spark, ds, o, say, run_tags)
+        if tables:  # L1b: a rerun's tables keep serving its last record until its own publish
+            _tables_rerun(ds, o)
+        # -- read: H forgotten (crash from here on: H not loaded), the batch parsed and cached
+        p = core.forget_and_read(spark, ds, o, healthy, cache, say, _migrated_latest(ds, o))
+        clock.lap("parse")
+        # -- decide
+        c = decide.classify_batch(spark, ds, p, cache, say)
+        clock.lap("classify")
+        say(f"{ds.name} {partition_key}: {p.batch.rows_in} rows in, classified; writing outputs")
+        # -- write, then the blocking checks on what was written (nothing committed on failure)
+        w = write.write(ds, p, c)
+        clock.lap("write_outputs")
+        v = write.verify_written(spark, ds, p, c, w, clock.lap)
+        hooks.at("before_commit")
+        clock.lap("checks")
+        # -- commit: the wings' preconditions and records, then H's record (atomic): H loaded
+        fields: dict[str, Any] = {"contract_version": verdict.version}
+        if tables:
+            fields["publish_token"] = token
+        rec = core.record(ds, p, c, w, v, clock, fields)
+        try:  # an hour a wing refuses (e.g. a table's schema) is never committed
+            if tables:
+                lake.check_publishable(st, ds, w.out_files, p.tag)
+            contract.record(st, verdict)
+            hooks.at("after_contract")
+            if tables:  # the tables lag the record until the publish
+                lake.mark_pending(st, ds, p.tag)
+        except Exception:  # (a crash leaves them to the next attempt, which forgets them first)
+            core.forget_written(ds, p, w)
+            raise
+        rec = core.commit(p, rec)
+        clock.lap("commit")
+        # -- after the commit, in order; none changes a later result. A crash here leaves H
+        # loaded with the commit-time record; the next load or `verify --repair` finishes
+        if tables:  # one Delta commit per output table (a crash before all four: H stays marked)
+            hooks.at("before_publish")
+            lake.publish_load(st, ds, rec)
+        clock.lap("publish")
+        changed = _key_digest(p, c.frame)
+        clock.lap("key_digest")
+        changed.update(_retention(ds, p, rec))
+        clock.lap("retention")
+        _compact(spark, ds, p)
+        clock.lap("compact")
+        result = core.finish(p, rec, changed, clock)
+    say(
+        f"{ds.name} {partition_key}: in={result.rows_in} unique={result.unique} "
+        f"duplicates={result.duplicates} expired={result.expired} rejected={result.rejected} "
+        f"({result.seconds['total']:.1f}s)"
+    )
+    return result
 
 
 def load_hours(

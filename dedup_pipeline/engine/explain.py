@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import keydigest, lake
 from dedup_pipeline.engine.core import commits, keys
+from dedup_pipeline.engine.core.classify import order_criteria, order_key
 from dedup_pipeline.engine.core.columns import (
     ENTRY_LOAD_HOUR,
     EXPIRY_POINT,
@@ -47,7 +48,7 @@ from dedup_pipeline.engine.core.columns import (
 )
 from dedup_pipeline.engine.core.columns import LOAD_HOUR_PARTITION as LOAD_HOUR
 from dedup_pipeline.engine.core.commit_log import CommitLog
-from dedup_pipeline.engine.core.expiry import live_value
+from dedup_pipeline.engine.core.expiry import live_value, value_of
 from dedup_pipeline.engine.core.index import layout, live
 from dedup_pipeline.engine.core.index.health import check_index
 from dedup_pipeline.engine.core.index.store import entry_slice
@@ -447,7 +448,7 @@ def _index_entries(ds: DatasetConfig, st: Storage, typed: dict[int, Key], commit
         return out
     files = [f for f in check_index(st, ds).files.values() if any(t in committed for t in f.holds)]
     if ds.expiry is None:  # an entry's slice is its h1's hash bucket (index.store.slice_of)
-        slices = {h1 % ds.index.buckets for h1, _ in digests}
+        slices = {entry_slice(ds, h1, None) for h1, _ in digests}
         files = [f for f in files if f.slice in slices]
     cols = [H1, H2, ENTRY_LOAD_HOUR, *([V] if ds.expiry is not None else []),
             *([FP] if ds.fingerprint else [])]
@@ -478,13 +479,7 @@ def _index_entries(ds: DatasetConfig, st: Storage, typed: dict[int, Key], commit
 
 def _v_of(ds: DatasetConfig, row: dict) -> Any:
     """The expiry value v of an output row (canonical form), comparable with X_H."""
-    exp = ds.expiry
-    if exp is None:
-        return None
-    val = row[exp.column]
-    if exp.categories is not None:
-        return exp.categories.index(val) if val in exp.categories else None
-    return val
+    return value_of(ds, row[ds.expiry.column]) if ds.expiry is not None else None
 
 
 def _fmt_v(ds: DatasetConfig, v: Any) -> str:
@@ -505,27 +500,28 @@ def _diff(ds: DatasetConfig, a: dict, b: dict, cols: Sequence[str]) -> str:
 
 
 def _order_reason(ds: DatasetConfig, win: dict, lose: dict) -> tuple[str, dict]:
-    """Which R3 criterion put `win` before `lose` (both of one load and key)."""
+    """Which R3 criterion (`classify.order_criteria`) put `win` before `lose` (both of one load
+    and key; output rows, so without their position: equal up to it, it was the position)."""
     parts = []
-    if ds.order_by:
-        c = ds.order_by
-        if win[c] != lose[c]:
-            if lose[c] is None:
-                return (f"{c} {_fmt(ds, c, win[c])} before null (nulls last)",
-                        {"criterion": "order_by", c: [win[c], None]})
-            return (f"{c} {_fmt(ds, c, win[c])} < {_fmt(ds, c, lose[c])}",
-                    {"criterion": "order_by", c: [win[c], lose[c]]})
-        parts.append(f"{c} tie ({_fmt(ds, c, win[c])})")
-    if ds.expiry is not None:
-        vw, vl = _v_of(ds, win), _v_of(ds, lose)
-        if vw != vl:
-            return (", then ".join([*parts, f"expiry value {_fmt_v(ds, vw)} < {_fmt_v(ds, vl)}"]),
-                    {"criterion": "expiry_value", "expiry_value": [vw, vl]})
-        parts.append("expiry value tie")
-    if win[SOURCE_FILE] != lose[SOURCE_FILE]:
-        return (", then ".join([*parts, f"source file {_base(win[SOURCE_FILE])} < "
-                                        f"{_base(lose[SOURCE_FILE])}"]),
-                {"criterion": "source_file", "source_file": [win[SOURCE_FILE], lose[SOURCE_FILE]]})
+    for c in order_criteria(ds):
+        if c == ds.order_by:
+            if win[c] != lose[c]:
+                if lose[c] is None:
+                    return (f"{c} {_fmt(ds, c, win[c])} before null (nulls last)",
+                            {"criterion": "order_by", c: [win[c], None]})
+                return (f"{c} {_fmt(ds, c, win[c])} < {_fmt(ds, c, lose[c])}",
+                        {"criterion": "order_by", c: [win[c], lose[c]]})
+            parts.append(f"{c} tie ({_fmt(ds, c, win[c])})")
+        elif c == V:
+            vw, vl = _v_of(ds, win), _v_of(ds, lose)
+            if vw != vl:
+                return (", then ".join([*parts, f"expiry value {_fmt_v(ds, vw)} < "
+                                                f"{_fmt_v(ds, vl)}"]),
+                        {"criterion": "expiry_value", "expiry_value": [vw, vl]})
+            parts.append("expiry value tie")
+        elif c == SOURCE_FILE and win[c] != lose[c]:
+            return (", then ".join([*parts, f"source file {_base(win[c])} < {_base(lose[c])}"]),
+                    {"criterion": "source_file", "source_file": [win[c], lose[c]]})
     return (", then ".join([*parts, "same file, earlier position in it"]),
             {"criterion": "position_in_file"})
 
@@ -548,14 +544,10 @@ def _printable(ds: DatasetConfig, col: str, value: Any) -> Any:
 def _occurrences(ds: DatasetConfig, hist: History, rows: list[tuple[str, dict]],
                  rejected: list[dict], searched_from_start: bool) -> list[Occurrence]:
     rank = {o: i for i, o in enumerate(OUTPUTS)}
-    order_col = ds.order_by
 
     def sort_key(item: tuple[str, dict]) -> tuple:
         name, r = item
-        o = r[order_col] if order_col else None
-        v = _v_of(ds, r)
-        return (r[LOAD_HOUR], rank[name], (o is None, o if o is not None else 0),
-                v if v is not None else 0, r[SOURCE_FILE])
+        return (r[LOAD_HOUR], rank[name], order_key(ds, {**r, V: _v_of(ds, r)}))
 
     rows = sorted(rows, key=sort_key)
     uniques = {r[LOAD_HOUR]: r for name, r in rows if name == UNIQUE}
@@ -649,7 +641,7 @@ def _occurrences(ds: DatasetConfig, hist: History, rows: list[tuple[str, dict]],
         shown = raw if len(raw) <= 120 else raw[:117] + "..."
         out.append(Occurrence(r[LOAD_HOUR], REJECTED, REJECTED_RULE,
                               f"rejected: {r[REASON]} (file {r[SOURCE_FILE]}): {shown}",
-                              r[SOURCE_FILE], {"_raw": raw}, {"reason": r[REASON]}))
+                              r[SOURCE_FILE], {RAW: raw}, {"reason": r[REASON]}))
     out.sort(key=lambda o: o.load_hour)  # stable: within an hour, the order above
     return out
 

@@ -14,7 +14,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.core.digest import FP, H1, H2, digest_columns, fingerprint_column
+from dedup_pipeline.engine.core.columns import FP, H1, H2, RAW
+from dedup_pipeline.engine.core.digest import digest_columns, fingerprint_column
 from dedup_pipeline.engine.core.hooks import Progress
 from dedup_pipeline.engine.core.landing import with_content_hashes
 from dedup_pipeline.engine.core.parse import (
@@ -74,7 +75,7 @@ def prepare_batch(spark: SparkSession, ds: DatasetConfig,
     h1, h2 = digest_columns(ds.key, ds.source.schema)
     ok = F.col(REASON).isNull()
     # the original text is kept only where an output needs it (rejected rows): half the cache
-    cols = {"_raw": F.when(~ok, F.col("_raw")), H1: F.when(ok, h1), H2: F.when(ok, h2)}
+    cols = {RAW: F.when(~ok, F.col(RAW)), H1: F.when(ok, h1), H2: F.when(ok, h2)}
     if ds.fingerprint:
         cols[FP] = F.when(ok, fingerprint_column(ds.fingerprint, ds.source.schema))
     return df.withColumns(cols)  # one call: each withColumn re-analyses the whole plan

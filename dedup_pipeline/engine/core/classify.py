@@ -13,11 +13,15 @@ Fingerprint (R5): a duplicate is 'natural' when its fingerprint equals the kept 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core.columns import (
+    BLOCK,
     ENTRY_LOAD_HOUR,
     EXPIRY_POINT,
     FIRST,
@@ -26,6 +30,8 @@ from dedup_pipeline.engine.core.columns import (
     KIND,
     OUT,
     REASON,
+    ROW,
+    SOURCE_FILE,
     V,
 )
 from dedup_pipeline.engine.core.expiry import X_COL, expiry_point_column, is_expired, is_live
@@ -42,15 +48,33 @@ from dedup_pipeline.engine.core.outputs import (
 LOAD_HOUR_ALIAS = "_idx_load_hour"
 
 
+def order_criteria(ds: DatasetConfig) -> list[str]:
+    """The R3 order, its one home: the columns compared, first to last: order_by (earliest first,
+    nulls last), the expiry value, the source file, the position in it."""
+    return [*([ds.order_by] if ds.order_by else []), *([V] if ds.expiry is not None else []),
+            SOURCE_FILE, BLOCK, ROW]
+
+
 def batch_order(ds: DatasetConfig) -> list[Column]:
-    """The R3 order: order_by (earliest first, nulls last), expiry value, file, position."""
-    order: list[Column] = []
-    if ds.order_by:
-        order.append(F.col(ds.order_by).asc_nulls_last())
-    if ds.expiry is not None:
-        order.append(F.col(V).asc())
-    order += [F.col("_source_file").asc(), F.col("_blk").asc(), F.col("_rid").asc()]
-    return order
+    """The R3 order as Spark sort expressions (a load's in-batch window)."""
+    return [F.col(c).asc_nulls_last() if c == ds.order_by else F.col(c).asc()
+            for c in order_criteria(ds)]
+
+
+def order_key(ds: DatasetConfig, row: Mapping[str, Any]) -> tuple:
+    """The R3 order for one row in plain Python (explain reads outputs without Spark): a sort key
+    over `order_criteria`; a criterion the row lacks (an output row has no position) is skipped.
+    Values are canonical (`_v` as `expiry.value_of` gives it)."""
+    key: list[Any] = []
+    for c in order_criteria(ds):
+        if c not in row:
+            continue
+        val = row[c]
+        if c == ds.order_by:
+            key.append((val is None, val if val is not None else 0))  # nulls last
+        else:
+            key.append(val if val is not None else 0)
+    return tuple(key)
 
 
 def candidates(batch: DataFrame, index: DataFrame | None, ds: DatasetConfig,

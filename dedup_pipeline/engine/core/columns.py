@@ -17,6 +17,7 @@ EXPIRY_POINT = "_expiry_point"  # expired: the expiry point it fell behind (R6)
 REASON = "_reject_reason"  # rejected: why (R9)
 RAW = "_raw"  # rejected: the original line or row as text (R9)
 OUT = "_out"  # of a classified batch: the output each row goes to (never written)
+BLOCK, ROW = "_blk", "_rid"  # of a parsed batch: a row's position in its file (R3; never written)
 
 # -- the index entries ("The index"; engine/core/index/store.py) ------------------------------------
 H1, H2 = "_h1", "_h2"  # the 128-bit key digest (R2), also a classified batch's

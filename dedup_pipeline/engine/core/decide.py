@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core.batch import Batch, Persisted
 from dedup_pipeline.engine.core.classify import candidates, classify
+from dedup_pipeline.engine.core.columns import BLOCK, ROW
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.expiry import Number, expiry_point, expiry_point_frame, latest_point
 from dedup_pipeline.engine.core.hooks import Progress
@@ -83,7 +84,7 @@ def classify_batch(spark: SparkSession, ds: DatasetConfig, p: Ready, cache: Pers
     if cands is not None:
         cands = cache.persist(cands)
     # only what the writers and the index need is cached (the row origin has done its job)
-    frame = cache.persist(classify(p.batch.frame, cands, ds, p.tag, xs).drop("_blk", "_rid"))
+    frame = cache.persist(classify(p.batch.frame, cands, ds, p.tag, xs).drop(BLOCK, ROW))
     # one job builds the cache the five writes read (concurrent writes on an unbuilt cache would
     # each start building it) and counts every output on the way
     agg = frame.agg(*[F.count_if(F.col(OUT) == o).alias(o) for o in OUTPUTS],

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -61,6 +62,19 @@ def expiry_value(ds: DatasetConfig) -> Column:
         cats = F.array(*[F.lit(c) for c in ds.expiry.categories or ()])
         return (F.array_position(cats, col) - 1).cast("long")
     return col  # long or double
+
+
+def value_of(ds: DatasetConfig, value: Any) -> Number | None:
+    """`expiry_value` for one value in plain Python (explain reads outputs without Spark), the
+    value canonical (timestamps in micros, dates in days): a category's position (-1 when it is
+    not listed, as Spark's `array_position` - 1 gives), else the value itself."""
+    assert ds.expiry is not None
+    if value is None:
+        return None
+    cats = ds.expiry.categories
+    if ds.expiry_type == "category" and cats is not None:
+        return cats.index(value) if value in cats else -1
+    return value
 
 
 def latest_point(

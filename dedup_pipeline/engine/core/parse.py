@@ -49,7 +49,7 @@ from pyspark.sql import types as T
 from pyspark.sql.types import _parse_datatype_json_string
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.core.columns import RAW, REASON, V
+from dedup_pipeline.engine.core.columns import BLOCK, RAW, REASON, ROW, SOURCE_FILE, V
 from dedup_pipeline.engine.core.commits import InputFile
 from dedup_pipeline.engine.core.expiry import expiry_value
 from dedup_pipeline.engine.core.storage import Storage, glob_escape
@@ -68,7 +68,7 @@ PRE = "_read_reason"  # a reason decided while reading (unreadable_file, bad_enc
 MISMATCHED = "_mismatched"  # Parquet: the declared columns whose value is of another kind
 UNREADABLE = "unreadable_file"
 BAD_ENCODING = "bad_encoding"
-META_COLS = ["_source_file", "_blk", "_rid", RAW]
+META_COLS = [SOURCE_FILE, BLOCK, ROW, RAW]
 # Hadoop's checksum wrapper of the local file system builds a `.name.crc` Path from the leaf name,
 # which fails on a `:` (URISyntaxException); the raw local file system reads the file itself.
 READ_OPTIONS = {"fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
@@ -382,9 +382,9 @@ def _source_file(base: str) -> Column:
 
 def _origin(base: str) -> list[Column]:
     return [
-        _source_file(base).alias("_source_file"),
-        F.col("_metadata.file_block_start").alias("_blk"),
-        F.monotonically_increasing_id().alias("_rid"),
+        _source_file(base).alias(SOURCE_FILE),
+        F.col("_metadata.file_block_start").alias(BLOCK),
+        F.monotonically_increasing_id().alias(ROW),
     ]
 
 
@@ -484,7 +484,7 @@ def _read_csv(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> DataFr
                         "ignoreLeadingWhiteSpace": "false", "ignoreTrailingWhiteSpace": "false"})
     df = df.select(*names, F.coalesce(F.col(CORRUPT), as_text).alias(RAW),
                    F.col(CORRUPT).isNotNull().alias("_malformed"), *_origin(plan.base))
-    df = df.select(*[original(c).alias(c) for c in names], "_source_file", "_blk", "_rid",
+    df = df.select(*[original(c).alias(c) for c in names], SOURCE_FILE, BLOCK, ROW,
                    original(RAW).alias(RAW), "_malformed")
     return _with_encoding_check(df, ds)
 
@@ -653,9 +653,9 @@ def _parquet_group(spark: SparkSession, ds: DatasetConfig, paths: tuple[str, ...
     raw = F.to_json(F.struct(*[F.col(_quoted(f.name)) for f in read.fields]))
     out = df.select(
         *cols,
-        _source_file(base).alias("_source_file"),
-        F.lit(0).cast("long").alias("_blk"),
-        F.col("_metadata.row_index").alias("_rid"),
+        _source_file(base).alias(SOURCE_FILE),
+        F.lit(0).cast("long").alias(BLOCK),
+        F.col("_metadata.row_index").alias(ROW),
         raw.alias(RAW),
         F.lit(False).alias("_malformed"),
         (F.filter(F.array(*wrong), lambda x: x.isNotNull()) if wrong
@@ -676,9 +676,9 @@ def _read_parquet(spark: SparkSession, ds: DatasetConfig, plan: BatchPlan) -> Da
 def _batch_schema(ds: DatasetConfig) -> T.StructType:
     fields = [T.StructField(c, T.StringType()) for c in ds.source.schema]
     fields += [
-        T.StructField("_source_file", T.StringType()),
-        T.StructField("_blk", T.LongType()),
-        T.StructField("_rid", T.LongType()),
+        T.StructField(SOURCE_FILE, T.StringType()),
+        T.StructField(BLOCK, T.LongType()),
+        T.StructField(ROW, T.LongType()),
         T.StructField(RAW, T.StringType()),
         T.StructField("_malformed", T.BooleanType()),
         T.StructField(PRE, T.StringType()),

@@ -13,10 +13,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Literal
 
 import dagster as dg
-from dagster.components.core.component_tree import TestComponentTree
 from dagster.components.resolved.scopes import LoadContextScope
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
@@ -264,8 +264,9 @@ def _peers(component: DedupDataset, context: dg.ComponentLoadContext) -> list[De
     the config file's message if two cannot live side by side: a name shared, an output tree
     equal to, inside or around another's (C2), located at the later one's `defs.yaml` line."""
     tree = context.component_tree
-    peers = ([] if isinstance(tree, TestComponentTree)  # built in Python, no defs folder
-             else tree.get_all_components(of_type=DedupDataset))
+    # a tree without a defs package to walk (a component built in Python for a test) has no peers
+    walkable = isinstance(getattr(tree, "defs_module", None), ModuleType)
+    peers = tree.get_all_components(of_type=DedupDataset) if walkable else []
     if not any(p is component for p in peers):
         peers = [component, *peers]
     by_id = {id(p.dataset): p for p in peers}

@@ -7,7 +7,7 @@ targeting its latest materialization, and neither `MaterializeResult` nor `Asset
 takes a partition (dagster issues #18123, #17836), so a ranged run stamps every hour alike. A
 ranged run therefore yields, per hour, `AssetMaterialization`s and `AssetCheckEvaluation`s that
 name the materialization they judge, whose type Dagster does not re-export: this module imports
-it from `dagster._core` (the package's only `dagster._` import; the component imports two names
+it from `dagster._core` (the package's only `dagster._` import; the component imports one name
 from `dagster.components` that the top-level package does not re-export, and `landing_checks.py`
 overrides one private method of `AssetCheckResult`). One-hour runs take Dagster's own output
 events (`assets.py`).

@@ -13,6 +13,10 @@ merges every hour from the first. At the measured hours (`--points`, three conse
 each) the rows each peer inserted for the hour must equal (a)'s unique rows for it (whole rows of
 the declared columns, as multisets); a difference is a correctness failure (exit 1).
 
+`--defaults` adds (a'): the same load with the product's Spark defaults (no driver memory set:
+Spark's 1g), what a `dedup-pipeline run` gets unless its config says otherwise, beside (a)'s
+worker setting (4g).
+
 Prints, per point, the median seconds of each system and the ratios peer/(a) (above 1: the peer
 is slower), and the history length where each peer's per-hour time first stays above (a)'s (the
 crossing: the first hour from which the median of five consecutive hours of peer/(a) is >= 1).
@@ -52,7 +56,8 @@ from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 NAMES = {"pipeline": "(a) this pipeline", "merge_spark": "(h) Spark + Delta MERGE",
-         "merge_duckdb": "(i) DuckDB + delta-rs MERGE"}
+         "merge_duckdb": "(i) DuckDB + delta-rs MERGE",
+         "pipeline_defaults": "(a') this pipeline, the product's Spark defaults"}
 PEERS = ("merge_spark", "merge_duckdb")
 SPAN = 3  # consecutive hours measured at each point
 WINDOW = 5  # hours in the running median that decides a crossing
@@ -129,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=100_000, help="rows per hour")
     ap.add_argument("--only", default=",".join(PEERS), help="peers to run (comma-separated)")
     ap.add_argument("--quick", action="store_true", help="tiny data: 300 rows, points 1 and 2")
+    ap.add_argument("--defaults", action="store_true",
+                    help="also (a'): the pipeline with the product's Spark defaults (the driver "
+                         "memory a user gets: Spark's 1g) beside (a)'s worker settings (4g)")
     ap.add_argument("--work", default=str(HERE / "work" / "peers"))
     args = ap.parse_args(argv)
     points = (1, 2) if args.quick else tuple(sorted(int(p) for p in args.points.split(",")))
@@ -152,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     env = merge_env() if "merge_spark" in peers else None
     if "merge_spark" in peers and env is None:
         peers.remove("merge_spark")
+    if args.defaults:
+        peers.append("pipeline_defaults")
     logs = work / "logs"
     logs.mkdir(exist_ok=True)
     outs = {k: work / "out" / k for k in ("pipeline", *peers)}
@@ -172,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         workers["pipeline"] = Worker("pipeline", spec("pipeline", WORKER_CONF),
                                      logs / "pipeline.log")
+        if "pipeline_defaults" in peers:  # what a `dedup-pipeline run` gets: no settings of ours
+            workers["pipeline_defaults"] = Worker("pipeline", spec("pipeline_defaults", {}),
+                                                  logs / "pipeline_defaults.log")
         if "merge_duckdb" in peers:
             workers["merge_duckdb"] = Worker("merge_duckdb", spec("merge_duckdb", {}),
                                              logs / "merge_duckdb.log")
@@ -192,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 cost, extra = w.step(key)
                 samples[kind].append(cost.seconds)
                 costs[kind].append({"hour": key, "history": i, **_cost(cost)})
-                if kind == "pipeline":
+                if kind.startswith("pipeline"):
                     ra = CommitRecord.from_json(extra["result"], to_tag(hour))
                     costs[kind][-1]["stages"] = ra.seconds
                 line += f" {kind_label(kind)} {cost.seconds:6.2f}s"
@@ -200,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                 tag = to_tag(hour)
                 want = pipeline_unique(outs["pipeline"], tag, columns)
                 for p in peers:
-                    got = peer_unique(outs[p], tag, columns)
+                    got = (pipeline_unique(outs[p], tag, columns) if p == "pipeline_defaults"
+                           else peer_unique(outs[p], tag, columns))
                     same = got == want
                     checked[p] += 1
                     line += f" {kind_label(p)}==(a): {'yes' if same else 'NO'}"

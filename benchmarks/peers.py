@@ -29,7 +29,6 @@ delta-spark release supports the product's pyspark 4.3); without it (h) is skipp
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import platform
 import shutil
@@ -42,14 +41,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import yaml
 from deltalake import DeltaTable
 
 from benchmarks.probe import Cost, exit_status, save_report
-from benchmarks.run import landing
+from benchmarks.run import landing, unique_table
 from benchmarks.worker import WORKER_CONF, Worker, dataset_from_spec
-from dedup_pipeline.engine import lake
 from dedup_pipeline.engine.core.commits import CommitRecord
 from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag
 
@@ -74,26 +71,14 @@ def merge_env(build: bool = True) -> Path | None:
     """The (h) environment's directory (venv/, jars/), built by scripts/merge_spark_env.sh when
     Maven is at hand; None (and (h) skipped) when it cannot be, or, with `build` False, when it
     is not built yet."""
-    if not build:
-        return next((p for p in _env_cache().glob("delta-*-spark-*") if (p / ".complete").exists()
-                     and p.name.endswith(_pyproject_digest())), None)
+    cmd = [str(REPO / "scripts" / "merge_spark_env.sh"), *([] if build else ["--cached"])]
     try:
-        out = subprocess.run([str(REPO / "scripts" / "merge_spark_env.sh")], check=True,
-                             capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     except (subprocess.CalledProcessError, OSError) as e:
-        print(f"(h) skipped: its environment could not be built ({e})", file=sys.stderr)
+        if build:
+            print(f"(h) skipped: its environment could not be built ({e})", file=sys.stderr)
         return None
-    return Path(out)
-
-
-def _env_cache() -> Path:
-    return Path(os.environ.get("DEDUP_SPARK_JARS_CACHE",
-                               Path.home() / ".cache" / "dedup_pipeline" / "spark-jars"))
-
-
-def _pyproject_digest() -> str:
-    """What scripts/merge_spark_env.sh names its directory for (the venv installs this checkout)."""
-    return hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()[:12]
+    return Path(out.strip().splitlines()[-1])
 
 
 def _rows(t: pa.Table, columns: list[str]) -> list[tuple]:
@@ -108,8 +93,7 @@ def _rows(t: pa.Table, columns: list[str]) -> list[tuple]:
 
 
 def pipeline_unique(root: Path, tag: str, columns: list[str]) -> list[tuple]:
-    held = lake.files_by_hour(DeltaTable(str(root / "unique"))).get(tag, {})
-    return _rows(pq.read_table([str(root / "unique" / f) for f in held], columns=columns), columns)
+    return _rows(unique_table(root, tag, columns), columns)
 
 
 def peer_unique(root: Path, tag: str, columns: list[str]) -> list[tuple]:

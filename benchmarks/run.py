@@ -48,6 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 from deltalake import DeltaTable
@@ -523,15 +524,20 @@ def _conserved(r: CommitRecord) -> bool:
     return r.rows_in == r.unique + r.duplicates + r.expired + r.rejected
 
 
+def unique_table(root: Path, tag: str, columns: list[str]) -> pa.Table:
+    """`columns` of the unique rows the pipeline under `root` committed for `tag`: the files its
+    Delta table serves for the hour (a rerun's replaced ones stay until vacuum), else the
+    partition directory."""
+    if (root / "unique" / "_delta_log").is_dir():
+        held = lake.files_by_hour(DeltaTable(str(root / "unique"))).get(tag, {})
+        return pq.read_table([str(root / "unique" / f) for f in held], columns=columns)
+    return pq.read_table(root / "unique" / f"load_hour={tag}", columns=columns)
+
+
 def _same_unique(a_root: Path, b_root: Path, tag: str, columns: list[str]) -> bool:
     """Whole rows of two unique partitions compared as multisets (order-free)."""
     def rows(root: Path) -> list[tuple]:
-        part, cols = root / "unique" / f"load_hour={tag}", [*columns, "_source_file"]
-        if (root / "unique" / "_delta_log").is_dir():  # the table's files: a rerun's replaced
-            held = lake.files_by_hour(DeltaTable(str(root / "unique"))).get(tag, {})  # ones stay
-            t = pq.read_table([str(root / "unique" / f) for f in held], columns=cols)  # to vacuum
-        else:
-            t = pq.read_table(part, columns=cols)
+        t = unique_table(root, tag, [*columns, "_source_file"])
         return sorted(zip(*[t.column(c).to_pylist() for c in t.column_names], strict=True),
                       key=repr)
     return rows(a_root) == rows(b_root)

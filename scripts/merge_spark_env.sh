@@ -8,7 +8,8 @@
 # Cached under $DEDUP_SPARK_JARS_CACHE (default ~/.cache/dedup_pipeline/spark-jars), in a directory
 # named for those versions and this checkout's pyproject.toml: a second run does nothing.
 # The first build takes 3-5 minutes (pyspark 4.2.0 is a ~450 MB source distribution).
-# Prints the directory (venv/ and jars/ inside it).
+# Prints the directory (venv/ and jars/ inside it). `--cached`: print it only if already built
+# (exit 1 otherwise), never build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYSPARK=4.2.0
@@ -19,6 +20,7 @@ if [ -f "$cache/.complete" ]; then
   echo "$cache"
   exit 0
 fi
+[ "${1:-}" != "--cached" ] || exit 1
 command -v mvn >/dev/null 2>&1 || {
   echo "merge_spark_env: Maven (mvn) is needed to fetch delta-spark's jars (apt-get install maven)" >&2
   exit 1

@@ -67,7 +67,12 @@ class Opened:
     st: Storage
     log: CommitLog  # this load's own record changes go through it (it keeps the summary true)
     first: index.IndexDamage  # the index as the log's summary has it (O(live))
-    committed: HourSet  # the committed hours as the load found them (H included if loaded)
+
+    @property
+    def committed(self) -> HourSet:
+        """The committed hours as the load found them (H included if loaded)."""
+        assert self.first.state is not None
+        return self.first.state.committed
 
 
 def open_hour(ds: DatasetConfig, partition_key: str) -> Opened:
@@ -76,9 +81,7 @@ def open_hour(ds: DatasetConfig, partition_key: str) -> Opened:
     check_landing_root(ds)
     st = Storage(ds.output)
     log = CommitLog(st)
-    first = index.check_index(st, ds, log=log)
-    assert first.state is not None
-    return Opened(hour, to_tag(hour), partition_key, st, log, first, first.state.committed)
+    return Opened(hour, to_tag(hour), partition_key, st, log, index.check_index(st, ds, log=log))
 
 
 def admit(spark: SparkSession, ds: DatasetConfig, o: Opened, say: Progress,
@@ -127,7 +130,7 @@ def forget_and_read(spark: SparkSession, ds: DatasetConfig, o: Opened,
     if migrated_latest is not None:
         prev_latest = migrated_latest[0]
     else:
-        prev = (o.log.read(to_tag(o.hour - HOUR)) if o.hour > parse_hour(ds.start) else None)
+        prev = o.log.read(to_tag(o.hour - HOUR)) if o.hour > parse_hour(ds.start) else None
         prev_latest = prev.latest_point if prev is not None else None
     return Prepared(o.hour, o.tag, o.st, committed, health, o.log, prev_latest,
                     read_batch(spark, ds, o.hour, o.partition_key, cache, say))

@@ -2,6 +2,7 @@
 
     ./scripts/bench.sh --peers                       # 24 and 168 h of history at 1e5 rows/hour (~40 min)
     python -m benchmarks.peers --points 24,168,720   # add the 720 h point (several hours more)
+    python -m benchmarks.peers --points 168,720 --thin 10000   # 720 h in about an hour
     python -m benchmarks.peers --quick               # tiny data, a smoke test (the suite's)
     python -m benchmarks.peers --rows 1000000 --points 24 --only merge_duckdb,merge_spark
 
@@ -22,6 +23,14 @@ is slower), and the history length where each peer's per-hour time first stays a
 crossing: the first hour from which the median of five consecutive hours of peer/(a) is >= 1).
 Writes benchmarks/results/peers-<stamp>.json.
 
+`--thin ROWS` gives every hour more than FULL_BEFORE hours before a measured point ROWS rows
+instead of `--rows` (a thin history): the commits, Delta log entries, files and index slices a
+long history leaves behind are all there, while the rows that can still be live at a point (the
+24 h expiry window, late and replayed records) come from full hours. It makes the 720 h point a
+one-hour run instead of a three-hour one. The files per hour of each table are printed for full
+and thin hours (a thin hour that wrote fewer files would flatter a MERGE), and no crossing is
+computed (a thin hour is not the same work as a full one).
+
 (h) runs in the venv scripts/merge_spark_env.sh builds (pyspark 4.2.0 + delta-spark 4.4.0; no
 delta-spark release supports the product's pyspark 4.3); without it (h) is skipped with a note.
 """
@@ -29,6 +38,7 @@ delta-spark release supports the product's pyspark 4.3); without it (h) is skipp
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -57,6 +67,7 @@ NAMES = {"pipeline": "(a) this pipeline", "merge_spark": "(h) Spark + Delta MERG
          "pipeline_defaults": "(a') this pipeline, the product's Spark defaults"}
 PEERS = ("merge_spark", "merge_duckdb")
 SPAN = 3  # consecutive hours measured at each point
+FULL_BEFORE = 48  # with --thin: full hours before each point (expiry window 24 h, late, replays)
 WINDOW = 5  # hours in the running median that decides a crossing
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -121,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--defaults", action="store_true",
                     help="also (a'): the pipeline with the product's Spark defaults (the driver "
                          "memory a user gets: Spark's 1g) beside (a)'s worker settings (4g)")
+    ap.add_argument("--thin", type=int, default=None, metavar="ROWS",
+                    help=f"hours more than {FULL_BEFORE} h before every point get ROWS rows")
     ap.add_argument("--work", default=str(HERE / "work" / "peers"))
     args = ap.parse_args(argv)
     points = (1, 2) if args.quick else tuple(sorted(int(p) for p in args.points.split(",")))
@@ -137,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, flush=True)
 
     hours = max(points) + span
-    config = landing(work / f"landing-{rows}", hours, rows, say)
+    full = frozenset(h for p in points for h in range(max(0, p - FULL_BEFORE), p + span))
+    thin = (args.thin, full) if args.thin is not None and not args.quick else None
+    config = landing(work / (f"landing-{rows}" + (f"-thin{args.thin}" if thin else "")), hours,
+                     rows, say, thin)
     raw = yaml.safe_load(config.read_text())
     spec_ds = raw["datasets"][0]
     columns = list(spec_ds["source"]["schema"])
@@ -213,11 +229,36 @@ def main(argv: list[str] | None = None) -> int:
         for w in workers.values():
             w.close()
 
-    report = summarize(samples, costs, points, span, rows, peers, checked, say)
+    report = summarize(samples, costs, points, span, rows, peers, checked, say,
+                       crossings=thin is None)
+    report["thin"] = None if thin is None else {"rows": thin[0], "full_hours": sorted(full)}
+    if thin is not None:
+        report["files_per_hour"] = files_per_hour(outs, hours, full, say)
     report["failures"] = failures
     path = save_report("peers", report)
     say(f"report: {path.relative_to(REPO)}")
     return exit_status(failures)
+
+
+def files_per_hour(outs: dict[str, Path], hours: int, full: frozenset[int],
+                   say: Any) -> dict[str, dict[str, float]]:
+    """Files each system's unique table added per commit (one commit an hour: version i is hour
+    i), averaged over the full and the thin hours."""
+    say("\nfiles added to the unique table per hour (full hours / thin hours)")
+    found: dict[str, dict[str, float]] = {}
+    for kind, root in outs.items():
+        adds: dict[int, int] = {}
+        for f in (root / "unique" / "_delta_log").glob("*.json"):
+            with f.open() as fh:
+                adds[int(f.stem)] = sum(1 for line in fh if "add" in json.loads(line))
+        if sorted(adds) != list(range(hours)):
+            say(f"  {kind_label(kind)}: {len(adds)} commits for {hours} hours; not compared")
+            continue
+        per = {name: statistics.mean(adds[v] for v in adds if (v in full) == is_full)
+               for name, is_full in (("full", True), ("thin", False))}
+        found[kind] = per
+        say(f"  {kind_label(kind)}: {per['full']:.2f} / {per['thin']:.2f}")
+    return found
 
 
 def kind_label(kind: str) -> str:
@@ -231,7 +272,7 @@ def _cost(c: Cost) -> dict[str, Any]:
 
 def summarize(samples: dict[str, list[float]], costs: dict[str, list[dict[str, Any]]],
               points: tuple[int, ...], span: int, rows: int, peers: list[str],
-              checked: dict[str, int], say: Any) -> dict[str, Any]:
+              checked: dict[str, int], say: Any, crossings: bool = True) -> dict[str, Any]:
     """The table: per point the median seconds of each system and peer/(a); the crossings."""
     table = []
     say(f"\n{rows} rows/hour; median of {span} hours at each history length; "
@@ -250,14 +291,17 @@ def summarize(samples: dict[str, list[float]], costs: dict[str, list[dict[str, A
             text += f" {v:7.2f} {v / a:8.2f}"
         table.append(row)
         say(text)
-    crossings = {}
+    crossed: dict[str, int | None] = {}
     for k in peers:
+        if not crossings:
+            say(f"{NAMES[k]}: no crossing computed (a thin history)")
+            continue
         c = crossing(samples["pipeline"], samples[k]) if len(samples[k]) >= WINDOW else None
-        crossings[k] = c
+        crossed[k] = c
         say(f"{NAMES[k]}: " + (f"slower than (a) from {c} h of history on" if c is not None
                                else "never slower than (a) over the hours run"))
     return {"rows_per_hour": rows, "points": list(points), "span": span, "table": table,
-            "crossing_history": crossings, "checked_hours": checked, "samples": costs,
+            "crossing_history": crossed, "checked_hours": checked, "samples": costs,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}}
 
 

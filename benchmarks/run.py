@@ -185,19 +185,26 @@ class Deployed:
         warm.stop_server(self.server)
 
 
-def landing(root: Path, hours: int, rows: int, say: Any) -> Path:
-    """Generate (or reuse, if generated with the same arguments) a landing zone; its config."""
+def landing(root: Path, hours: int, rows: int, say: Any,
+            thin: tuple[int, frozenset[int]] | None = None) -> Path:
+    """Generate (or reuse, if generated with the same arguments) a landing zone; its config.
+    `thin` = (rows, full hours): every hour not in `full hours` has that many rows instead."""
     stamp = root / ".generated"
-    want = json.dumps({"hours": hours, "rows": rows, "seed": 7})
+    want = json.dumps({"hours": hours, "rows": rows, "seed": 7,
+                       **({"thin": [thin[0], sorted(thin[1])]} if thin else {})})
     if stamp.exists() and stamp.read_text() == want:
         say(f"reusing {hours} h x {rows} rows in {root}")
     else:
         shutil.rmtree(root, ignore_errors=True)
         start = format_hour(datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
                        - (hours + 1) * HOUR)
-        st = generate_landing(root, hours=hours, rows_per_hour=rows, seed=7, start=start)
+        rows_of = None if thin is None else (lambda h: rows if h in thin[1] else thin[0])
+        st = generate_landing(root, hours=hours, rows_per_hour=rows, seed=7, start=start,
+                              rows_of=rows_of)
         stamp.write_text(want)
-        say(f"generated {st.rows} rows ({hours} h x {rows}) in {st.seconds:.1f}s")
+        say(f"generated {st.rows} rows ({hours} h, {rows} rows an hour"
+            + (f", {thin[0]} outside {len(thin[1])} full hours" if thin else "")
+            + f") in {st.seconds:.1f}s")
     return root / "dedup.yaml"
 
 

@@ -298,7 +298,7 @@ def _plan(n: int, h: int) -> _Plan:
     return _Plan(fresh=fresh, **counts)
 
 
-def _replay_sources(plan: _Plan, h: int, rng: random.Random, rows_per_hour: int
+def _replay_sources(plan: _Plan, h: int, rng: random.Random, rows_of: Callable[[int], int]
                     ) -> tuple[list[int], list[int]]:
     """(hour, fresh row index) of each replay: distinct rows, mostly from recent hours."""
     if plan.replay == 0 or h == 0:
@@ -313,7 +313,7 @@ def _replay_sources(plan: _Plan, h: int, rng: random.Random, rows_per_hour: int
     hours: list[int] = []
     idx: list[int] = []
     for k in sorted(counts):
-        available = _plan(rows_per_hour, h - k).fresh
+        available = _plan(rows_of(h - k), h - k).fresh
         c = counts[k]
         assert c <= available, "more replays than fresh rows to copy"
         hours += [h - k] * c
@@ -321,8 +321,10 @@ def _replay_sources(plan: _Plan, h: int, rng: random.Random, rows_per_hour: int
     return hours, idx
 
 
-def _hour_lines(gen: _Generator, h: int, n: int, seed: int) -> tuple[pa.Array, _Plan]:
-    """The n lines of hour h, in file order."""
+def _hour_lines(gen: _Generator, h: int, rows_of: Callable[[int], int], seed: int
+                ) -> tuple[pa.Array, _Plan]:
+    """The lines of hour h (`rows_of(h)` of them), in file order."""
+    n = rows_of(h)
     plan = _plan(n, h)
     rng = random.Random(f"dedup-generate:{seed}:{h}")
     hour = _int_array(h, plan.fresh)
@@ -330,7 +332,7 @@ def _hour_lines(gen: _Generator, h: int, n: int, seed: int) -> tuple[pa.Array, _
     fresh = gen.block(NS_FRESH, hour, _arange(0, plan.fresh))
     dup_src = rng.sample(range(plan.fresh), plan.dup)
 
-    r_hours, r_idx = _replay_sources(plan, h, rng, n)
+    r_hours, r_idx = _replay_sources(plan, h, rng, rows_of)
     replays = gen.block(NS_FRESH, _int_array(r_hours), _int_array(r_idx))
 
     # conflicts: key and user of an earlier fresh row, another url, a later event_time
@@ -340,7 +342,7 @@ def _hour_lines(gen: _Generator, h: int, n: int, seed: int) -> tuple[pa.Array, _
     for _ in range(plan.conflict - n_same):
         k = rng.randint(1, min(h, REPLAY_WINDOW))
         c_hours.append(h - k)
-        c_idx.append(rng.randrange(_plan(n, h - k).fresh))
+        c_idx.append(rng.randrange(_plan(rows_of(h - k), h - k).fresh))
     orig = gen.block(NS_FRESH, _int_array(c_hours), _int_array(c_idx))
     new = gen.block(NS_CONFLICT, _int_array(h, plan.conflict), _arange(0, plan.conflict))
     same = pa.array([hh == h for hh in c_hours], pa.bool_())
@@ -402,14 +404,16 @@ def _config_text(name: str, start: str, fmt: str, seed: int, hours: int, rows: i
 
 def generate_landing(out: str | Path, hours: int, rows_per_hour: int, seed: int = 7,
                      start: str | None = None, fmt: str = "jsonl", files_per_hour: int = 2,
-                     name: str = "clicks", progress: Callable[[str], None] | None = None
-                     ) -> GenerateStats:
+                     name: str = "clicks", progress: Callable[[str], None] | None = None,
+                     rows_of: Callable[[int], int] | None = None) -> GenerateStats:
     """Write `hours` hourly batches under `{out}/landing/{name}/` and `{out}/dedup.yaml`.
 
     `start` is the first hour's partition key (default: `default_start(hours)`). Same arguments,
-    same bytes. Existing part files of a generated hour are replaced.
+    same bytes. Existing part files of a generated hour are replaced. `rows_of(h)`, when given,
+    is the row count of hour h (0-based) instead of `rows_per_hour` (a benchmark's thin history).
     """
-    if hours < 1 or rows_per_hour < 1 or files_per_hour < 1:
+    count = rows_of or (lambda _h: rows_per_hour)
+    if hours < 1 or files_per_hour < 1 or min(count(h) for h in range(hours)) < 1:
         raise ValueError("hours, rows_per_hour and files_per_hour must be >= 1")
     if fmt not in ("jsonl", "csv"):
         raise ValueError(f"format must be jsonl or csv, got {fmt!r}")
@@ -429,7 +433,7 @@ def generate_landing(out: str | Path, hours: int, rows_per_hour: int, seed: int 
     n_files = 0
     for h in range(hours):
         dt = first + h * HOUR
-        lines, plan = _hour_lines(gen, h, rows_per_hour, seed)
+        lines, plan = _hour_lines(gen, h, count, seed)
         n_files += _write_hour(landing / f"date={dt:%Y-%m-%d}" / f"hour={dt:%H}", lines,
                                files_per_hour, fmt)
         totals.update(plan.__dict__)
@@ -438,7 +442,7 @@ def generate_landing(out: str | Path, hours: int, rows_per_hour: int, seed: int 
     config = root / "dedup.yaml"
     config.write_text(_config_text(name, format_hour(first), fmt, seed, hours, rows_per_hour))
     return GenerateStats(
-        hours=hours, rows=hours * rows_per_hour, files=n_files,
+        hours=hours, rows=sum(count(h) for h in range(hours)), files=n_files,
         in_batch_duplicates=totals["dup"], cross_batch_replays=totals["replay"],
         conflicts=totals["conflict"], late_over_hour=totals["late_hour"],
         late_over_day=totals["late_day"], malformed=totals["malformed"],

@@ -230,6 +230,21 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
     assert data and all(fa[k] != fc[k] for k in data)
 
 
+def test_rows_of_sets_each_hours_count_and_keeps_the_uniform_bytes(tmp_path: Path) -> None:
+    """A thin history (benchmarks.peers --thin): hour h has rows_of(h) lines, replays of a thin
+    hour stay within its rows; rows_of giving rows_per_hour everywhere writes the same bytes."""
+    counts = [600, 100, 100, 600]
+    st = generate_landing(tmp_path / "thin", hours=4, rows_per_hour=600, seed=3, start=START,
+                          rows_of=counts.__getitem__)
+    lines = [sum(len(p.read_text().splitlines()) for p in d.glob("part-*"))
+             for d in _hour_dirs(st)]
+    assert lines == counts and st.rows == sum(counts)
+    same = generate_landing(tmp_path / "same", hours=2, rows_per_hour=500, seed=3, start=START,
+                            rows_of=lambda _h: 500)
+    plain = generate_landing(tmp_path / "plain", hours=2, rows_per_hour=500, seed=3, start=START)
+    assert _files(Path(same.config).parent) == _files(Path(plain.config).parent)
+
+
 def test_config_loads_and_points_at_the_data(jsonl: GenerateStats) -> None:
     cfg = load_config(jsonl.config)
     (ds,) = cfg.datasets

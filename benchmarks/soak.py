@@ -172,18 +172,29 @@ def soak(root: Path, minutes: float, every: float, log: Any = print,
                     w.delete_index()
                     log("  index deleted")
                 elif what == "kill":
-                    def started() -> dg.DagsterRun | None:
-                        for r in w.load_runs(inst):
-                            if r.status == dg.DagsterRunStatus.STARTED and any(
-                                    "(pid: " in (e.message or "") for e in inst.all_logs(r.run_id)):
+                    missed: set[str] = set()  # runs that ended before the kill reached them
+
+                    def started(missed: set[str] = missed) -> dg.DagsterRun | None:
+                        for r in reversed(w.load_runs(inst)):  # the newest load first
+                            if r.run_id in missed or r.status != dg.DagsterRunStatus.STARTED:
+                                continue
+                            logs = inst.all_logs(r.run_id)
+                            if any("(pid: " in (e.message or "") for e in logs) and not any(
+                                    e.dagster_event_type == dg.DagsterEventType.STEP_SUCCESS
+                                    for e in logs):
                                 return r
                         return None
 
-                    run = w.wait("a load to start", started, timeout=600)
-                    time.sleep(3)  # into its start-up (Spark takes 20-30 s here)
-                    pids = kill_run(inst, run.run_id)
-                    fig.killed_run = run.run_id
-                    log(f"  killed run {run.run_id} ({len(pids)} processes)")
+                    while not fig.killed_run:
+                        run = w.wait("a load to start", started, timeout=600)
+                        time.sleep(3)  # into its start-up (Spark takes 20-30 s here)
+                        pids = kill_run(inst, run.run_id)
+                        if pids:
+                            fig.killed_run = run.run_id
+                            log(f"  killed run {run.run_id} ({len(pids)} processes)")
+                        else:
+                            missed.add(run.run_id)
+                            log(f"  run {run.run_id} ended before the kill; the next one")
             last = to_tag(hours[-1])
             w.wait("the last hour to load", lambda: last in w.committed(),
                    timeout=max(900, every * 4))

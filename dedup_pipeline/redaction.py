@@ -10,7 +10,6 @@ only), never written on a command line (`ps` shows it to every user of the host)
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 
 REDACTED = "<redacted>"
 # Spark's default spark.redaction.regex (core/src/main/scala/.../internal/config/package.scala)
@@ -25,7 +24,3 @@ def is_secret_setting(name: str) -> bool:
 def redact_url(text: str) -> str:
     """`text` with every Spark Connect URL's token replaced."""
     return _URL_TOKEN.sub(rf"\g<1>{REDACTED}", text)
-
-
-def redact_settings(conf: Mapping[str, str]) -> dict[str, str]:
-    return {k: REDACTED if is_secret_setting(k) else v for k, v in conf.items()}

@@ -161,10 +161,6 @@ class Key:
         return out
 
 
-# Type string keys on the driver (the benchmark turns it off to compare with a Spark job).
-TYPE_ON_DRIVER = True
-
-
 def type_keys(ds: DatasetConfig, given: list[dict[str, str | None]]) -> list[Key]:
     """Type each key's text exactly as a load types landing text and digest it (E4), in Python."""
     schema = ds.source.schema
@@ -543,99 +539,22 @@ def _printable(ds: DatasetConfig, col: str, value: Any) -> Any:
 
 def _occurrences(ds: DatasetConfig, hist: History, rows: list[tuple[str, dict]],
                  rejected: list[dict], searched_from_start: bool) -> list[Occurrence]:
+    """Each row of the key as an occurrence with its rule and reason, by load hour; within an
+    hour unique, duplicates, expired (each in R3 order), then rejected."""
     rank = {o: i for i, o in enumerate(OUTPUTS)}
-
-    def sort_key(item: tuple[str, dict]) -> tuple:
-        name, r = item
-        return (r[LOAD_HOUR], rank[name], order_key(ds, {**r, V: _v_of(ds, r)}))
-
-    rows = sorted(rows, key=sort_key)
+    rows = sorted(rows, key=lambda item: (item[1][LOAD_HOUR], rank[item[0]],
+                                          order_key(ds, {**item[1], V: _v_of(ds, item[1])})))
     uniques = {r[LOAD_HOUR]: r for name, r in rows if name == UNIQUE}
     out: list[Occurrence] = []
-    period = ds.expiry.period_text if ds.expiry else None
     for name, r in rows:
-        tag = r[LOAD_HOUR]
-        src = r[SOURCE_FILE]
-        vals = _print_values(ds, r)
         if name == UNIQUE:
-            earlier = [t for t in uniques if t < tag]
-            losers = [d for n, d in rows if n == DUPLICATES and d[LOAD_HOUR] == tag
-                      and d[FIRST] == tag]
-            deciding: dict[str, Any] = {}
-            if earlier:
-                prev = uniques[earlier[-1]]
-                v_prev = _v_of(ds, prev)
-                gone = next((t for t, rec in hist.records.items() if earlier[-1] < t <= tag
-                             and rec.expiry_point is not None and v_prev is not None
-                             and v_prev < rec.expiry_point), None)
-                rule = UNIQUE_AGAIN
-                when = (f"at {format_tag(gone)} (expiry point {_fmt_v(ds, hist.records[gone].expiry_point)}"
-                        f" > its {_fmt_v(ds, v_prev)})" if gone else "")
-                text = (f"loaded again: the earlier entry (loaded {format_tag(earlier[-1])}) expired "
-                        f"from the index {when}".rstrip() + f" (file {src})")
-                deciding = {"earlier_load_hour": earlier[-1], "earlier_expiry_value":
-                            _fmt_v(ds, v_prev), "expired_at_load_hour": gone}
-            else:
-                rule = FIRST_SEEN
-                text = f"first seen (file {src})" if searched_from_start else \
-                    f"first seen in the hours searched (file {src})"
-            if losers:
-                reason, _ = _order_reason(ds, r, losers[0])
-                text += f"; won in its batch over {len(losers)} other cop" \
-                        f"{'y' if len(losers) == 1 else 'ies'} ({reason})"
-                deciding["in_batch_losers"] = len(losers)
-            out.append(Occurrence(tag, name, rule, text, src, vals, deciding))
+            losers = [d for n, d in rows if n == DUPLICATES and d[LOAD_HOUR] == d[FIRST]
+                      == r[LOAD_HOUR]]
+            out.append(_unique(ds, hist, r, uniques, losers, searched_from_start))
         elif name == DUPLICATES:
-            first = r[FIRST]
-            kept = uniques.get(first)
-            kind = r[KIND]
-            fp_cols = list(ds.fingerprint)
-            deciding = {"duplicate_kind": kind, "first_load_hour": first}
-            if kept is not None and fp_cols:
-                changes = _diff(ds, kept, r, fp_cols)
-                if changes:
-                    deciding["fingerprint_changes"] = {c: [_printable(ds, c, kept[c]),
-                                                           _printable(ds, c, r[c])]
-                                                       for c in fp_cols if kept[c] != r[c]}
-            else:
-                changes = ""
-            if kind == "conflict":
-                fp_text = f"fingerprint differs ({changes})" if changes else \
-                    "fingerprint differs" + ("" if kept is not None
-                                             else " (the kept row is outside the hours searched)")
-            else:
-                fp_text = "fingerprint equal" if fp_cols else "no fingerprint configured"
-            if first == tag:
-                rule = IN_BATCH
-                if kept is not None:
-                    reason, crit = _order_reason(ds, kept, r)
-                    deciding.update(crit)
-                else:
-                    reason = "R3 order"
-                text = (f"in-batch duplicate: lost to this load's unique row ({reason}); "
-                        f"{'conflict, ' if kind == 'conflict' else ''}{fp_text} (file {src})")
-            elif kind == "conflict":
-                rule = CONFLICT_DUP
-                what = f"({changes})" if changes else "(fingerprint hash differs)"
-                text = (f"conflict: fingerprint differs from the {format_tag(first)} row {what} "
-                        f"(file {src})")
-            else:
-                rule = NATURAL_DUP
-                text = f"natural duplicate of the {format_tag(first)} row ({fp_text}) (file {src})"
-            out.append(Occurrence(tag, name, rule, text, src, vals, deciding))
+            out.append(_duplicate(ds, r, uniques.get(r[FIRST])))
         elif name == EXPIRED:
-            exp = ds.expiry
-            assert exp is not None
-            rec = hist.records[tag]
-            x = rec.expiry_point
-            v = _v_of(ds, r)
-            basis = "latest event value" if exp.basis == "event" else "end of the hour"
-            text = (f"{exp.column} {_fmt_v(ds, v)} is older than the hour's expiry point "
-                    f"{_fmt_v(ds, x)} ({basis} − {period}) (file {src})")
-            out.append(Occurrence(tag, name, EXPIRED_RULE, text, src, vals, {
-                "expiry_value": _fmt_v(ds, v), "expiry_point": _fmt_v(ds, x),
-                "latest_point": _fmt_v(ds, rec.latest_point), "period": period,
-                "basis": exp.basis}))
+            out.append(_expired(ds, hist, r))
     for r in sorted(rejected, key=lambda r: (r[LOAD_HOUR], r[SOURCE_FILE] or "", r[RAW])):
         raw = r[RAW]
         shown = raw if len(raw) <= 120 else raw[:117] + "..."
@@ -644,6 +563,93 @@ def _occurrences(ds: DatasetConfig, hist: History, rows: list[tuple[str, dict]],
                               r[SOURCE_FILE], {RAW: raw}, {"reason": r[REASON]}))
     out.sort(key=lambda o: o.load_hour)  # stable: within an hour, the order above
     return out
+
+
+def _unique(ds: DatasetConfig, hist: History, r: dict, uniques: dict[str, dict],
+            losers: list[dict], searched_from_start: bool) -> Occurrence:
+    """A unique row: first seen, or loaded again once its earlier entry expired (R6); with the
+    copies it won over in its batch (R3)."""
+    tag, src = r[LOAD_HOUR], r[SOURCE_FILE]
+    earlier = [t for t in uniques if t < tag]
+    deciding: dict[str, Any] = {}
+    if earlier:
+        prev = uniques[earlier[-1]]
+        v_prev = _v_of(ds, prev)
+        gone = next((t for t, rec in hist.records.items() if earlier[-1] < t <= tag
+                     and rec.expiry_point is not None and v_prev is not None
+                     and v_prev < rec.expiry_point), None)
+        rule = UNIQUE_AGAIN
+        when = (f"at {format_tag(gone)} (expiry point {_fmt_v(ds, hist.records[gone].expiry_point)}"
+                f" > its {_fmt_v(ds, v_prev)})" if gone else "")
+        text = (f"loaded again: the earlier entry (loaded {format_tag(earlier[-1])}) expired "
+                f"from the index {when}".rstrip() + f" (file {src})")
+        deciding = {"earlier_load_hour": earlier[-1], "earlier_expiry_value":
+                    _fmt_v(ds, v_prev), "expired_at_load_hour": gone}
+    else:
+        rule = FIRST_SEEN
+        text = f"first seen (file {src})" if searched_from_start else \
+            f"first seen in the hours searched (file {src})"
+    if losers:
+        reason, _ = _order_reason(ds, r, losers[0])
+        text += f"; won in its batch over {len(losers)} other cop" \
+                f"{'y' if len(losers) == 1 else 'ies'} ({reason})"
+        deciding["in_batch_losers"] = len(losers)
+    return Occurrence(tag, UNIQUE, rule, text, src, _print_values(ds, r), deciding)
+
+
+def _duplicate(ds: DatasetConfig, r: dict, kept: dict | None) -> Occurrence:
+    """A duplicate: lost in its batch (R3), or of an earlier hour's row, natural or a conflict
+    (R4, R5); `kept` is the unique row it duplicates, if among the hours searched."""
+    tag, src, first, kind = r[LOAD_HOUR], r[SOURCE_FILE], r[FIRST], r[KIND]
+    fp_cols = list(ds.fingerprint)
+    deciding: dict[str, Any] = {"duplicate_kind": kind, "first_load_hour": first}
+    changes = ""
+    if kept is not None and fp_cols:
+        changes = _diff(ds, kept, r, fp_cols)
+        if changes:
+            deciding["fingerprint_changes"] = {c: [_printable(ds, c, kept[c]),
+                                                   _printable(ds, c, r[c])]
+                                               for c in fp_cols if kept[c] != r[c]}
+    if kind == "conflict":
+        fp_text = f"fingerprint differs ({changes})" if changes else \
+            "fingerprint differs" + ("" if kept is not None
+                                     else " (the kept row is outside the hours searched)")
+    else:
+        fp_text = "fingerprint equal" if fp_cols else "no fingerprint configured"
+    if first == tag:
+        rule = IN_BATCH
+        if kept is not None:
+            reason, crit = _order_reason(ds, kept, r)
+            deciding.update(crit)
+        else:
+            reason = "R3 order"
+        text = (f"in-batch duplicate: lost to this load's unique row ({reason}); "
+                f"{'conflict, ' if kind == 'conflict' else ''}{fp_text} (file {src})")
+    elif kind == "conflict":
+        rule = CONFLICT_DUP
+        what = f"({changes})" if changes else "(fingerprint hash differs)"
+        text = (f"conflict: fingerprint differs from the {format_tag(first)} row {what} "
+                f"(file {src})")
+    else:
+        rule = NATURAL_DUP
+        text = f"natural duplicate of the {format_tag(first)} row ({fp_text}) (file {src})"
+    return Occurrence(tag, DUPLICATES, rule, text, src, _print_values(ds, r), deciding)
+
+
+def _expired(ds: DatasetConfig, hist: History, r: dict) -> Occurrence:
+    """An expired row: its expiry value against its hour's expiry point (R6)."""
+    exp = ds.expiry
+    assert exp is not None
+    tag, src = r[LOAD_HOUR], r[SOURCE_FILE]
+    rec = hist.records[tag]
+    x, v = rec.expiry_point, _v_of(ds, r)
+    basis = "latest event value" if exp.basis == "event" else "end of the hour"
+    text = (f"{exp.column} {_fmt_v(ds, v)} is older than the hour's expiry point "
+            f"{_fmt_v(ds, x)} ({basis} − {exp.period_text}) (file {src})")
+    return Occurrence(tag, EXPIRED, EXPIRED_RULE, text, src, _print_values(ds, r), {
+        "expiry_value": _fmt_v(ds, v), "expiry_point": _fmt_v(ds, x),
+        "latest_point": _fmt_v(ds, rec.latest_point), "period": exp.period_text,
+        "basis": exp.basis})
 
 
 def _agreement(ds: DatasetConfig, st: Storage, hist: History, rows: list[tuple[str, dict]],
@@ -669,8 +675,6 @@ def _agreement(ds: DatasetConfig, st: Storage, hist: History, rows: list[tuple[s
         problems.append(f"the index holds an entry of {format_tag(tag)} but that hour has no unique "
                         "row of the key (a later record would wrongly be a duplicate)")
     return problems
-
-
 
 
 # --------------------------------------------------------------------------------------------

@@ -49,8 +49,9 @@ from typing import Any
 import yaml
 
 from benchmarks import systems
+from benchmarks.data import input_paths, landing
 from benchmarks.probe import exit_status, measured, read_answer, save_report
-from benchmarks.run import BENCH_CONF, _inputs, landing, machine
+from benchmarks.run import BENCH_CONF, machine
 from benchmarks.worker import WORKER_CONF, dataset_from_spec
 from dedup_pipeline.engine.session import SparkSettings, get_session
 from dedup_pipeline.hours import HOUR, format_hour, parse_hour
@@ -167,7 +168,7 @@ class BeforeAfter:
                 workers[v] = Checkout(v, self.checkouts[v], specs[v], logs / f"{v}-{part}.log")
             for i in range(hours):
                 hour = start + i * HOUR
-                key, inputs, measure = format_hour(hour), _inputs(ds, hour), i in at
+                key, inputs, measure = format_hour(hour), input_paths(ds, hour), i in at
                 order = VERSIONS if i % 2 == 0 else VERSIONS[::-1]
                 line = f"{part} h{i:>4} {key}:"
                 got = {}

@@ -54,8 +54,8 @@ import pyarrow.compute as pc
 import yaml
 from deltalake import DeltaTable
 
+from benchmarks.data import landing, unique_table
 from benchmarks.probe import Cost, exit_status, save_report
-from benchmarks.run import landing, unique_table
 from benchmarks.worker import WORKER_CONF, Worker, dataset_from_spec
 from dedup_pipeline.engine.core.commits import CommitRecord
 from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag

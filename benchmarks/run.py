@@ -48,24 +48,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import yaml
-from deltalake import DeltaTable
 
 from benchmarks import systems, warm
+from benchmarks.data import input_paths, is_conserved, landing, unique_table
 from benchmarks.probe import Cost, exit_status, measured, run_process, settle
 from benchmarks.worker import WORKER_CONF, System, Worker, dataset_from_spec
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine import lake
 from dedup_pipeline.engine.core import commits
 from dedup_pipeline.engine.core.commits import CommitRecord
-from dedup_pipeline.engine.core.parse import list_input_files
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.load import run_load
 from dedup_pipeline.engine.session import BASE_CONF, SparkSettings, get_session
 from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag
-from dedup_pipeline.sample.generate import generate_landing
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -174,7 +169,7 @@ class Deployed:
     def step(self, spark: Any, hour: datetime) -> tuple[float, CommitRecord]:
         """Wall seconds of the run process for `hour` (its landing files in the page cache first,
         as every system's) and the hour's commit record."""
-        settle(spark, _inputs(self.ds, hour))
+        settle(spark, input_paths(self.ds, hour))
         wall = warm.fresh_run(self.cfg, format_hour(hour), self.env, self.log)
         rec = commits.read_commit(Storage(self.ds.output), to_tag(hour))
         if rec is None:
@@ -183,29 +178,6 @@ class Deployed:
 
     def close(self) -> None:
         warm.stop_server(self.server)
-
-
-def landing(root: Path, hours: int, rows: int, say: Any,
-            thin: tuple[int, frozenset[int]] | None = None) -> Path:
-    """Generate (or reuse, if generated with the same arguments) a landing zone; its config.
-    `thin` = (rows, full hours): every hour not in `full hours` has that many rows instead."""
-    stamp = root / ".generated"
-    want = json.dumps({"hours": hours, "rows": rows, "seed": 7,
-                       **({"thin": [thin[0], sorted(thin[1])]} if thin else {})})
-    if stamp.exists() and stamp.read_text() == want:
-        say(f"reusing {hours} h x {rows} rows in {root}")
-    else:
-        shutil.rmtree(root, ignore_errors=True)
-        start = format_hour(datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-                       - (hours + 1) * HOUR)
-        rows_of = None if thin is None else (lambda h: rows if h in thin[1] else thin[0])
-        st = generate_landing(root, hours=hours, rows_per_hour=rows, seed=7, start=start,
-                              rows_of=rows_of)
-        stamp.write_text(want)
-        say(f"generated {st.rows} rows ({hours} h, {rows} rows an hour"
-            + (f", {thin[0]} outside {len(thin[1])} full hours" if thin else "")
-            + f") in {st.seconds:.1f}s")
-    return root / "dedup.yaml"
 
 
 class Bench:
@@ -278,13 +250,13 @@ class Bench:
                 ra = CommitRecord.from_json(extra["result"], to_tag(hour))
                 self.record("pipeline", hour, i, ca, **_load_figures(ra))
                 line = f"h{i:>4} {key}: (a) {ca.seconds:5.2f}s"
-                conserved = _conserved(ra)
+                conserved = is_conserved(ra)
                 if noexp is not None:
-                    with measured(spark, _inputs(ds, hour)) as cf:
+                    with measured(spark, input_paths(ds, hour)) as cf:
                         rf = run_load(spark, noexp, key)
                     self.record("pipeline_noexp", hour, i, cf, **_load_figures(rf))
                     line += f" (f) {cf.seconds:5.2f}s"
-                    conserved = conserved and _conserved(rf)
+                    conserved = conserved and is_conserved(rf)
                 if stream is not None:
                     cd, _ = stream.step(key)
                     self.record("streaming", hour, i, cd)
@@ -323,7 +295,7 @@ class Bench:
             extra.update(run_floor_seconds=rf["wall"], run_floor_marks=rf["marks"])
             line += f" run floor {rf['wall']:4.2f}s"
         self.record("deployed", hour, i, Cost(seconds=wall), **extra)
-        if not _conserved(rec):
+        if not is_conserved(rec):
             self.failures.append(f"{format_hour(hour)}: (g) broke conservation")
         if measured_hour:
             same = _same_unique(Path(ds.output), Path(d.ds.output), to_tag(hour),
@@ -340,7 +312,7 @@ class Bench:
         line = " |"
         if "naive" in self.plan.sampled:
             naive_out = scratch / "naive"
-            with measured(spark, _inputs(ds, hour)) as cb:
+            with measured(spark, input_paths(ds, hour)) as cb:
                 rb = systems.naive_load(spark, ds, hour, ra.expiry_point, history, str(naive_out))
             self.record("naive", hour, i, cb, unique=rb.unique)
             same = _same_unique(Path(ds.output), naive_out, to_tag(hour), list(ds.source.schema))
@@ -350,12 +322,12 @@ class Bench:
                 self.failures.append(f"{format_hour(hour)}: (b) broke conservation")
             line += f" (b) {cb.seconds:5.2f}s"
         if "recompute" in self.plan.sampled:
-            with measured(spark, _inputs(ds, hour)) as cc:
+            with measured(spark, input_paths(ds, hour)) as cc:
                 rows = systems.recompute_load(spark, ds, hour, history, str(scratch / "recompute"))
             self.record("recompute", hour, i, cc, table_rows=rows)
             line += f" (c) {cc.seconds:5.2f}s"
         if "floor" in self.plan.sampled:
-            with measured(spark, _inputs(ds, hour)) as ce:
+            with measured(spark, input_paths(ds, hour)) as ce:
                 systems.floor_copy(spark, ds, hour, str(scratch / "floor"))
             self.record("floor", hour, i, ce)
             line += f" (e) {ce.seconds:5.2f}s"
@@ -421,7 +393,7 @@ class Bench:
             line = f"big h{i:>3}: (a) {ca.seconds:6.2f}s"
             if i >= plan.big_history:
                 self.record("big_pipeline", hour, i, ca, **_load_figures(ra))
-                with measured(spark, _inputs(ds, hour)) as ce:
+                with measured(spark, input_paths(ds, hour)) as ce:
                     systems.floor_copy(spark, ds, hour, str(self.work / "out" / "scratch" / "bigf"))
                 self.record("big_floor", hour, i, ce)
                 line += f" (e) {ce.seconds:6.2f}s"
@@ -517,28 +489,10 @@ def with_hand_section(md: str, section: str | None) -> str:
     return _with_section(md, hand_section(md), section)
 
 
-def _inputs(ds: DatasetConfig, hour: datetime) -> list[str]:
-    return [f.path for f in list_input_files(ds, hour)]
-
-
 def _load_figures(r: CommitRecord) -> dict[str, Any]:
     return {"rows_in": r.rows_in, "unique": r.unique, "index_rows_read": r.index_rows_read,
             "index_bytes_read": r.index_bytes_read, "index_files_read": r.index_files_read,
             "files_written": r.files_written, "stages": r.seconds}
-
-
-def _conserved(r: CommitRecord) -> bool:
-    return r.rows_in == r.unique + r.duplicates + r.expired + r.rejected
-
-
-def unique_table(root: Path, tag: str, columns: list[str]) -> pa.Table:
-    """`columns` of the unique rows the pipeline under `root` committed for `tag`: the files its
-    Delta table serves for the hour (a rerun's replaced ones stay until vacuum), else the
-    partition directory."""
-    if (root / "unique" / "_delta_log").is_dir():
-        held = lake.files_by_hour(DeltaTable(str(root / "unique"))).get(tag, {})
-        return pq.read_table([str(root / "unique" / f) for f in held], columns=columns)
-    return pq.read_table(root / "unique" / f"load_hour={tag}", columns=columns)
 
 
 def _same_unique(a_root: Path, b_root: Path, tag: str, columns: list[str]) -> bool:

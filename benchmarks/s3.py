@@ -307,7 +307,7 @@ def load_times(store: Any, bucket: str, work: Path, hours: int, rows: int, last:
                say: Any) -> dict[str, Any]:
     """Part 1: the same generated hours loaded on local disk and on S3, one warm worker each,
     alternating hour by hour."""
-    from benchmarks.run import landing
+    from benchmarks.data import landing
     from dedup_pipeline.engine.core.commits import CommitRecord
     from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag
 
@@ -355,7 +355,7 @@ def count_requests(store: Any, bucket: str, work: Path, sizes: list[int], rows: 
                    say: Any) -> dict[int, dict[str, Any]]:
     """Part 2: for each history length N, one counted load of hour N on N fabricated hours."""
     from benchmarks.bookkeeping import START
-    from benchmarks.run import _conserved
+    from benchmarks.data import is_conserved
     from dedup_pipeline.engine.core.commits import CommitRecord
     from dedup_pipeline.hours import HOUR, format_hour, parse_hour, to_tag
 
@@ -394,7 +394,7 @@ def count_requests(store: Any, bucket: str, work: Path, sizes: list[int], rows: 
                     with proxy.counting() as c:
                         cost, extra = w.step(key)
                     rec = CommitRecord.from_json(extra["result"], to_tag(start + i * HOUR))
-                    if not _conserved(rec) or rec.rows_in != rows:
+                    if not is_conserved(rec) or rec.rows_in != rows:
                         raise RuntimeError(f"history {n}: the load of {key} broke conservation")
                     out["first" if i < n else "counted"] = {
                         "hour": key, "seconds": round(cost.seconds, 3), "kinds": c["kinds"],

@@ -246,7 +246,7 @@ def test_the_commit_log_gives_one_answer_and_sees_changes_made_by_hand(tmp_path:
     Path(st.path(SUMMARY)).write_text("{garbage")
     assert CommitLog(st).summary() is None
     assert set(CommitLog(st).committed()) == set(tags[1:])
-    for found, said in OTHER_FORMATS:  # a summary of another format is not read: rebuilt
+    for found, _said in OTHER_FORMATS:  # a summary of another format is not read: rebuilt
         doc = json.loads(saved.stored().model_dump_json())
         if found is None:
             del doc["format"]
@@ -254,7 +254,4 @@ def test_the_commit_log_gives_one_answer_and_sees_changes_made_by_hand(tmp_path:
             doc["format"] = found
         Path(st.path(SUMMARY)).write_text(json.dumps(doc))
         assert CommitLog(st).summary() is None
-        assert CommitLog(st).summary_problem() == (
-            f"{st.path(SUMMARY)} is of {said}, expected format 1; it is rebuilt from the commit "
-            "records")
         assert set(CommitLog(st).committed()) == set(tags[1:])

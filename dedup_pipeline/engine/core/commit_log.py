@@ -147,29 +147,19 @@ class CommitLog:
         return int(info.get("size") or 0), str(mtime)
 
     def summary(self) -> Summary | None:
-        """The saved summary; None if there is none, or it is damaged or of another format
-        (`summary_problem` says which; then it is rebuilt from the records)."""
-        return self._read_summary()[0]
-
-    def summary_problem(self) -> str | None:
-        """Why the saved summary is not read, in one line (None: it is read, or there is none)."""
-        return self._read_summary()[1]
-
-    def _read_summary(self) -> tuple[Summary | None, str | None]:
+        """The saved summary; None if there is none, or it is unreadable, damaged or of another
+        format (derived data: then it is rebuilt from the records)."""
         path = self.st.path(SUMMARY)
         try:
             text = self.st.read_text(path)
-        except FileNotFoundError:
-            return None, None
-        except (OSError, UnicodeDecodeError) as e:
-            return None, f"{path} is unreadable ({e}); it is rebuilt from the commit records"
-        other = formats.problem_in_text(path, text, "it is rebuilt from the commit records")
-        if other is not None:
-            return None, other.line
+        except (OSError, UnicodeDecodeError):  # none (FileNotFoundError) or unreadable
+            return None
+        if formats.problem_in_text(path, text, "") is not None:
+            return None
         try:
-            return Summary.of(SummaryFile.read_json(text)), None
-        except ValueError as e:
-            return None, f"{path} is damaged ({e}); it is rebuilt from the commit records"
+            return Summary.of(SummaryFile.read_json(text))
+        except ValueError:
+            return None
 
     # ---------------------------------------------------------------- changing (lock holder)
     def follow(self, state: Summary | None) -> None:

@@ -204,6 +204,8 @@ def check_publishable(st: Storage, ds: DatasetConfig, files: dict[str, list[str]
     """Before hour `tag`'s commit record is written: each table can take the hour's files (the
     table's columns have the contract's types; each file exists, reads, and has the table's
     columns after the contract's new ones are added). Raises `PublishRefusedError`."""
+    if not enabled(ds):
+        return
     for name in OUTPUTS:
         target = arrow_schema(ds, name)
         dt = open_table(st, name)
@@ -349,11 +351,17 @@ def publish_hour(st: Storage, ds: DatasetConfig, name: str, tag: str,
     return Published(name, uri, before + 1, len(want), True)
 
 
-def mark_rerun(st: Storage, rec: commits.CommitRecord) -> None:
+def _mark(st: Storage, tag: str) -> None:
+    if previous_record(st, tag) is None:  # a rerun's mark keeps the hour's last committed record
+        st.write_text_atomic(st.path(PENDING, tag), format_tag(tag))
+
+
+def mark_rerun(st: Storage, ds: DatasetConfig, rec: commits.CommitRecord) -> None:
     """Before a rerun deletes hour `rec.load_hour`'s record: the mark keeps that record, so until
     the rerun's own commit the tables keep serving it (a roll-forward publishes it, never
     removes the hour) and `explain` answers from it."""
-    st.write_text_atomic(st.path(PENDING, rec.load_hour), json.dumps(rec.to_json()))
+    if enabled(ds):
+        st.write_text_atomic(st.path(PENDING, rec.load_hour), json.dumps(rec.to_json()))
 
 
 def previous_record(st: Storage, tag: str) -> commits.CommitRecord | None:
@@ -385,10 +393,10 @@ def _unmark(st: Storage, tag: str) -> None:
     st.remove(st.path(PENDING, tag))
 
 
-def mark_pending(st: Storage, tag: str) -> None:
+def mark_pending(st: Storage, ds: DatasetConfig, tag: str) -> None:
     """Before hour `tag`'s record is written or invalidated: its tables may lag it from now on."""
-    if previous_record(st, tag) is None:  # a rerun's mark keeps the hour's last committed record
-        st.write_text_atomic(st.path(PENDING, tag), format_tag(tag))
+    if enabled(ds):
+        _mark(st, tag)
 
 
 def pending(st: Storage) -> list[str]:
@@ -454,16 +462,20 @@ def repair_pending(st: Storage, ds: DatasetConfig,
     """At the start of a load: roll forward the hours marked pending (a publish a crash cut
     short), or every committed hour where a table does not exist yet (the first load in delta
     mode of a dataset loaded before). O(pending) when nothing is missing."""
+    if not enabled(ds):
+        return []
     if tables_missing(st) and CommitLog(st).committed():
         return roll_forward(st, ds, None, say)
     marked = pending(st)
     return roll_forward(st, ds, marked, say) if marked else []
 
 
-def drop_unpublished(st: Storage, tag: str) -> int:
+def drop_unpublished(st: Storage, ds: DatasetConfig, tag: str) -> int:
     """Delete the files under hour `tag`'s partitions that no table version lists now (what a
     crashed attempt left). Only under the dataset lock, with the tables rolled forward: no load
     of the dataset is writing. Files a rerun removed from a table stay for `vacuum`."""
+    if not enabled(ds):
+        return 0
     gone = 0
     for name in OUTPUTS:
         part = st.path(*partition(name, tag))

@@ -76,17 +76,17 @@ def _last_record(o: core.Opened) -> CommitRecord | None:
         return None  # the rerun repairs it
 
 
-def _tables_rerun(o: core.Opened) -> None:
+def _tables_rerun(ds: DatasetConfig, o: core.Opened) -> None:
     """A rerun's hour is marked with its record: its tables keep serving that record's files
     until the new publish, also if this attempt crashes (L1b); a crashed attempt's unlisted files
     go."""
     if o.tag in o.committed:
         old = _last_record(o)
         if old is not None:
-            lake.mark_rerun(o.st, old)
+            lake.mark_rerun(o.st, ds, old)
         else:
-            lake.mark_pending(o.st, o.tag)
-    lake.drop_unpublished(o.st, o.tag)
+            lake.mark_pending(o.st, ds, o.tag)
+    lake.drop_unpublished(o.st, ds, o.tag)
 
 
 def _key_digest(p: core.Prepared, classified: DataFrame) -> dict[str, Any]:
@@ -188,7 +188,7 @@ def _load(spark: SparkSession, ds: DatasetConfig, partition_key: str, say: Progr
         clock.lap("before_rerun")
         healthy = core.admit(spark, ds, o, say, run_tags)
         if tables:  # L1b: a rerun's tables keep serving its last record until its own publish
-            _tables_rerun(o)
+            _tables_rerun(ds, o)
         # -- read: H forgotten (crash from here on: H not loaded), the batch parsed and cached
         p = core.forget_and_read(spark, ds, o, healthy, cache, say, _migrated_latest(ds, o))
         clock.lap("parse")
@@ -213,7 +213,7 @@ def _load(spark: SparkSession, ds: DatasetConfig, partition_key: str, say: Progr
             contract.record(st, verdict)
             hooks.at("after_contract")
             if tables:  # the tables lag the record until the publish
-                lake.mark_pending(st, p.tag)
+                lake.mark_pending(st, ds, p.tag)
         except Exception:  # (a crash leaves them to the next attempt, which forgets them first)
             core.forget_written(ds, p, w)
             raise

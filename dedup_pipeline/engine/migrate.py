@@ -226,7 +226,6 @@ def rewrite_outputs(reader: Reader, say: Callable[[str], None]) -> int:
     hours' records list the new files, and each table gets one overwrite commit. Idempotent: a
     second run finds nothing stale. Returns the files written."""
     st, ds = reader.st, reader.ds
-    tables = lake.enabled(ds)
     new_files: dict[str, dict[str, tuple[OutputFileEntry, ...]]] = {}
     old_paths: list[str] = []
     for name in OUTPUTS:
@@ -258,11 +257,10 @@ def rewrite_outputs(reader: Reader, say: Callable[[str], None]) -> int:
     log = CommitLog(st)
     for tag, outs in sorted(new_files.items()):
         rec = reader.records[tag]
-        if tables:
-            lake.mark_pending(st, tag)
+        lake.mark_pending(st, ds, tag)
         rec = rec.with_(output_files={**(rec.output_files or {}), **outs},
                         publish_token=lake.new_token(lake.record_token(rec))
-                        if tables else rec.publish_token)
+                        if lake.enabled(ds) else rec.publish_token)
         log.write(rec)
         reader.records[tag] = rec
     if new_files:
@@ -270,7 +268,7 @@ def rewrite_outputs(reader: Reader, say: Callable[[str], None]) -> int:
         say(f"{ds.name}: {sum(len(v) for o in new_files.values() for v in o.values())} output "
             f"file(s) of {len(new_files)} hour(s) written again under the new contract's columns")
     lake.overwrite(st, ds, reader.records, say)
-    if not tables:  # plain directories: the old files would be read beside the new
+    if not lake.enabled(ds):  # plain directories: the old files would be read beside the new
         for p in old_paths:
             st.remove(p)
     return sum(len(v) for o in new_files.values() for v in o.values())
@@ -351,8 +349,7 @@ def migrate(spark: SparkSession, ds: DatasetConfig,
                 st.remove(st.path(contract.CONTRACT))
             return MigrateResult(ds.name, None, None, ())
         # the tables first agree with the records (a publish a crash cut short)
-        if lake.enabled(ds):
-            lake.repair_pending(st, ds, say)
+        lake.repair_pending(st, ds, say)
         if cur is not None:
             changes = tuple(c.describe() for c in contract.compare(
                 cur.terms, terms, expiry_kind=ds.expiry_type, window_held=False))

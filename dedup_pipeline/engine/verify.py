@@ -49,7 +49,7 @@ from dedup_pipeline.engine.core.parse import (
     plan_batch,
     read_text_batch,
 )
-from dedup_pipeline.engine.core.storage import Storage, glob_escape
+from dedup_pipeline.engine.core.storage import Storage, glob_escape, is_hidden
 from dedup_pipeline.hours import format_hour, is_tag, parse_hour, to_tag
 
 
@@ -155,7 +155,7 @@ def _scan(st: Storage, name: str, rep: VerifyReport,
         return out
     for e in sorted(entries, key=lambda e: e["name"]):
         entry = os.path.basename(e["name"].rstrip("/"))
-        if entry.startswith((".", "_")):
+        if is_hidden(entry):
             continue
         if e["type"] != "directory" or not entry.startswith(PARTITION):
             rep.violations.append(f"{name}/{entry}: unexpected {e['type']} in the {name} output "
@@ -169,7 +169,7 @@ def _scan(st: Storage, name: str, rep: VerifyReport,
         for f in sorted(st.fs.ls(e["name"], detail=True), key=lambda f: f["name"]):
             fname = os.path.basename(f["name"].rstrip("/"))
             where = f"{name}/{entry}/{fname}"
-            if fname.startswith((".", "_")):
+            if is_hidden(fname):
                 continue
             if f["type"] == "directory" or not fname.endswith(".parquet"):
                 rep.violations.append(f"{_hour(tag)}: unexpected {f['type']} {where} inside a "
@@ -217,7 +217,7 @@ def _check_records(st: Storage, ds: DatasetConfig, rep: VerifyReport,
         names = []
     for name in names:
         tag = name[len(commits.PREFIX):-len(".json")] if name.endswith(".json") else ""
-        if not name.startswith((".", "_")) and not (name.startswith(commits.PREFIX)
+        if not is_hidden(name) and not (name.startswith(commits.PREFIX)
                                                      and is_tag(tag)):
             rep.violations.append(f"{commits.COMMITS}/{name}: unexpected file among the commit "
                                   "records (not a record of any hour; remove it)")

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import dagster as dg
 from dagster.components.resolved.scopes import LoadContextScope
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, create_model
 
 from dedup_pipeline.config import DatasetConfig, PipelineConfig, SparkConfig
 from dedup_pipeline.config.errors import config_error, to_config_error
@@ -53,12 +53,12 @@ class DedupDatasetAttributes(DatasetConfig):
         examples=["clicks"])
 
 
-class ComponentOptions(BaseModel):
-    """The attributes that are the component's, not the dataset's (`COMPONENT_ONLY`)."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-    sensors: Literal["running", "stopped"] = "running"
-    group_name: str | None = Field(None, pattern=r"^[A-Za-z0-9_]+$")
+# The attributes that are the component's, not the dataset's (`COMPONENT_ONLY` but `spark:`, which
+# the config's own model reads), validated apart: `DedupDatasetAttributes`' fields, one home.
+ComponentOptions = create_model(
+    "ComponentOptions", __config__=ConfigDict(extra="ignore", frozen=True),
+    **{n: (f.annotation, f) for n, f in DedupDatasetAttributes.model_fields.items()
+       if n in ("sensors", "group_name")})
 
 
 class _Attributes(RootModel[dict[str, Any]]):
@@ -79,7 +79,7 @@ def _line(source: str, tree: Any, path: list[Any]) -> str:
     return f"{source}:{position.start.line}"
 
 
-def parse_options(data: Any, source: str, tree: Any = None) -> ComponentOptions:
+def parse_options(data: Any, source: str, tree: Any = None) -> Any:
     """The component's own attributes (`sensors:`, `group_name:`), an error at the field's line."""
     try:
         return ComponentOptions.model_validate(data if isinstance(data, dict) else {})
@@ -213,7 +213,7 @@ class DedupDataset(dg.Component):
 
     def __init__(self, dataset: DatasetConfig, spark: SparkConfig | None = None,
                  source: str = PYTHON_SOURCE, tree: Any = None,
-                 options: ComponentOptions | None = None) -> None:
+                 options: Any = None) -> None:
         self.dataset = dataset
         self.options = options or ComponentOptions()
         self.spark = spark or SparkConfig()

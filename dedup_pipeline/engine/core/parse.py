@@ -52,7 +52,7 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core.columns import BLOCK, RAW, REASON, ROW, SOURCE_FILE, V
 from dedup_pipeline.engine.core.commits import InputFile
 from dedup_pipeline.engine.core.expiry import expiry_value
-from dedup_pipeline.engine.core.storage import Storage, glob_escape
+from dedup_pipeline.engine.core.storage import Storage, glob_escape, is_hidden
 from dedup_pipeline.errors import UserError
 
 SPARK_TYPES: dict[str, T.DataType] = {
@@ -188,8 +188,7 @@ def is_data_name(name: str) -> bool:
     name Spark's file index would skip is excluded here too (`spark_skips`), so the files a load
     lists are exactly the files Spark reads.
     """
-    return (not name.startswith((".", "_"))
-            and not name.lower().endswith(IN_PROGRESS_SUFFIXES))
+    return not is_hidden(name) and not name.lower().endswith(IN_PROGRESS_SUFFIXES)
 
 
 def spark_skips(name: str) -> bool:

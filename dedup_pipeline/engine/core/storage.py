@@ -116,6 +116,16 @@ async def _s3_get(fs: Any, bucket: str, key: str) -> tuple[bytes, str]:
     return data, str(resp["ETag"])
 
 
+def is_hidden(name: str) -> bool:
+    """A name the product's data readers skip: bookkeeping (`_commits`, `_delta_log`, `_SUCCESS`,
+    `_tmp`) and hidden (`.`) entries, as Spark's and Hive's readers skip them."""
+    return name.startswith((".", "_"))
+
+
+def is_data_file(name: str, suffix: str = "") -> bool:
+    return not is_hidden(name) and name.endswith(suffix)
+
+
 _GLOB_CHARS = re.compile(r"([\\\[\]*?{}])")
 
 
@@ -331,13 +341,8 @@ class Storage:
             found = self.fs.find(path, detail=True)
         except FileNotFoundError:
             return {}
-        out = {}
-        for f, info in found.items():
-            base = os.path.basename(f)
-            if base.startswith((".", "_")) or not base.endswith(suffix):
-                continue
-            out[f] = int(info.get("size") or 0)
-        return out
+        return {f: int(info.get("size") or 0) for f, info in found.items()
+                if is_data_file(os.path.basename(f), suffix)}
 
     def dir_mtime(self, path: str) -> str | None:
         """A directory's modification time, which changes when an entry is created, removed or
@@ -374,13 +379,7 @@ class Storage:
             found = self.fs.find(path)
         except FileNotFoundError:
             return []
-        out = []
-        for f in found:
-            base = os.path.basename(f)
-            if base.startswith((".", "_")) or not base.endswith(suffix):
-                continue
-            out.append(f)
-        return sorted(out)
+        return sorted(f for f in found if is_data_file(os.path.basename(f), suffix))
 
     def parquet_rows(self, path: str) -> int:
         """Rows of a Parquet file, or of every Parquet file below a directory, from the footers."""

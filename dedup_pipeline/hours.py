@@ -13,8 +13,19 @@ from datetime import UTC, datetime, timedelta
 
 PARTITION_FMT = "%Y-%m-%d-%H:%M"
 TAG_FMT = "%Y-%m-%d-%H"
+STAMP_FMT = "%Y-%m-%dT%H:%M:%SZ"  # when a record was written: commit, contract, lease, migration
 HOUR = timedelta(hours=1)
 _TAG_RE = re.compile(r"(\d{4})-(\d\d)-(\d\d)-(\d\d)")
+
+
+def now_stamp() -> str:
+    """The current UTC time as the persisted records write it (`STAMP_FMT`)."""
+    return datetime.now(UTC).strftime(STAMP_FMT)
+
+
+def landing_dir(root: str, hour: datetime) -> str:
+    """Hour H's landing directory below a source root: ``{root}/date=YYYY-MM-DD/hour=HH``."""
+    return f"{root.rstrip('/')}/date={hour:%Y-%m-%d}/hour={hour:%H}"
 
 
 def parse_hour(text: str) -> datetime:

@@ -15,7 +15,7 @@ import click
 from dedup_pipeline.cli.common import fail, load
 from dedup_pipeline.cli.runs import DEMO_INSTANCE_YAML, run_hours
 from dedup_pipeline.config.loading import COMPONENT_TYPE
-from dedup_pipeline.hours import HOUR, format_hour, parse_hour
+from dedup_pipeline.hours import HOUR, format_hour, landing_dir, parse_hour
 from dedup_pipeline.orchestration.component import scaffold_text
 from dedup_pipeline.orchestration.names import WRITTEN
 from dedup_pipeline.sample.demo import DEMO_DEFS, DEMO_PROJECT
@@ -124,8 +124,7 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
     ds = cfg.datasets[0]
     last = format_hour(parse_hour(ds.start) + (hours - 1) * HOUR)
     pending = parse_hour(ds.start) + hours * HOUR
-    pending_marker = (Path(ds.source.path) / f"date={pending:%Y-%m-%d}" / f"hour={pending:%H}" /
-                      (ds.landing.marker or "_SUCCESS"))
+    pending_marker = Path(landing_dir(ds.source.path, pending)) / (ds.landing.marker or "_SUCCESS")
     pending_marker.unlink(missing_ok=True)
     if not os.environ.get("DAGSTER_HOME"):
         os.environ["DAGSTER_HOME"] = str(root / "dagster_home")

@@ -33,7 +33,6 @@ import json
 import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -44,7 +43,7 @@ from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.index.layout import INDEX_FORMAT
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.errors import UserError
-from dedup_pipeline.hours import HourSet, format_tag, parse_hour, to_tag
+from dedup_pipeline.hours import HourSet, format_tag, now_stamp, parse_hour, to_tag
 from dedup_pipeline.units import MICROS_PER_DAY, MICROS_PER_SECOND
 
 CONTRACT = "_contract"
@@ -485,7 +484,7 @@ def check(st: Storage, ds: DatasetConfig, hour_key: str, committed: Collection[s
             f"({'; '.join(pending.migration.changes) or 'no change'}) did not finish; finish it: "  # type: ignore[union-attr]
             f"{migrate_command(ds)}")
     terms = Terms.of(ds)
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = now_stamp()
     cur = hist.current
     if cur is None:
         if last_committed is not None:  # hours loaded, their contract gone: nothing to check against

@@ -49,6 +49,7 @@ from dedup_pipeline.engine.core.columns import (
 from dedup_pipeline.engine.core.columns import LOAD_HOUR_PARTITION as LOAD_HOUR
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.expiry import live_value, value_of
+from dedup_pipeline.engine.core.formats import rebuild_command
 from dedup_pipeline.engine.core.index import layout, live
 from dedup_pipeline.engine.core.index.health import check_index
 from dedup_pipeline.engine.core.index.store import entry_slice
@@ -74,9 +75,6 @@ CONFLICT_DUP = "conflict"
 EXPIRED_RULE = "expired"
 REJECTED_RULE = "rejected"
 
-FIX = ("run `dedup-pipeline verify --config <file> --dataset {ds}` to see every violation, then "
-       "`dedup-pipeline rebuild-index --config <file> --dataset {ds}` to rebuild the index from "
-       "unique")
 ARROW_TYPES: dict[str, pa.DataType] = {
     "string": pa.string(), "long": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
     "timestamp": pa.timestamp("us", tz="UTC"), "date": pa.date32()}
@@ -181,6 +179,11 @@ def type_keys(ds: DatasetConfig, given: list[dict[str, str | None]]) -> list[Key
             found = keys.key_digests([values[k] for k in ds.key], [schema[k] for k in ds.key])
             out.append(Key(texts, values, *found[0], tuple(found)))
     return out
+
+
+def _fix(ds: DatasetConfig) -> str:
+    return (f"run `dedup-pipeline verify --config <file> --dataset {ds.name}` to see every "
+            f"violation, then `{rebuild_command(ds.name)}` to rebuild the index from unique")
 
 
 def _type_hint(typ: str) -> str:
@@ -730,7 +733,7 @@ def explain_keys(ds: DatasetConfig, given: list[dict[str, str | None]],
         notes = []
         if hist.damaged:
             notes.append("commit records that do not read were skipped (hours "
-                         f"{', '.join(format_tag(t) for t in hist.damaged)}); {FIX.format(ds=ds.name)}")
+                         f"{', '.join(format_tag(t) for t in hist.damaged)}); {_fix(ds)}")
         if hist.reruns:
             notes.append(f"a rerun of {', '.join(format_tag(t) for t in hist.reruns)} is in progress "
                          "(or was cut short): answered from its last committed load, which the "
@@ -744,7 +747,7 @@ def explain_keys(ds: DatasetConfig, given: list[dict[str, str | None]],
             problems = _agreement(ds, st, hist, key_rows, entries.get(i, []))
             agree = not problems
             if problems:
-                problems.append(FIX.format(ds=ds.name))
+                problems.append(_fix(ds))
         occ = _occurrences(ds, hist, key_rows, rejected.get(i, []), searched_from_start)
         out.append(Explanation(ds.name, {k: _printable(ds, k, key.values[k]) for k in ds.key},
                                ", ".join(f"{k}={_fmt(ds, k, key.values[k])}" for k in ds.key),

@@ -57,7 +57,7 @@ from dedup_pipeline.engine.core.lock import Lock
 from dedup_pipeline.engine.core.outputs import OUTPUTS, UNIQUE, columns, partition
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.errors import UserError
-from dedup_pipeline.hours import format_tag
+from dedup_pipeline.hours import STAMP_FMT, format_tag
 from dedup_pipeline.objectstore import S3Settings
 
 PART = LOAD_HOUR_PARTITION  # the partition column: in the Delta log and the directory names, not the files
@@ -153,7 +153,7 @@ def record_token(rec: commits.CommitRecord) -> int:
     token), from its commit time."""
     if rec.publish_token is not None:
         return rec.publish_token
-    at = datetime.strptime(rec.committed_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    at = datetime.strptime(rec.committed_at, STAMP_FMT).replace(tzinfo=UTC)
     return int(at.timestamp()) * 1_000_000
 
 

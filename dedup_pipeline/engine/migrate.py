@@ -26,7 +26,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -59,7 +58,7 @@ from dedup_pipeline.engine.core.outputs import (
 )
 from dedup_pipeline.engine.core.storage import ROWS_PER_FILE, TMP, Storage, glob_escape, place_files
 from dedup_pipeline.errors import UserError
-from dedup_pipeline.hours import HOUR, format_hour, format_tag, parse_hour
+from dedup_pipeline.hours import HOUR, format_hour, format_tag, now_stamp, parse_hour
 
 SAMPLE = 5
 
@@ -376,7 +375,7 @@ def migrate(spark: SparkSession, ds: DatasetConfig,
         nxt = format_hour(parse_hour(format_tag(last)) + HOUR) if last else ds.start
         target = contract.Contract(
             dataset=ds.name, version=(cur.version + 1) if cur else 1, effective_from=nxt,
-            recorded_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            recorded_at=now_stamp(),
             migration=contract.Migration(from_version=cur.version if cur else None,
                                          changes=changes,
                                          latest_points=latest_points(reader, committed)),
@@ -392,7 +391,7 @@ def migrate(spark: SparkSession, ds: DatasetConfig,
     res = rebuild_index(spark, ds, None)
     hooks.at("migrate_before_done")
     st.write_json_atomic(contract.done_path(st, target.version),
-                         {"finished_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                         {"finished_at": now_stamp(),
                           "loads": res.loads, "entries": res.entries})
     assert target.migration is not None
     return MigrateResult(ds.name, target.migration.from_version, target.version,

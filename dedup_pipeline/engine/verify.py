@@ -38,6 +38,7 @@ from dedup_pipeline.engine.core import commits, landing
 from dedup_pipeline.engine.core.columns import LOAD_HOUR_PARTITION, PARTITION, V
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.expiry import X_COL, expiry_points, expiry_value, is_live
+from dedup_pipeline.engine.core.formats import rebuild_command
 from dedup_pipeline.engine.core.hooks import Progress
 from dedup_pipeline.engine.core.index import health, layout
 from dedup_pipeline.engine.core.lock import Lock
@@ -247,7 +248,7 @@ def _check_index(st: Storage, ds: DatasetConfig, rep: VerifyReport) -> None:
     except Exception as e:  # noqa: BLE001 - report, never crash
         rep.violations.append(f"index: could not be checked ({type(e).__name__}: {e})")
         return
-    fix = f"rebuild it: dedup-pipeline rebuild-index --config <file> --dataset {ds.name}"
+    fix = f"rebuild it: {rebuild_command(ds.name)}"
     for tag, rels in sorted(damage.missing.items()):
         for rel in rels:
             rep.violations.append(f"{_hour(tag)}: index file index/{rel} is missing or has "

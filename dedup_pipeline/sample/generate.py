@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 import yaml
 
 from dedup_pipeline.config import NAME_RE
-from dedup_pipeline.hours import HOUR, epoch_micros, format_hour, parse_hour
+from dedup_pipeline.hours import HOUR, epoch_micros, format_hour, landing_dir, parse_hour
 from dedup_pipeline.sample.demo import SCHEMA, demo_dataset
 
 COLUMNS = tuple(SCHEMA)
@@ -434,8 +434,7 @@ def generate_landing(out: str | Path, hours: int, rows_per_hour: int, seed: int 
     for h in range(hours):
         dt = first + h * HOUR
         lines, plan = _hour_lines(gen, h, count, seed)
-        n_files += _write_hour(landing / f"date={dt:%Y-%m-%d}" / f"hour={dt:%H}", lines,
-                               files_per_hour, fmt)
+        n_files += _write_hour(Path(landing_dir(str(landing), dt)), lines, files_per_hour, fmt)
         totals.update(plan.__dict__)
         if progress is not None:
             progress(f"generated {format_hour(dt)}: {len(lines)} rows")

@@ -21,7 +21,15 @@ FIELD = "format"
 RELOAD = ("the dataset was loaded by another version: move its output aside and load it again "
           "from its start (dedup-pipeline run --config <file> --dataset <name> --from <start> "
           "--to <latest hour>)")
-REBUILD = "rebuild the index: dedup-pipeline rebuild-index --config <file> --dataset <name>"
+
+
+def rebuild_command(dataset: str = "<name>") -> str:
+    """The command that rebuilds a dataset's index from unique: every message that finds the
+    index damaged names it (`<file>` is filled in with the config file where it is known)."""
+    return f"dedup-pipeline rebuild-index --config <file> --dataset {dataset}"
+
+
+REBUILD = f"rebuild the index: {rebuild_command()}"
 MIGRATE = "migrate the dataset: dedup-pipeline migrate --config <file> --dataset <name>"
 
 

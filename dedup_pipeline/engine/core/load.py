@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -38,7 +38,7 @@ from dedup_pipeline.engine.core.decide import Classified
 from dedup_pipeline.engine.core.hooks import Progress
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.engine.core.write import Verified, Written
-from dedup_pipeline.hours import HOUR, HourSet, format_hour, parse_hour, to_tag
+from dedup_pipeline.hours import HOUR, HourSet, format_hour, now_stamp, parse_hour, to_tag
 
 
 class Clock:
@@ -160,7 +160,7 @@ def record(ds: DatasetConfig, p: Prepared, c: Classified, w: Written, v: Verifie
         files_written=listed.files_written,
         seconds=clock.with_total(),
         check_figures=v.figures.as_metadata(),
-        committed_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        committed_at=now_stamp(),
         index_checksum=v.figures.checksum,
         inputs=p.batch.recorded_inputs(),
         index_files=listed.index_files,

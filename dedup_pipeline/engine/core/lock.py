@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from dedup_pipeline.engine.core.storage import Conflict, Storage, fsync_dir
 from dedup_pipeline.errors import UserError
+from dedup_pipeline.hours import now_stamp
 
 
 class DatasetLockedError(UserError, RuntimeError):
@@ -98,7 +99,7 @@ class Lock:
         self.path = self.storage.path("_lock")
         self.token = uuid.uuid4().hex
         me = {"host": socket.gethostname(), "pid": os.getpid(), "owner": self.owner,
-              "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "token": self.token,
+              "since": now_stamp(), "token": self.token,
               "started": _process_start(os.getpid())}
         self.storage.makedirs(self.storage.root)
         try:

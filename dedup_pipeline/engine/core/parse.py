@@ -54,6 +54,7 @@ from dedup_pipeline.engine.core.commits import InputFile
 from dedup_pipeline.engine.core.expiry import expiry_value
 from dedup_pipeline.engine.core.storage import Storage, glob_escape, is_hidden
 from dedup_pipeline.errors import UserError
+from dedup_pipeline.hours import landing_dir
 
 SPARK_TYPES: dict[str, T.DataType] = {
     "string": T.StringType(),
@@ -116,7 +117,7 @@ class LandingMissingError(UserError, RuntimeError):
 
 
 def hour_dir(ds: DatasetConfig, hour: datetime) -> str:
-    return f"{ds.source.path.rstrip('/')}/date={hour:%Y-%m-%d}/hour={hour:%H}"
+    return landing_dir(ds.source.path, hour)
 
 
 def check_landing_root(ds: DatasetConfig) -> None:

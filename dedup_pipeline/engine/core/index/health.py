@@ -25,6 +25,7 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core import commits
 from dedup_pipeline.engine.core.commit_log import CommitLog, KeptRecord, Summary
 from dedup_pipeline.engine.core.commits import IndexFileEntry
+from dedup_pipeline.engine.core.formats import rebuild_command
 from dedup_pipeline.engine.core.index.layout import (
     CHECKSUM_PATH,
     DAMAGED,
@@ -296,9 +297,8 @@ def index_file_manifest(st: Storage, tag: str, slices: list[int],
 
 def damaged_message(ds: DatasetConfig, what: str) -> str:
     return (f"dataset {ds.name!r}: the key index is damaged ({what}); loads will not run "
-            f"on it. Rebuild it from unique: dedup-pipeline rebuild-index --config <file> "
-            f"--dataset {ds.name} (or, in Dagster, launch the dataset's index rebuild job; or set "
-            "on_damaged_index: rebuild)")
+            f"on it. Rebuild it from unique: {rebuild_command(ds.name)} (or, in Dagster, launch "
+            "the dataset's index rebuild job; or set on_damaged_index: rebuild)")
 
 
 @dataclass(frozen=True)

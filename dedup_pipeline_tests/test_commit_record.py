@@ -201,8 +201,8 @@ def test_a_damaged_record_is_named_with_what_is_wrong_and_the_fix(doc: object, p
     assert str(ei.value).startswith(
         f"commit record {path} of hour 2026-11-01-01:00 is damaged ({problem}")
     assert str(ei.value).endswith(
-        "the hour's state cannot be trusted. Rerun that hour (dedup-pipeline run --from "
-        "2026-11-01-01:00 --to 2026-11-01-01:00): it deletes the record and loads the hour "
+        "the hour's state cannot be trusted. Rerun that hour (dedup-pipeline run --config <file> "
+        "--from 2026-11-01-01:00 --to 2026-11-01-01:00): it deletes the record and loads the hour "
         "afresh, with the same result")
 
 

@@ -392,8 +392,8 @@ def test_damaged_records_are_named_with_their_fix(spark, loaded: Path, tmp_path:
         load_hours(spark, ds, [H[2]])
     assert (f"commit record {rec1} of hour 2026-11-01-01:00 is damaged (field 'latest_point' is "
             "'garbage', expected a number or null)") in str(ei.value)
-    assert "Rerun that hour (dedup-pipeline run --from 2026-11-01-01:00 --to 2026-11-01-01:00)" in (
-        str(ei.value))
+    assert ("Rerun that hour (dedup-pipeline run --config <file> --from 2026-11-01-01:00 --to "
+            "2026-11-01-01:00)") in str(ei.value)
     rec1.write_text(json.dumps({**json.loads(good), "operator_note": {"x": 1}}))  # unknown: fine
     assert check_index(st, ds).ok
 
@@ -440,7 +440,8 @@ def test_rebuild_refuses_a_damaged_unique(spark, loaded: Path, tmp_path: Path) -
     assert str(ei.value) == (
         f"cannot rebuild the index entries of hour 2026-11-01-00:00: {uniq0}/{f0.name}, listed in "
         "its commit record, is missing, so its keys are not all there to rebuild from. Rerun that "
-        "hour (dedup-pipeline run --from 2026-11-01-00:00 --to 2026-11-01-00:00); if it was never "
+        "hour (dedup-pipeline run --config <file> --from 2026-11-01-00:00 --to 2026-11-01-00:00); "
+        "if it was never "
         f"loaded (a copied commit record), delete {_rec_file(ds, '2026-11-01-00')}")
     moved.rename(f0)
     (uniq0 / "part-99999-copy.snappy.parquet").unlink()

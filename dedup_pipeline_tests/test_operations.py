@@ -294,7 +294,8 @@ def test_run_failure_summary_lands_in_the_runs_log(spark, site) -> None:
         assert (f"open asset clicks/unique, Partitions tab, select {HOURS[0]}..{HOURS[2]} and "
                 "Launch backfill") in text  # from the first hour not loaded
         # the command names the run's own config file (no DEDUP_CONFIG in this process)
-        assert (f"dedup-pipeline run --config {site.datasets[0].config_file} --from {HOURS[0]} "
+        assert (f"dedup-pipeline run --config {site.datasets[0].config_file} --dataset clicks "
+                f"--from {HOURS[0]} "
                 f"--to {HOURS[2]}") in text
         assert run.error is not None and run.error.startswith("LoadOrderError")  # what the CLI says
 
@@ -385,7 +386,7 @@ def test_failure_summary_of_a_load_without_a_partition_asks_for_the_hours() -> N
     assert text.startswith("dedup_pipeline run failure: A load of clicks needs the hours to load: "
                            "this run has no partition"), text
     assert "in the UI, open asset clicks/unique" in text
-    assert "dedup-pipeline run --config /etc/dedup.yaml --from FIRST --to LAST" in text
+    assert "dedup-pipeline run --config /etc/dedup.yaml --dataset clicks --from FIRST --to LAST" in text
     assert "infrastructure" not in text and "every committed hour" not in text, text
 
 

@@ -360,7 +360,8 @@ def test_the_browser_clicks_every_materialize_and_execute(ui: dict[str, Any], tm
         page.screenshot(path=str(shots / "run-load-order-error.png"))
         assert "LoadOrderError" in text and "Fix: load the missing earlier hours first" in text, text
         assert f"in the UI, open asset {DATASET}/unique" in text, text
-        assert f"dedup-pipeline run --config {w.config} --from {format_hour(hours[5])}" in text, text
+        assert (f"dedup-pipeline run --config {w.config} --dataset {DATASET} "
+                f"--from {format_hour(hours[5])}") in text, text
         assert "Traceback" not in text and 'File "' not in text, text
         assert to_tag(hours[6]) not in w.committed()
 

@@ -18,6 +18,7 @@ from dedup_pipeline.config.loading import COMPONENT_TYPE
 from dedup_pipeline.hours import HOUR, format_hour, landing_dir, parse_hour
 from dedup_pipeline.orchestration.component import scaffold_text
 from dedup_pipeline.orchestration.names import WRITTEN
+from dedup_pipeline.orchestration.runs import PROJECT_HOME
 from dedup_pipeline.sample.demo import DEMO_DEFS, DEMO_PROJECT
 from dedup_pipeline.sample.generate import default_start, generate_landing
 
@@ -127,7 +128,7 @@ def demo(directory: str, hours: int, rows_per_hour: int) -> None:
     pending_marker = Path(landing_dir(ds.source.path, pending)) / (ds.landing.marker or "_SUCCESS")
     pending_marker.unlink(missing_ok=True)
     if not os.environ.get("DAGSTER_HOME"):
-        os.environ["DAGSTER_HOME"] = str(root / "dagster_home")
+        os.environ["DAGSTER_HOME"] = str(root / PROJECT_HOME)
     home = Path(os.environ["DAGSTER_HOME"])
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "dagster.yaml").exists():

@@ -25,6 +25,7 @@ from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import format_tag, hour_range
 from dedup_pipeline.orchestration.definitions import build_definitions
 from dedup_pipeline.orchestration.runner import QUIET_LOGGERS, failure_message, run_range
+from dedup_pipeline.orchestration.runs import PROJECT_HOME
 
 # The demo's DAGSTER_HOME/dagster.yaml (written when there is none): `dg dev` on it then
 # queues a second run of a dataset instead of failing it on the dataset lock (pool dedup_<ds>,
@@ -54,7 +55,6 @@ telemetry:
 # there on first use with "create table" and no retry, so two commands starting on a brand-new
 # DAGSTER_HOME at the same instant failed with "table jobs already exists".
 INIT_LOCK = ".dedup_pipeline_instance.lock"
-BESIDE_CONFIG = "dagster_home"  # the instance the demo writes beside its config file
 
 
 def quiet_dagster() -> None:
@@ -81,8 +81,8 @@ def instance_home(cfg: PipelineConfig | None = None) -> Path | None:
     if cfg is not None and cfg.config_file != BUILTIN_DEMO:
         path = Path(cfg.config_file).resolve()
         for base in (path.parent, project_root(path)):
-            if base is not None and (base / BESIDE_CONFIG / "dagster.yaml").is_file():
-                return base / BESIDE_CONFIG
+            if base is not None and (base / PROJECT_HOME / "dagster.yaml").is_file():
+                return base / PROJECT_HOME
     return None
 
 

@@ -22,7 +22,7 @@ import dagster as dg
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core.checks import CONSERVATION, INDEX_AGREES, UNIQUE_KEYS
 from dedup_pipeline.engine.core.commits import CommitRecord
-from dedup_pipeline.engine.core.outputs import DUPLICATES, REJECTED, UNIQUE
+from dedup_pipeline.engine.core.outputs import DUPLICATES, OUTPUTS, REJECTED, UNIQUE
 from dedup_pipeline.orchestration.names import INDEX, asset_key
 
 INDEX_SIZE = "index_size"
@@ -81,7 +81,7 @@ def evaluate(ds: DatasetConfig, r: CommitRecord) -> list[Evaluation]:
     t = ds.checks
     return [
         Evaluation(CONSERVATION, True, {"rows_in": r.rows_in, "rows_out": sum(
-            f.get(f"written_{o}", 0) for o in ("unique", "duplicates", "expired", "rejected"))}),
+            f.get(f"written_{o}", 0) for o in OUTPUTS)}),
         Evaluation(UNIQUE_KEYS, True, {"distinct_keys": f.get("unique_distinct_keys", r.unique),
                                        "in_live_index": f.get("unique_in_live_index", 0)}),
         Evaluation(INDEX_AGREES, True, {"index_rows": f.get("index_rows", r.index_rows_written),

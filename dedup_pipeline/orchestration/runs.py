@@ -23,6 +23,7 @@ import dedup_pipeline.engine.migrate  # noqa: F401
 import dedup_pipeline.engine.session  # noqa: F401
 from dedup_pipeline.config import BUILTIN_DEMO, DatasetConfig
 from dedup_pipeline.config.loading import project_root
+from dedup_pipeline.engine.core.formats import run_command
 from dedup_pipeline.engine.core.hooks import Progress
 from dedup_pipeline.engine.core.outputs import OUTPUTS
 from dedup_pipeline.engine.errors import infrastructure_cause
@@ -69,7 +70,9 @@ def with_config(ds: DatasetConfig | None, text: str) -> str:
 # the directory name Dagster's CLI gives the instance it makes without DAGSTER_HOME (`dg launch`,
 # `dagster asset materialize`; dagster._cli.utils.TMP_DAGSTER_HOME_PREFIX), removed at its exit
 TEMPORARY_HOME_PREFIX = ".tmp_dagster_home_"
-PROJECT_HOME = "dagster_home"  # where the CLI finds a dg project's instance (cli/runs.py)
+# the instance beside a config file or at a dg project's root: the demo writes it there, the CLI
+# finds it there (cli/runs.py `instance_home`)
+PROJECT_HOME = "dagster_home"
 
 
 def temporary_instance_note(instance: dg.DagsterInstance, ds: DatasetConfig) -> str | None:
@@ -240,7 +243,7 @@ def rerun_ways(ds: str, first: str, last: str, config: str = "<config.yaml>") ->
     backfill = ("select the hour and Materialize" if first == last else
                 f"select {hours} and Launch backfill (one run, hours in order)")
     return (f"in the UI, open asset {ds}/unique, Partitions tab, {backfill}; or from a shell, "
-            f"dedup-pipeline run --config {config} --from {first} --to {last}")
+            f"{run_command(first, last, ds, config)}")
 
 
 def no_partition_load(ds: str, config: str = "<config.yaml>") -> str:

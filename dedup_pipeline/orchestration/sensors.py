@@ -54,6 +54,7 @@ from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import contract
 from dedup_pipeline.engine.core import landing
 from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.formats import run_command
 from dedup_pipeline.engine.core.lock import Lock
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import compress_ranges, format_hour, format_tag, hour_range, parse_hour, to_tag
@@ -183,7 +184,7 @@ def _stalled(instance: dg.DagsterInstance, ds: DatasetConfig, frontier: str, thr
     hours = compress_ranges(hour_range(frontier, through))
     return (f"hour(s) {hours} were requested but are not loaded, and no run of {ds.name!r} is in "
             f"progress; {latest}. Not retried automatically: fix the cause, then re-execute that "
-            f"run (or `dedup-pipeline run --config <file> --from {frontier} --to {through}`); the "
+            f"run (or `{run_command(frontier, through, ds.name)}`); the "
             f"sensor resumes "
             f"once the commit records show the hours loaded (or requests them again once an index "
             f"rebuild of the dataset has succeeded since that run).")

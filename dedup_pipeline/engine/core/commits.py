@@ -53,8 +53,8 @@ class CommitRecordError(UserError, RuntimeError):
         self.path, self.tag, self.problem = path, tag, problem
         super().__init__(
             f"commit record {path} of hour {format_tag(tag)} is damaged ({problem}); the hour's state "
-            f"cannot be trusted. Rerun that hour (dedup-pipeline run --from {format_tag(tag)} --to "
-            f"{format_tag(tag)}): it deletes the record and loads the hour afresh, with the same result"
+            f"cannot be trusted. Rerun that hour ({formats.run_command(format_tag(tag), format_tag(tag))}): "
+            "it deletes the record and loads the hour afresh, with the same result"
         )
 
 
@@ -321,8 +321,8 @@ def check_order(ds: DatasetConfig, hour: datetime,
         raise LoadOrderError(
             f"dataset {ds.name!r}: cannot load {format_hour(hour)} before the earlier hours are loaded; "
             f"missing {len(missing)} hour(s): {compress_ranges(missing)}. Load from "
-            f"{format_hour(missing[0])} on (e.g. dedup-pipeline run --from {format_hour(missing[0])} "
-            f"--to {format_hour(hour)})."
+            f"{format_hour(missing[0])} on (e.g. "
+            f"{formats.run_command(format_hour(missing[0]), format_hour(hour), ds.name)})."
         )
 
 
@@ -368,7 +368,7 @@ def check_later_hours(ds: DatasetConfig, hour: datetime, committed: HourSet,
         f"it ({compress_ranges(later)}): they were classified against the keys of {first} as "
         f"loaded then, and reloading it alone would leave them stale (a key unique twice, a "
         f"duplicate pointing at a first load that is gone). Reload {first} through the latest "
-        f"loaded hour in one run: dedup-pipeline run --config <file> --dataset {ds.name} "
-        f"--from {first} --to {last} (or add --cascade), or in the UI a backfill of "
+        f"loaded hour in one run: {formats.run_command(first, last, ds.name)} (or add --cascade), or in "
+        "the UI a backfill of "
         f"{first}...{last}. Nothing was written."
     )

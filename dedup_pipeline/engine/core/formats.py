@@ -23,6 +23,13 @@ RELOAD = ("the dataset was loaded by another version: move its output aside and 
           "--to <latest hour>)")
 
 
+def run_command(first: str, last: str, dataset: str | None = None, config: str = "<file>") -> str:
+    """The command that loads hours `first`..`last` in one run (`--dataset` where the message
+    knows it; `<file>` is filled in with the config file where it is known)."""
+    named = f" --dataset {dataset}" if dataset else ""
+    return f"dedup-pipeline run --config {config}{named} --from {first} --to {last}"
+
+
 def rebuild_command(dataset: str = "<name>") -> str:
     """The command that rebuilds a dataset's index from unique: every message that finds the
     index damaged names it (`<file>` is filled in with the config file where it is known)."""

@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine.core import commits
 from dedup_pipeline.engine.core.commit_log import CommitLog
+from dedup_pipeline.engine.core.formats import run_command
 from dedup_pipeline.engine.core.parse import InputFile, hour_dir, list_input_files
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.hours import HOUR, compress_ranges, format_hour, parse_hour, to_tag
@@ -157,8 +158,8 @@ def reload_hint(dataset: str, first: str, latest: str | None, config: str = "<fi
     order), named, the CLI way and the UI way."""
     last = latest if latest and parse_hour(latest) >= parse_hour(first) else first
     hours = first if first == last else f"{first}..{last}"
-    return (f"reload {hours} (through the latest loaded hour, {last}) in one run: dedup-pipeline "
-            f"run --config {config} --dataset {dataset} --from {first} --to {last}, or in the UI "
+    return (f"reload {hours} (through the latest loaded hour, {last}) in one run: "
+            f"{run_command(first, last, dataset, config)}, or in the UI "
             f"asset {dataset}/unique, Partitions tab, select {hours}, "
             + ("Materialize" if first == last else "Launch backfill"))
 

@@ -28,6 +28,7 @@ from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.commits import IndexFileEntry
 from dedup_pipeline.engine.core.digest import digest_columns, fingerprint_column
 from dedup_pipeline.engine.core.expiry import expiry_value
+from dedup_pipeline.engine.core.formats import run_command
 from dedup_pipeline.engine.core.index import compaction, layout, store
 from dedup_pipeline.engine.core.index.health import (
     IndexDamage,
@@ -89,9 +90,9 @@ def unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
         if problem:
             raise IndexDamagedError(
                 f"cannot rebuild the index entries of hour {format_tag(tag)}: {problem}, so its keys "
-                f"are not all there to rebuild from. Rerun that hour (dedup-pipeline run --from "
-                f"{format_tag(tag)} --to {format_tag(tag)}); if it was never loaded (a copied commit "
-                f"record), delete {commits.commit_path(st, tag)}")
+                f"are not all there to rebuild from. Rerun that hour "
+                f"({run_command(format_tag(tag), format_tag(tag))}); if it was never loaded "
+                f"(a copied commit record), delete {commits.commit_path(st, tag)}")
         if not out[tag]:
             del out[tag]  # an hour with no unique rows
     return out

@@ -417,7 +417,7 @@ def _schema_changes(old: dict[str, str], new: dict[str, str]) -> list[Change]:
 # --- the check ------------------------------------------------------------------------------------
 
 def migrate_command(ds: DatasetConfig) -> str:
-    return f"dedup-pipeline migrate --config {ds.config_file} --dataset {ds.name}"
+    return formats.migrate_command(ds.name, ds.config_file)
 
 
 def breaking_message(ds: DatasetConfig, c: Change, since: Contract) -> str:

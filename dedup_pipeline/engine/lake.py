@@ -48,7 +48,7 @@ from deltalake.transaction import (
 )
 
 from dedup_pipeline.config import DatasetConfig
-from dedup_pipeline.engine.core import commits, hooks
+from dedup_pipeline.engine.core import commits, formats, hooks
 from dedup_pipeline.engine.core.columns import LOAD_HOUR_PARTITION
 from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.hooks import Progress
@@ -217,8 +217,8 @@ def check_publishable(st: Storage, ds: DatasetConfig, files: dict[str, list[str]
             if bad:
                 raise PublishRefusedError(
                     f"hour {format_tag(tag)} not committed: the {name} table's {bad[0]}; a column "
-                    f"type changes only through `dedup-pipeline migrate --config <file> --dataset "
-                    f"{ds.name}`, which rewrites the tables under the new schema")
+                    f"type changes only through `{formats.migrate_command(ds.name)}`, which "
+                    "rewrites the tables under the new schema")
             schema = pa.schema([*have, *[f for f in target if f.name not in have.names]])
         for path in files.get(name, []):
             try:

@@ -5,7 +5,8 @@ directory's manifest each carry ``"format": 1``, written by every load. A docume
 with another value, was written by another version of the package: it is refused with one line
 naming the file, the format found, the format expected and the command that applies
 (`FormatProblem.line`). Nothing reads a document of another format "as best it can".
-Pure Python, below everything that reads or writes those documents.
+Pure Python, below everything that reads or writes those documents; also the one home of the
+commands a fix names (`run_command`, `rebuild_command`, `migrate_command`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,8 @@ from typing import Any
 FORMAT = 1
 FIELD = "format"
 
-# What to run, per document kind, when one of another format is found
-RELOAD = ("the dataset was loaded by another version: move its output aside and load it again "
-          "from its start (dedup-pipeline run --config <file> --dataset <name> --from <start> "
-          "--to <latest hour>)")
 
+# --- the commands a fix names ------------------------------------------------------------------
 
 def run_command(first: str, last: str, dataset: str | None = None, config: str = "<file>") -> str:
     """The command that loads hours `first`..`last` in one run (`--dataset` where the message
@@ -36,8 +34,16 @@ def rebuild_command(dataset: str = "<name>") -> str:
     return f"dedup-pipeline rebuild-index --config <file> --dataset {dataset}"
 
 
+def migrate_command(dataset: str = "<name>", config: str = "<file>") -> str:
+    """The command that moves a dataset to the contract of its current config."""
+    return f"dedup-pipeline migrate --config {config} --dataset {dataset}"
+
+
+# What to run, per document kind, when one of another format is found
+RELOAD = ("the dataset was loaded by another version: move its output aside and load it again "
+          f"from its start ({run_command('<start>', '<latest hour>', '<name>')})")
 REBUILD = f"rebuild the index: {rebuild_command()}"
-MIGRATE = "migrate the dataset: dedup-pipeline migrate --config <file> --dataset <name>"
+MIGRATE = f"migrate the dataset: {migrate_command()}"
 
 
 @dataclass(frozen=True)

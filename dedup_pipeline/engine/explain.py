@@ -54,6 +54,7 @@ from dedup_pipeline.engine.core.index import layout, live
 from dedup_pipeline.engine.core.index.health import check_index
 from dedup_pipeline.engine.core.index.store import entry_slice
 from dedup_pipeline.engine.core.outputs import (
+    ARROW_TYPES,
     DUPLICATES,
     EXPIRED,
     OUTPUTS,
@@ -75,9 +76,6 @@ CONFLICT_DUP = "conflict"
 EXPIRED_RULE = "expired"
 REJECTED_RULE = "rejected"
 
-ARROW_TYPES: dict[str, pa.DataType] = {
-    "string": pa.string(), "long": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
-    "timestamp": pa.timestamp("us", tz="UTC"), "date": pa.date32()}
 CANONICAL = {"timestamp": pa.int64(), "date": pa.int32()}  # micros, days
 
 
@@ -342,8 +340,7 @@ def _scan(ds: DatasetConfig, st: Storage, name: str, files: list[str], cols: lis
     """The rows of `files` (of output `name`, any hours) that `where` keeps, with their load hour:
     one dataset of the declared types, the filter pushed down to row-group statistics, the files
     read in parallel."""
-    schema = pa.schema([(c, ARROW_TYPES[t]) for c, t in columns(ds, name)]
-                       + [(LOAD_HOUR, pa.string())])
+    schema = lake.arrow_schema(ds, name)
     fmt = pds.ParquetFileFormat(read_options=pds.ParquetReadOptions(
         coerce_int96_timestamp_unit="us"))
     data = pds.dataset(files, schema=schema, format=fmt, filesystem=_filesystem(st),

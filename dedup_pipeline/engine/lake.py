@@ -54,7 +54,7 @@ from dedup_pipeline.engine.core.commit_log import CommitLog
 from dedup_pipeline.engine.core.hooks import Progress
 from dedup_pipeline.engine.core.index.health import IndexDamagedError
 from dedup_pipeline.engine.core.lock import Lock
-from dedup_pipeline.engine.core.outputs import OUTPUTS, UNIQUE, columns, partition
+from dedup_pipeline.engine.core.outputs import ARROW_TYPES, OUTPUTS, UNIQUE, columns, partition
 from dedup_pipeline.engine.core.storage import Storage
 from dedup_pipeline.errors import UserError
 from dedup_pipeline.hours import STAMP_FMT, format_tag
@@ -69,16 +69,6 @@ DEFAULT_RETENTION_HOURS = 24
 # After each commit delta-rs writes a checkpoint every 100 commits (kept: opens stay fast) and, by
 # default, lists the whole log to delete expired entries (dropped: `vacuum` does it, on schedule)
 _HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
-
-
-_ARROW = {
-    "string": pa.string(),
-    "long": pa.int64(),
-    "double": pa.float64(),
-    "boolean": pa.bool_(),
-    "timestamp": pa.timestamp("us", tz="UTC"),  # Spark writes TIMESTAMP_MICROS, UTC-adjusted
-    "date": pa.date32(),
-}
 
 
 class LakeError(UserError, RuntimeError):
@@ -161,7 +151,7 @@ def record_token(rec: commits.CommitRecord) -> int:
 
 def arrow_schema(ds: DatasetConfig, name: str) -> pa.Schema:
     """Output `name`'s table schema: its contract columns (all nullable), then ``load_hour``."""
-    return pa.schema([pa.field(c, _ARROW[t]) for c, t in columns(ds, name)]
+    return pa.schema([pa.field(c, ARROW_TYPES[t]) for c, t in columns(ds, name)]
                      + [pa.field(PART, pa.string())])
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from dedup_pipeline.config import DatasetConfig
 
 if TYPE_CHECKING:  # the module is read by explain, which runs no Spark
@@ -29,6 +31,11 @@ UNIQUE, DUPLICATES, EXPIRED, REJECTED = "unique", "duplicates", "expired", "reje
 OUTPUTS = (UNIQUE, DUPLICATES, EXPIRED, REJECTED)
 
 NATURAL, CONFLICT = "natural", "conflict"
+
+# A column type as the outputs' Parquet files hold it (Spark writes TIMESTAMP_MICROS, UTC-adjusted)
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "string": pa.string(), "long": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
+    "timestamp": pa.timestamp("us", tz="UTC"), "date": pa.date32()}
 
 
 def partition(name: str, tag: str) -> tuple[str, str]:

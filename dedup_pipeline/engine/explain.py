@@ -713,10 +713,7 @@ def explain_keys(ds: DatasetConfig, given: list[dict[str, str | None]],
     last_rec = None  # the latest committed load decides what is live now, whatever the range
     if hist.all_committed:
         newest = hist.all_committed[-1]
-        try:
-            last_rec = hist.records.get(newest) or CommitLog(st).read(newest)
-        except commits.CommitRecordError:
-            last_rec = None
+        last_rec = hist.records.get(newest) or CommitLog(st).read_intact(newest)
     x_now = last_rec.expiry_point if last_rec is not None else None
     out = []
     for i, key in by_id.items():

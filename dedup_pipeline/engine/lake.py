@@ -268,10 +268,7 @@ def check_rebuild_sources(st: Storage, ds: DatasetConfig, tags: Iterable[str]) -
     held = files_by_hour(table)
     log = CommitLog(st)
     for tag in tags:
-        try:
-            rec = log.read(tag)
-        except commits.CommitRecordError:
-            continue  # the rebuild names a damaged record itself
+        rec = log.read_intact(tag)  # the rebuild names a damaged record itself
         if rec is not None and set(held.get(tag, {})) != set(record_files(st, UNIQUE, rec)):
             raise IndexDamagedError(
                 f"cannot rebuild the index entries of hour {format_tag(tag)}: the unique table "

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from dedup_pipeline.config import DatasetConfig
 from dedup_pipeline.engine import contract, keydigest, lake
 from dedup_pipeline.engine.contract import Verdict
-from dedup_pipeline.engine.core import commits, decide, hooks, write
+from dedup_pipeline.engine.core import decide, hooks, write
 from dedup_pipeline.engine.core import load as core
 from dedup_pipeline.engine.core.batch import Persisted
 from dedup_pipeline.engine.core.commit_log import CommitLog
@@ -45,7 +45,7 @@ def _contract(st: Storage, ds: DatasetConfig, o: core.Opened, say: Progress) -> 
     line = contract.describe_new(verdict)
     if line:
         say(f"{ds.name} {o.partition_key}: {line}")
-    old = _last_record(o) if o.tag in o.committed else None
+    old = o.log.read_intact(o.tag) if o.tag in o.committed else None  # damaged: the rerun repairs it
     if old is not None and old.contract_version != verdict.version:
         was = old.contract_version
         said = f"contract v{was}" if was is not None else "no recorded contract"
@@ -69,19 +69,12 @@ def _migrated_latest(ds: DatasetConfig, o: core.Opened) -> tuple[float | None] |
     return (mig.migration.latest_points.get(prev.load_hour),)
 
 
-def _last_record(o: core.Opened) -> CommitRecord | None:
-    try:
-        return o.log.read(o.tag)
-    except commits.CommitRecordError:
-        return None  # the rerun repairs it
-
-
 def _tables_rerun(ds: DatasetConfig, o: core.Opened) -> None:
     """A rerun's hour is marked with its record: its tables keep serving that record's files
     until the new publish, also if this attempt crashes (L1b); a crashed attempt's unlisted files
     go."""
     if o.tag in o.committed:
-        old = _last_record(o)
+        old = o.log.read_intact(o.tag)
         if old is not None:
             lake.mark_rerun(o.st, ds, old)
         else:

@@ -184,10 +184,9 @@ def _stalled(instance: dg.DagsterInstance, ds: DatasetConfig, frontier: str, thr
     hours = compress_ranges(hour_range(frontier, through))
     return (f"hour(s) {hours} were requested but are not loaded, and no run of {ds.name!r} is in "
             f"progress; {latest}. Not retried automatically: fix the cause, then re-execute that "
-            f"run (or `{run_command(frontier, through, ds.name)}`); the "
-            f"sensor resumes "
-            f"once the commit records show the hours loaded (or requests them again once an index "
-            f"rebuild of the dataset has succeeded since that run).")
+            f"run (or `{run_command(frontier, through, ds.name)}`); the sensor resumes once the "
+            "commit records show the hours loaded (or requests them again once an index rebuild "
+            "of the dataset has succeeded since that run).")
 
 
 def build_landing_sensor(ds: DatasetConfig, job: Any,

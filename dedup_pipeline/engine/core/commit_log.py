@@ -114,6 +114,14 @@ class CommitLog:
         """The validated record of `tag`; None if not committed (`CommitRecordError` if bad)."""
         return commits.read_commit(self.st, tag)
 
+    def read_intact(self, tag: str) -> CommitRecord | None:
+        """`read`, a damaged record read as none: for callers whose own check, or another
+        command's, names the damage (`verify`, the index check, a rerun of that hour)."""
+        try:
+            return self.read(tag)
+        except commits.CommitRecordError:
+            return None
+
     def mtime(self) -> str | None:
         return self.st.dir_mtime(self.st.path(commits.COMMITS))
 

@@ -72,10 +72,7 @@ def unique_sources(st: Storage, targets: list[str]) -> dict[str, list[str]]:
     log = CommitLog(st)
     for tag in targets:
         part = st.path(*partition(UNIQUE, tag))
-        try:
-            rec = log.read(tag)
-        except commits.CommitRecordError:
-            rec = None
+        rec = log.read_intact(tag)
         problem = None
         listed = rec.output_files.get(UNIQUE, ()) if rec is not None else None
         if not st.exists(part):
@@ -155,10 +152,8 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig,
             for n in slices:
                 st.move(f"{staging}/{layout.load_rel(n, tag)}",
                         st.path(layout.INDEX, layout.load_rel(n, tag)))
-        try:
-            rec = log.read(tag)
-        except commits.CommitRecordError:
-            rec = None  # only a rerun of that hour restores its record; its files stay unlisted
+        # a damaged record: only a rerun of that hour restores it; its files stay unlisted
+        rec = log.read_intact(tag)
         if rec is not None:
             log.write(rec.with_(
                 index_files=tuple(files),

@@ -416,17 +416,13 @@ def _schema_changes(old: dict[str, str], new: dict[str, str]) -> list[Change]:
 
 # --- the check ------------------------------------------------------------------------------------
 
-def migrate_command(ds: DatasetConfig) -> str:
-    return formats.migrate_command(ds.name, ds.config_file)
-
-
 def breaking_message(ds: DatasetConfig, c: Change, since: Contract) -> str:
     """The one line every path refuses with: dataset, field, both values, since when, the fix."""
     hint = f" ({c.hint})" if c.hint else ""
     verb = "to re-key the history" if c.field == "key" else "to re-derive the index under it"
     return (f"contract error: dataset {ds.name!r}: {c.describe()}{hint} since "
             f"{since.effective_from} (contract v{since.version}); revert the change, or {verb} "
-            f"run: {migrate_command(ds)}")
+            f"run: {formats.migrate_command(ds.name, ds.config_file)}")
 
 
 @dataclass(frozen=True)
@@ -482,7 +478,7 @@ def check(st: Storage, ds: DatasetConfig, hour_key: str, committed: Collection[s
         raise ContractError(
             f"contract error: dataset {ds.name!r}: the migration to contract v{pending.version} "
             f"({'; '.join(pending.migration.changes) or 'no change'}) did not finish; finish it: "  # type: ignore[union-attr]
-            f"{migrate_command(ds)}")
+            f"{formats.migrate_command(ds.name, ds.config_file)}")
     terms = Terms.of(ds)
     now = now_stamp()
     cur = hist.current
@@ -492,7 +488,8 @@ def check(st: Storage, ds: DatasetConfig, hour_key: str, committed: Collection[s
             raise ContractError(
                 f"contract error: dataset {ds.name!r}: hours since {since} are loaded but "
                 f"{st.path(CONTRACT)} holds no contract; restore it from a backup, or record the "
-                f"current config as the history's contract: {migrate_command(ds)}")
+                "current config as the history's contract: "
+                f"{formats.migrate_command(ds.name, ds.config_file)}")
         # the first load: the dataset's contract is this config
         return Verdict(None, Contract(dataset=ds.name, version=1, effective_from=hour_key,
                                       recorded_at=now, terms=terms))

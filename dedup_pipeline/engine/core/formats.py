@@ -28,10 +28,10 @@ def run_command(first: str, last: str, dataset: str | None = None, config: str =
     return f"dedup-pipeline run --config {config}{named} --from {first} --to {last}"
 
 
-def rebuild_command(dataset: str = "<name>") -> str:
+def rebuild_command(dataset: str = "<name>", config: str = "<file>") -> str:
     """The command that rebuilds a dataset's index from unique: every message that finds the
-    index damaged names it (`<file>` is filled in with the config file where it is known)."""
-    return f"dedup-pipeline rebuild-index --config <file> --dataset {dataset}"
+    index damaged names it."""
+    return f"dedup-pipeline rebuild-index --config {config} --dataset {dataset}"
 
 
 def migrate_command(dataset: str = "<name>", config: str = "<file>") -> str:

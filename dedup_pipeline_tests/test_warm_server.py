@@ -367,7 +367,7 @@ def test_whatever_a_restarted_server_raised_names_the_server(server: WarmServer)
 def test_a_server_lost_for_good_fails_the_run_within_five_minutes(
         server: WarmServer, tmp_path_factory: pytest.TempPathFactory) -> None:
     """The server dies mid-run and nothing takes its place: the run gives up after its client's
-    few retries (CONNECT_RETRIES, ~1 minute a round; 138 s measured) with the one-line error, not
+    few retries (CONNECT_RETRIES, ~1 minute a round; 86 s measured) with the one-line error, not
     after the Connect client's default 10+ minutes a round, STARTED all along."""
     from dedup_pipeline.engine.session import CONNECT_RETRIES
 

@@ -142,32 +142,36 @@ def rebuild_index(spark: SparkSession, ds: DatasetConfig,
 
 
 def run_load(spark: SparkSession, ds: DatasetConfig, partition_key: str,
-             progress: Progress | None = None, *, run_hours: Collection[str] = ()) -> CommitRecord:
+             progress: Progress | None = None, *, run_hours: Collection[str] = (),
+             remote: str | None = None) -> CommitRecord:
     """Load one hour; the caller holds the dataset lock (`load_hours`).
 
     `run_hours`: the partition keys of the whole run. A committed hour after this one that is not
     among them refuses the load (`LaterHoursLoadedError`): reloading an hour leaves every later
     loaded hour stale unless they are reloaded after it, in the same run. A failed read of an
     index file is recorded as damage; with `on_damaged_index: rebuild` the load is redone after
-    the rebuild, else it fails with the rebuild hint.
+    the rebuild, else it fails with the rebuild hint. `remote`: the Spark Connect server in use,
+    so losing it is one SparkServerError line.
     """
     say = progress or (lambda _msg: None)
     tags = {to_tag(parse_hour(k)) for k in run_hours}
     try:
-        return _load(spark, ds, partition_key, say, tags)
+        return _load(spark, ds, partition_key, say, tags, remote)
     except Exception as e:  # noqa: BLE001 - only a failed read of an index file is retried
         core.retry_after_index_read_failure(ds, e)
-    return _load(spark, ds, partition_key, say, tags)
+    return _load(spark, ds, partition_key, say, tags, remote)
 
 
 def _load(spark: SparkSession, ds: DatasetConfig, partition_key: str, say: Progress,
-          run_tags: AbstractSet[str]) -> CommitRecord:
+          run_tags: AbstractSet[str], remote: str | None) -> CommitRecord:
     """The load in the order it happens; each lap names a stage of the record's `seconds`. A
     crash before the commit record leaves H not loaded (the next attempt forgets it first);
     after it, H is loaded and the next load finishes what is left (publish, upkeep)."""
     clock = core.Clock()
     tables = lake.enabled(ds)
-    with Persisted() as cache:  # released however the load ends
+    # the cache is released however the load ends; a lost Connect server is named, and its client
+    # closed, first: releasing the cache through it would retry the lost server once per frame
+    with Persisted() as cache, connect_errors(remote, spark):
         # -- admit: may H load, under which contract, with what L_{H-1}
         o = core.open_hour(ds, partition_key)
         st = o.st
@@ -253,9 +257,9 @@ def load_hours(
     results = []
     # Lock.__exit__ never lets a failing release (the same full or read-only disk) replace the
     # load's own error
-    with Lock(Storage(ds.output), owner), connect_errors(remote, spark):
+    with Lock(Storage(ds.output), owner):
         for key in keys:
-            result = run_load(spark, ds, key, progress, run_hours=keys)
+            result = run_load(spark, ds, key, progress, run_hours=keys, remote=remote)
             results.append(result)
             if on_hour is not None:
                 on_hour(result)

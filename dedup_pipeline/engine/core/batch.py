@@ -65,7 +65,9 @@ class Persisted:
             except Exception:
                 if exc is None:
                     raise
-                # the load's own error is the one to report (a lost session cannot release)
+                # the load's own error is the one to report; a session that cannot release one
+                # frame releases none (each try would wait out the client's retries again)
+                return
 
 
 def prepare_batch(spark: SparkSession, ds: DatasetConfig,

@@ -229,6 +229,7 @@ def _load(spark: SparkSession, ds: DatasetConfig, partition_key: str, say: Progr
         _compact(spark, ds, p)
         clock.lap("compact")
         result = core.finish(p, rec, changed, clock)
+        cache.release()  # here, so a server lost at the very end is named too
     say(
         f"{ds.name} {partition_key}: in={result.rows_in} unique={result.unique} "
         f"duplicates={result.duplicates} expired={result.expired} rejected={result.rejected} "

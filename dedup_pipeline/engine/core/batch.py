@@ -57,17 +57,21 @@ class Persisted:
     def __enter__(self) -> Persisted:
         return self
 
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+    def release(self, failed: bool = False) -> None:
+        """Unpersist every frame. After a `failed` load its error is the one to report: a release
+        error is swallowed, and a session that cannot release one frame releases none (each try
+        would wait out the client's retries again)."""
         frames, self.frames = self.frames, []
         for df in frames:
             try:
                 df.unpersist()
             except Exception:
-                if exc is None:
+                if not failed:
                     raise
-                # the load's own error is the one to report; a session that cannot release one
-                # frame releases none (each try would wait out the client's retries again)
                 return
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self.release(failed=exc is not None)
 
 
 def prepare_batch(spark: SparkSession, ds: DatasetConfig,

@@ -437,6 +437,29 @@ def test_only_a_lost_server_becomes_a_spark_server_error() -> None:
         raise OSError("Connection refused")
 
 
+def test_a_failed_load_releases_its_cache_until_the_first_release_fails() -> None:
+    """Each release through a lost server waits out a round of client retries (~68 s): after a
+    failed load the cache stops at the first release that fails, and the load's own error is the
+    one raised; after a load that succeeded, a failing release is raised."""
+    from dedup_pipeline.engine.core.batch import Persisted
+
+    tried = []
+
+    class Frame:  # a cached frame whose session is gone
+        def unpersist(self) -> None:
+            tried.append(self)
+            raise ConnectionError("the server is gone")
+
+    cache = Persisted()
+    cache.frames = [Frame(), Frame(), Frame()]
+    with pytest.raises(KeyError), cache:
+        raise KeyError("the load's own error")
+    assert len(tried) == 1 and cache.frames == []
+    cache.frames = [Frame()]
+    with pytest.raises(ConnectionError):
+        cache.release()
+
+
 def test_a_run_against_no_server_fails_at_once_naming_it() -> None:
     """Nothing listens at SPARK_REMOTE: the session is refused in one line within seconds (the
     Connect client alone would retry for ~10 minutes, a run stuck in STARTED)."""
